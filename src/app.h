@@ -1,0 +1,48 @@
+/* app.h - what the threads of one kembali process share.
+ *
+ * One struct app per process, created in main and passed explicitly; there
+ * are no other globals holding request data. The current configuration is
+ * swapped under cfg_mu on SIGHUP; a request takes a reference to the one it
+ * started with (app_config()). */
+#ifndef KEMBALI_APP_H
+#define KEMBALI_APP_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "classify.h"
+#include "config.h"
+#include "render.h"
+#include "state.h"
+
+struct resolver;
+
+struct app_metrics {
+    atomic_long requests[W_COUNT];  /* answers by status word */
+    atomic_long method_not_allowed;
+    atomic_long reads[OUT_NO_ANSWER + 1]; /* reads by outcome kind */
+    atomic_long reads_started;
+    atomic_long connections;        /* new API connections opened */
+    atomic_long held;               /* requests parked right now */
+    atomic_long held_peak;
+    atomic_long cache_answers;      /* answered without waiting */
+};
+
+struct app {
+    pthread_mutex_t cfg_mu;
+    struct config *cfg;             /* current; guarded by cfg_mu */
+    struct state *state;
+    struct resolver *resolver;
+    struct app_metrics m;
+    atomic_bool stopping;
+    int listen_fd;
+};
+
+/* A new reference to the current configuration. Can't fail. */
+struct config *app_config(struct app *a);
+
+/* Install a new configuration (takes over the caller's reference). */
+void app_set_config(struct app *a, struct config *c);
+
+#endif

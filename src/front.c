@@ -1,0 +1,326 @@
+/* front.c - see front.h. */
+#define NO_FCGI_DEFINES 1
+#include "front.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "resolver.h"
+#include "util.h"
+
+#define FRONT_MAX_THREADS 16
+
+static pthread_t threads[FRONT_MAX_THREADS];
+static int nthreads_started;
+static int wake_pipe[2] = {-1, -1};
+
+static const char csp[] =
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
+static void put_all(struct req *r, const char *s, size_t n)
+{
+    if (n > 0 && FCGX_PutStr(s, (int)n, r->fcgx.out) < 0)
+        errno = 0; /* the client went away; nothing to do */
+}
+
+/* Close the connection without libfcgi's lingering close, which may wait
+ * two seconds for the peer: shut down our side and close. stdin was read
+ * to its end when the request was parsed, so no RST is provoked. */
+static void finish(struct req *r)
+{
+    FCGX_FClose(r->fcgx.err);
+    FCGX_FClose(r->fcgx.out);
+    int fd = r->fcgx.ipcFd;
+    r->fcgx.ipcFd = -1;
+    FCGX_Free(&r->fcgx, 0);
+    if (fd >= 0) {
+        shutdown(fd, SHUT_WR);
+        close(fd);
+    }
+}
+
+static const char *http_reason(int code)
+{
+    switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    default: return "OK";
+    }
+}
+
+/* Write a complete response: the headers every answer carries, then body. */
+static void write_response(struct req *r, int http, const char *word, const char *ctype,
+                           long retry_after, const char *extra, const struct buf *body)
+{
+    struct buf h = {0};
+    buf_printf(&h, "Status: %d %s\r\n", http, http_reason(http));
+    buf_printf(&h, "Content-Type: %s\r\n", ctype);
+    if (word != NULL)
+        buf_printf(&h, "Kembali-Status: %s\r\n", word);
+    buf_puts(&h, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                 "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\n");
+    buf_printf(&h, "Content-Security-Policy: %s\r\n", csp);
+    if (retry_after >= 0)
+        buf_printf(&h, "Retry-After: %ld\r\n", retry_after);
+    if (r->origin != NULL) {
+        buf_puts(&h, "Access-Control-Allow-Origin: ");
+        buf_puts(&h, r->origin);
+        buf_puts(&h, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: Kembali-Status, Retry-After\r\n");
+    }
+    if (extra != NULL)
+        buf_puts(&h, extra);
+    buf_printf(&h, "Content-Length: %zu\r\n\r\n", body->len);
+    put_all(r, h.p, h.len);
+    if (!r->head)
+        put_all(r, body->p, body->len);
+    buf_free(&h);
+}
+
+static void log_request(struct req *r, int http, const char *word, bool held)
+{
+    struct log_line l;
+    log_begin(&l, "info", "request");
+    log_str(&l, "shop", r->shop ? r->shop->id : NULL);
+    log_str(&l, "id", r->id[0] ? r->id : NULL);
+    log_str(&l, "format", r->json ? "json" : "html");
+    log_str(&l, "word", word);
+    log_int(&l, "http", http);
+    log_int(&l, "ms", (long long)(mono_ms() - r->arrived));
+    if (held)
+        log_str(&l, "held", "yes");
+    log_end(&l);
+}
+
+static void free_req(struct req *r)
+{
+    config_unref(r->cfg);
+    free(r);
+}
+
+void front_respond(struct app *a, struct req *r, const struct answer *ans)
+{
+    struct buf body = {0};
+    const char *word = word_name(ans->word);
+    int http = word_http(ans->word);
+    if (r->json) {
+        render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
+        write_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, NULL, &body);
+    } else {
+        const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
+        char retry[STATE_ID_MAX + 40];
+        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
+        struct page_vars v = {
+            .id = r->id,
+            .shop_name = r->shop ? r->shop->name : "",
+            .shop_url = r->shop ? r->shop->shop_url : "",
+            .retry_url = retry,
+        };
+        render_html(t, ans->word, &v, &body);
+        write_response(r, http, word, "text/html; charset=utf-8", -1, NULL, &body);
+    }
+    buf_free(&body);
+    atomic_fetch_add(&a->m.requests[ans->word], 1);
+    log_request(r, http, word, r->deadline != 0);
+    finish(r);
+    free_req(r);
+}
+
+static void respond_405(struct app *a, struct req *r)
+{
+    struct buf body = {0};
+    const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
+    struct page_vars v = {.shop_name = r->shop ? r->shop->name : "", .shop_url = r->shop ? r->shop->shop_url : ""};
+    render_html(t, W_INVALID, &v, &body);
+    write_response(r, 405, word_name(W_INVALID), "text/html; charset=utf-8", -1, "Allow: GET, HEAD\r\n", &body);
+    buf_free(&body);
+    atomic_fetch_add(&a->m.method_not_allowed, 1);
+    log_request(r, 405, word_name(W_INVALID), false);
+    finish(r);
+    free_req(r);
+}
+
+static void respond_metrics(struct app *a, struct req *r)
+{
+    static const char *const kinds[] = {"status", "not_found", "tx_limited", "key_limited",
+                                        "unauthorized", "auth_blocked", "rejected", "no_answer"};
+    struct buf b = {0};
+    struct state_metrics sm;
+    state_metrics(a->state, &sm);
+    buf_puts(&b, "# HELP kembali_answers_total Answers by status word.\n# TYPE kembali_answers_total counter\n");
+    for (int w = 0; w < W_COUNT; w++)
+        buf_printf(&b, "kembali_answers_total{status=\"%s\"} %ld\n", word_name((enum word)w), atomic_load(&a->m.requests[w]));
+    buf_printf(&b, "kembali_method_not_allowed_total %ld\n", atomic_load(&a->m.method_not_allowed));
+    buf_puts(&b, "# HELP kembali_api_reads_total Reads of the Kasera API by outcome.\n# TYPE kembali_api_reads_total counter\n");
+    for (int k = 0; k <= OUT_NO_ANSWER; k++)
+        buf_printf(&b, "kembali_api_reads_total{outcome=\"%s\"} %ld\n", kinds[k], atomic_load(&a->m.reads[k]));
+    buf_printf(&b, "# TYPE kembali_api_connections_total counter\nkembali_api_connections_total %ld\n", atomic_load(&a->m.connections));
+    buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
+    buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
+    buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
+    buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
+    buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
+    write_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b);
+    buf_free(&b);
+    finish(r);
+    free_req(r);
+}
+
+/* ---- parsing a request ---- */
+
+static void drain_stdin(struct req *r)
+{
+    char tmp[4096];
+    size_t total = 0;
+    int n;
+    while (total < (1u << 20) && (n = FCGX_GetStr(tmp, sizeof tmp, r->fcgx.in)) > 0)
+        total += (size_t)n;
+}
+
+static void handle(struct app *a, struct req *r)
+{
+    char **env = r->fcgx.envp;
+    const char *method = FCGX_GetParam("REQUEST_METHOD", env);
+    const char *query = FCGX_GetParam("QUERY_STRING", env);
+    const char *host = FCGX_GetParam("HTTP_HOST", env);
+    const char *admin = FCGX_GetParam("KEMBALI_ADMIN", env);
+    char fmt[16] = "";
+
+    r->arrived = mono_ms();
+    r->cfg = app_config(a);
+    drain_stdin(r);
+    request_query_param(query, "format", fmt, sizeof fmt);
+    r->head = method != NULL && strcmp(method, "HEAD") == 0;
+
+    if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "metrics") == 0) {
+        respond_metrics(a, r);
+        return;
+    }
+    r->shop = config_pick_shop(r->cfg, FCGX_GetParam("KEMBALI_SHOP", env),
+                               host ? host : FCGX_GetParam("SERVER_NAME", env));
+    r->json = strcmp(fmt, "json") == 0 || request_wants_json(FCGX_GetParam("HTTP_ACCEPT", env));
+    if (r->shop != NULL) {
+        const char *origin = FCGX_GetParam("HTTP_ORIGIN", env);
+        for (int i = 0; origin && i < r->shop->norigins; i++)
+            if (strcmp(origin, r->shop->origins[i]) == 0)
+                r->origin = r->shop->origins[i];
+    }
+    if (method == NULL || (strcmp(method, "GET") != 0 && !r->head)) {
+        respond_405(a, r);
+        return;
+    }
+
+    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
+    if (r->shop == NULL) {
+        ans.word = W_UNKNOWN_SHOP;
+        front_respond(a, r, &ans);
+        return;
+    }
+    char id[STATE_ID_MAX + 2];
+    if (!request_query_param(query, r->shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+        ans.word = W_INVALID; /* costs no read */
+        front_respond(a, r, &ans);
+        return;
+    }
+    util_copy(r->id, sizeof r->id, id);
+
+    /* The hot path: a cached final status or a remembered 404. */
+    struct state_fact f;
+    state_lookup(a->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, r->arrived, &f);
+    if (f.final || f.not_found) {
+        request_answer(&f, r->arrived, &ans);
+        atomic_fetch_add(&a->m.cache_answers, 1);
+        front_respond(a, r, &ans);
+        return;
+    }
+    r->deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS : pace_hold_ms(&r->cfg->sched));
+    resolver_park(a->resolver, r);
+}
+
+/* ---- accept threads ---- */
+
+static void *accept_main(void *arg)
+{
+    struct app *a = arg;
+    bool emfile_logged = false;
+    while (!atomic_load(&a->stopping)) {
+        struct pollfd p[2] = {{.fd = a->listen_fd, .events = POLLIN}, {.fd = wake_pipe[0], .events = POLLIN}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno != EINTR)
+                log_msg("error", "accept", strerror(errno));
+            continue;
+        }
+        if (atomic_load(&a->stopping) || (p[1].revents & POLLIN))
+            break;
+        if (!(p[0].revents & (POLLIN | POLLERR | POLLHUP)))
+            continue;
+        struct req *r = calloc(1, sizeof *r);
+        if (r == NULL) {
+            usleep(100 * 1000);
+            continue;
+        }
+        FCGX_InitRequest(&r->fcgx, a->listen_fd, 0);
+        int rc = FCGX_Accept_r(&r->fcgx);
+        if (rc < 0) {
+            FCGX_Free(&r->fcgx, 1);
+            free(r);
+            if (rc == -EMFILE || rc == -ENFILE || rc == -ENOBUFS || rc == -ENOMEM) {
+                /* out of descriptors: stop accepting for a moment, do not spin */
+                if (!emfile_logged)
+                    log_msg("warn", "accept", "out of file descriptors; pausing accepts");
+                emfile_logged = true;
+                usleep(100 * 1000);
+            }
+            continue; /* EAGAIN: another thread took it */
+        }
+        emfile_logged = false;
+        handle(a, r);
+    }
+    return NULL;
+}
+
+int front_start(struct app *a, int n)
+{
+    if (pipe2(wake_pipe, O_CLOEXEC) != 0) {
+        log_msg("error", "start", strerror(errno));
+        return -1;
+    }
+    /* Non-blocking, so a thread woken for a connection another thread (or
+     * process) took returns to poll instead of blocking in accept(). */
+    int fl = fcntl(a->listen_fd, F_GETFL);
+    if (fl < 0 || fcntl(a->listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        log_msg("error", "start", "cannot make the listening socket non-blocking");
+        return -1;
+    }
+    if (n > FRONT_MAX_THREADS)
+        n = FRONT_MAX_THREADS;
+    for (int i = 0; i < n; i++) {
+        if (pthread_create(&threads[i], NULL, accept_main, a) != 0) {
+            log_msg("error", "start", "cannot start an accept thread");
+            return -1;
+        }
+        nthreads_started++;
+    }
+    return 0;
+}
+
+void front_stop(struct app *a)
+{
+    atomic_store(&a->stopping, true);
+    if (wake_pipe[1] >= 0 && write(wake_pipe[1], "x", 1) < 0)
+        log_msg("warn", "stop", strerror(errno));
+    for (int i = 0; i < nthreads_started; i++)
+        pthread_join(threads[i], NULL);
+    nthreads_started = 0;
+}

@@ -1,0 +1,258 @@
+/* kasera.c - see kasera.h. */
+#include "kasera.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util.h"
+
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "dev"
+#endif
+
+struct kasera_client {
+    CURLM *multi;
+    int active;
+};
+
+struct kasera_client *kasera_new(void)
+{
+    static int inited; /* called once from main before threads start */
+    if (!inited) {
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+            return NULL;
+        inited = 1;
+    }
+    struct kasera_client *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->multi = curl_multi_init();
+    if (c->multi == NULL) {
+        free(c);
+        return NULL;
+    }
+    curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, 64L);
+    return c;
+}
+
+void kasera_free(struct kasera_client *c)
+{
+    if (c == NULL)
+        return;
+    curl_multi_cleanup(c->multi);
+    free(c);
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
+{
+    struct kasera_read *r = ud;
+    size_t len = size * n;
+    if (r->body_len + len > KASERA_BODY_MAX) {
+        r->too_big = 1;
+        return 0; /* aborts the transfer */
+    }
+    char *nb = realloc(r->body, r->body_len + len + 1);
+    if (nb == NULL)
+        return 0;
+    r->body = nb;
+    memcpy(r->body + r->body_len, p, len);
+    r->body_len += len;
+    r->body[r->body_len] = '\0';
+    return len;
+}
+
+/* Copy the value of header `name` from line `p` (len bytes) into dst. */
+static void take_header(const char *p, size_t len, const char *name, char *dst, size_t cap)
+{
+    size_t nl = strlen(name);
+    if (len <= nl || strncasecmp(p, name, nl) != 0 || p[nl] != ':')
+        return;
+    p += nl + 1;
+    len -= nl + 1;
+    while (len > 0 && (*p == ' ' || *p == '\t'))
+        p++, len--;
+    while (len > 0 && (p[len - 1] == '\r' || p[len - 1] == '\n' || p[len - 1] == ' '))
+        len--;
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 1 < cap; i++)
+        if ((unsigned char)p[i] >= ' ' && (unsigned char)p[i] < 0x7f)
+            dst[n++] = p[i];
+    dst[n] = '\0';
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *ud)
+{
+    struct kasera_read *r = ud;
+    size_t len = size * n;
+    if (len > 5 && strncmp(p, "HTTP/", 5) == 0) {
+        /* a new response (e.g. after 100 Continue): forget earlier headers */
+        r->retry_after[0] = r->rl_limit[0] = r->rl_remaining[0] = r->rl_reset[0] = '\0';
+        r->rl_sf[0] = r->rl_policy[0] = '\0';
+        return len;
+    }
+    take_header(p, len, "Retry-After", r->retry_after, sizeof r->retry_after);
+    take_header(p, len, "RateLimit-Limit", r->rl_limit, sizeof r->rl_limit);
+    take_header(p, len, "RateLimit-Remaining", r->rl_remaining, sizeof r->rl_remaining);
+    take_header(p, len, "RateLimit-Reset", r->rl_reset, sizeof r->rl_reset);
+    take_header(p, len, "RateLimit", r->rl_sf, sizeof r->rl_sf);
+    take_header(p, len, "RateLimit-Policy", r->rl_policy, sizeof r->rl_policy);
+    return len;
+}
+
+static void wipe_headers(struct kasera_read *r)
+{
+    for (struct curl_slist *h = r->headers; h != NULL; h = h->next)
+        explicit_bzero(h->data, strlen(h->data));
+    curl_slist_free_all(r->headers);
+    r->headers = NULL;
+}
+
+int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api_base,
+                 const char *id, const char *key, long timeout_ms)
+{
+    char url[1024], auth[300];
+    r->http = 0;
+    r->body = NULL;
+    r->body_len = 0;
+    r->too_big = 0;
+    r->error[0] = r->retry_after[0] = r->rl_limit[0] = r->rl_remaining[0] = r->rl_reset[0] = '\0';
+    r->rl_sf[0] = r->rl_policy[0] = '\0';
+    r->connects = 0;
+    r->headers = NULL;
+
+    if ((size_t)snprintf(url, sizeof url, "%s/v1/transactions/%s", api_base, id) >= sizeof url) {
+        util_copy(r->error, sizeof r->error, "URL too long");
+        return -1;
+    }
+    CURL *e = curl_easy_init();
+    if (e == NULL) {
+        util_copy(r->error, sizeof r->error, "curl_easy_init failed");
+        return -1;
+    }
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+    struct curl_slist *h = curl_slist_append(NULL, auth);
+    explicit_bzero(auth, sizeof auth);
+    struct curl_slist *h2 = h ? curl_slist_append(h, "Accept: application/json") : NULL;
+    if (h2 == NULL) {
+        curl_slist_free_all(h);
+        curl_easy_cleanup(e);
+        util_copy(r->error, sizeof r->error, "out of memory");
+        return -1;
+    }
+    r->headers = h2;
+    r->easy = e;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h2);
+    curl_easy_setopt(e, CURLOPT_USERAGENT, "kembali/" PACKAGE_VERSION);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    curl_easy_setopt(e, CURLOPT_MAXFILESIZE, (long)KASERA_BODY_MAX);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->error);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (curl_multi_add_handle(c->multi, e) != CURLM_OK) {
+        wipe_headers(r);
+        curl_easy_cleanup(e);
+        r->easy = NULL;
+        util_copy(r->error, sizeof r->error, "curl_multi_add_handle failed");
+        return -1;
+    }
+    c->active++;
+    return 0;
+}
+
+void kasera_poll(struct kasera_client *c, int timeout_ms)
+{
+    int running;
+    curl_multi_poll(c->multi, NULL, 0, timeout_ms < 0 ? 0 : timeout_ms, NULL);
+    curl_multi_perform(c->multi, &running);
+}
+
+void kasera_wakeup(struct kasera_client *c)
+{
+    curl_multi_wakeup(c->multi);
+}
+
+struct kasera_read *kasera_next_done(struct kasera_client *c)
+{
+    int left;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(c->multi, &left)) != NULL) {
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        CURL *e = m->easy_handle;
+        CURLcode rc = m->data.result;
+        struct kasera_read *r = NULL;
+        curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&r);
+        long code = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+        curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &r->connects);
+        if (rc != CURLE_OK) {
+            r->http = 0; /* a partial answer is no answer */
+            if (r->too_big)
+                util_copy(r->error, sizeof r->error, "answer larger than 64 KiB");
+            else if (r->error[0] == '\0')
+                util_copy(r->error, sizeof r->error, curl_easy_strerror(rc));
+        } else {
+            r->http = code;
+        }
+        curl_multi_remove_handle(c->multi, e);
+        curl_easy_cleanup(e);
+        wipe_headers(r);
+        r->easy = NULL;
+        c->active--;
+        return r;
+    }
+    return NULL;
+}
+
+void kasera_response(const struct kasera_read *r, struct api_response *out)
+{
+    memset(out, 0, sizeof *out);
+    out->http = r->http;
+    out->body = r->body;
+    out->body_len = r->body_len;
+    out->retry_after = r->retry_after[0] ? r->retry_after : NULL;
+    out->rl_limit = r->rl_limit[0] ? r->rl_limit : NULL;
+    out->rl_remaining = r->rl_remaining[0] ? r->rl_remaining : NULL;
+    out->rl_reset = r->rl_reset[0] ? r->rl_reset : NULL;
+    out->rl_sf = r->rl_sf[0] ? r->rl_sf : NULL;
+    out->rl_policy = r->rl_policy[0] ? r->rl_policy : NULL;
+}
+
+void kasera_abort(struct kasera_client *c, struct kasera_read *r)
+{
+    if (r->easy == NULL)
+        return;
+    curl_multi_remove_handle(c->multi, r->easy);
+    curl_easy_cleanup(r->easy);
+    wipe_headers(r);
+    r->easy = NULL;
+    c->active--;
+}
+
+void kasera_read_clear(struct kasera_read *r)
+{
+    free(r->body);
+    r->body = NULL;
+    r->body_len = 0;
+}
+
+int kasera_active(const struct kasera_client *c)
+{
+    return c->active;
+}

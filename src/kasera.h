@@ -1,0 +1,72 @@
+/* kasera.h - the Kasera API client: one libcurl multi handle, one thread.
+ *
+ * Every read of GET {api_base}/v1/transactions/{id} goes through one
+ * kasera_client, driven by the resolver thread only (libcurl forbids using
+ * one handle from several threads at once). The multi handle keeps a pool of
+ * keep-alive connections, so sequential reads reuse one connection. Each
+ * read has a connect timeout and a total timeout (both read_timeout_ms), a
+ * body size cap (64 KiB), no redirects, and HTTP(S) only.
+ * The secret key is put in the Authorization header and nowhere else; the
+ * header memory is wiped when the read ends. */
+#ifndef KEMBALI_KASERA_H
+#define KEMBALI_KASERA_H
+
+#include <stdint.h>
+
+#include "classify.h"
+
+#define KASERA_BODY_MAX (64 * 1024)
+
+struct kasera_client;
+
+/* One read in progress; owned by the client between start and done. */
+struct kasera_read {
+    void *user;               /* the caller's context */
+    int64_t started;          /* monotonic ms */
+    long http;                /* 0 when no HTTP answer */
+    char *body;
+    size_t body_len;
+    int too_big;
+    char retry_after[80], rl_limit[32], rl_remaining[32], rl_reset[32];
+    char rl_sf[256], rl_policy[256];
+    char error[256];          /* libcurl's reason when http == 0 */
+    long connects;            /* new connections this read opened (0 when reused) */
+    /* private */
+    void *easy;
+    void *headers;
+};
+
+/* Create a client. Returns NULL on failure (libcurl could not start). */
+struct kasera_client *kasera_new(void);
+void kasera_free(struct kasera_client *c);
+
+/* Start reading transaction `id` (already validated) from api_base with
+ * secret `key`. Returns 0, or -1 with r->error set (nothing started). */
+int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api_base,
+                 const char *id, const char *key, long timeout_ms);
+
+/* Wait up to timeout_ms for network activity or kasera_wakeup(), then drive
+ * the transfers. Returns after at most timeout_ms. */
+void kasera_poll(struct kasera_client *c, int timeout_ms);
+
+/* Wake a kasera_poll() in progress; safe from any thread. */
+void kasera_wakeup(struct kasera_client *c);
+
+/* A finished read, or NULL when none is left; the read's fields are final
+ * and its resources released except `body` (free with kasera_read_clear). */
+struct kasera_read *kasera_next_done(struct kasera_client *c);
+
+/* The answer of a finished read, as classify() wants it. */
+void kasera_response(const struct kasera_read *r, struct api_response *out);
+
+/* Abandon a read in flight (at shutdown); its resources are released
+ * except the body (kasera_read_clear). */
+void kasera_abort(struct kasera_client *c, struct kasera_read *r);
+
+/* Free the body of a finished read. */
+void kasera_read_clear(struct kasera_read *r);
+
+/* Reads in flight. */
+int kasera_active(const struct kasera_client *c);
+
+#endif

@@ -1,0 +1,109 @@
+/* log.c - see log.h. */
+#include "log.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static void append(struct log_line *l, const char *s, size_t n)
+{
+    size_t room = sizeof l->buf - 2 - l->len; /* keep space for "\n\0" */
+    if (n > room)
+        n = room;
+    memcpy(l->buf + l->len, s, n);
+    l->len += n;
+}
+
+static bool needs_quotes(const char *v)
+{
+    if (*v == '\0')
+        return true;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p >= 0x7f)
+            return true;
+    return false;
+}
+
+size_t log_format_value(char *out, size_t cap, const char *v)
+{
+    size_t n = 0;
+    if (cap == 0)
+        return 0;
+#define PUT(c) do { if (n + 1 < cap) out[n++] = (c); } while (0)
+    if (!needs_quotes(v)) {
+        for (; *v && n + 1 < cap; v++)
+            out[n++] = *v;
+        out[n] = '\0';
+        return n;
+    }
+    PUT('"');
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            PUT('\\');
+            PUT((char)*p);
+        } else if (*p < ' ' || *p == 0x7f) {
+            static const char hex[] = "0123456789abcdef";
+            PUT('\\'); PUT('x'); PUT(hex[*p >> 4]); PUT(hex[*p & 15]);
+        } else {
+            PUT((char)*p); /* UTF-8 passes through unchanged */
+        }
+    }
+    PUT('"');
+#undef PUT
+    out[n] = '\0';
+    return n;
+}
+
+void log_begin(struct log_line *l, const char *level, const char *event)
+{
+    struct timeval tv;
+    struct tm tm;
+    gettimeofday(&tv, NULL);
+    gmtime_r(&tv.tv_sec, &tm);
+    int n = snprintf(l->buf, sizeof l->buf, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03dZ level=%s event=%s",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, (int)(tv.tv_usec / 1000), level, event);
+    l->len = n < 0 ? 0 : (size_t)n < sizeof l->buf - 2 ? (size_t)n : sizeof l->buf - 2;
+}
+
+void log_str(struct log_line *l, const char *key, const char *value)
+{
+    char tmp[512];
+    if (value == NULL)
+        return;
+    append(l, " ", 1);
+    append(l, key, strlen(key));
+    append(l, "=", 1);
+    append(l, tmp, log_format_value(tmp, sizeof tmp, value));
+}
+
+void log_int(struct log_line *l, const char *key, long long value)
+{
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%lld", value);
+    log_str(l, key, tmp);
+}
+
+void log_end(struct log_line *l)
+{
+    l->buf[l->len++] = '\n';
+    l->buf[l->len] = '\0';
+    size_t off = 0;
+    while (off < l->len) {
+        ssize_t w = write(STDERR_FILENO, l->buf + off, l->len - off);
+        if (w <= 0)
+            break; /* nowhere to report a failing stderr */
+        off += (size_t)w;
+    }
+}
+
+void log_msg(const char *level, const char *event, const char *msg)
+{
+    struct log_line l;
+    log_begin(&l, level, event);
+    log_str(&l, "msg", msg);
+    log_end(&l);
+}

@@ -1,0 +1,37 @@
+/* log.h - one line per event on standard error, as key=value pairs.
+ *
+ *   ts=2026-11-30T04:00:00.123Z level=info event=read shop=toko-a id=T1 http=200 status=pending
+ *
+ * A line is built in a caller-owned buffer and written with one write(2),
+ * so lines from several threads or processes never interleave. Values that
+ * are empty or contain spaces, quotes, '=' or control bytes are quoted with
+ * backslash escapes; control bytes become \xNN. Secrets are never passed to
+ * this module: callers log shop ids, never keys. */
+#ifndef KEMBALI_LOG_H
+#define KEMBALI_LOG_H
+
+#include <stddef.h>
+
+#define LOG_LINE_MAX 1024
+
+struct log_line {
+    char buf[LOG_LINE_MAX];
+    size_t len;
+};
+
+/* Start a line with ts, level ("info", "warn", "error") and event. */
+void log_begin(struct log_line *l, const char *level, const char *event);
+/* Append key=value; a NULL value appends nothing. Truncates, never overflows. */
+void log_str(struct log_line *l, const char *key, const char *value);
+void log_int(struct log_line *l, const char *key, long long value);
+/* Terminate the line and write it to stderr. This function can't fail. */
+void log_end(struct log_line *l);
+
+/* Format `value` as it would appear in a line (quoted if needed) into out;
+ * exposed for tests. Returns the length written. */
+size_t log_format_value(char *out, size_t cap, const char *value);
+
+/* A one-call convenience for simple events: log_msg("warn", "config", "msg"). */
+void log_msg(const char *level, const char *event, const char *msg);
+
+#endif

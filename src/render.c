@@ -1,0 +1,239 @@
+/* render.c - see render.h. */
+#include "render.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TEMPLATE_MAX (256 * 1024)
+
+static const char *const words[W_COUNT] = {
+    "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
+};
+
+const char *word_name(enum word w)
+{
+    return (unsigned)w < W_COUNT ? words[w] : "checking";
+}
+
+int word_http(enum word w)
+{
+    switch (w) {
+    case W_NOT_FOUND:
+    case W_UNKNOWN_SHOP:
+        return 404;
+    case W_INVALID:
+        return 400;
+    default:
+        return 200;
+    }
+}
+
+void buf_put(struct buf *b, const char *s, size_t n)
+{
+    if (b->oom || n == 0)
+        return;
+    if (n > SIZE_MAX / 2 - b->len) {
+        b->oom = true;
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (p == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void buf_puts(struct buf *b, const char *s)
+{
+    buf_put(b, s, strlen(s));
+}
+
+void buf_printf(struct buf *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    buf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+void buf_free(struct buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+void html_escape(struct buf *b, const char *s)
+{
+    const char *run = s;
+    for (; *s; s++) {
+        const char *rep;
+        switch (*s) {
+        case '&': rep = "&amp;"; break;
+        case '<': rep = "&lt;"; break;
+        case '>': rep = "&gt;"; break;
+        case '"': rep = "&quot;"; break;
+        case '\'': rep = "&#39;"; break;
+        default: continue;
+        }
+        buf_put(b, run, (size_t)(s - run));
+        buf_puts(b, rep);
+        run = s + 1;
+    }
+    buf_put(b, run, (size_t)(s - run));
+}
+
+static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url"};
+
+/* Index of the placeholder starting at p ("{{name}}"), its length in *len;
+ * -1 when p does not start a known placeholder. */
+static int placeholder_at(const char *p, size_t avail, size_t *len)
+{
+    if (avail < 4 || p[0] != '{' || p[1] != '{')
+        return -1;
+    for (size_t i = 0; i < sizeof placeholders / sizeof placeholders[0]; i++) {
+        size_t n = strlen(placeholders[i]);
+        if (avail >= n + 4 && memcmp(p + 2, placeholders[i], n) == 0 && p[2 + n] == '}' && p[3 + n] == '}') {
+            *len = n + 4;
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+static char *read_file(const char *path, size_t *len, char *err, size_t errlen, bool *missing)
+{
+    *missing = false;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        *missing = errno == ENOENT;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *data = malloc(TEMPLATE_MAX + 1);
+    size_t n = data ? fread(data, 1, TEMPLATE_MAX + 1, f) : 0;
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    if (data == NULL || bad || n > TEMPLATE_MAX) {
+        snprintf(err, errlen, "%s: %s", path, data == NULL ? "out of memory" : bad ? "read error" : "larger than 256 KiB");
+        free(data);
+        return NULL;
+    }
+    data[n] = '\0';
+    if (strlen(data) != n) {
+        snprintf(err, errlen, "%s: contains a NUL byte", path);
+        free(data);
+        return NULL;
+    }
+    *len = n;
+    return data;
+}
+
+static bool check_page(const char *path, const char *p, size_t n, char *err, size_t errlen)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        size_t len;
+        if (p[i] == '{' && p[i + 1] == '{' && placeholder_at(p + i, n - i, &len) < 0) {
+            snprintf(err, errlen, "%s: unknown placeholder near \"%.20s\" (known: {{status}} {{id}} "
+                     "{{shop_name}} {{shop_url}} {{retry_url}})", path, p + i);
+            return false;
+        }
+    }
+    if (strstr(p, "data-status=\"{{status}}\"") == NULL) {
+        snprintf(err, errlen, "%s: the <html> tag must carry data-status=\"{{status}}\"", path);
+        return false;
+    }
+    return true;
+}
+
+struct templates *templates_load(const char *dir, const char *fallback, const char *locale,
+                                 char *err, size_t errlen)
+{
+    struct templates *t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(t->locale, sizeof t->locale, "%s", locale);
+    t->dir = strdup(dir);
+    if (t->dir == NULL) {
+        snprintf(err, errlen, "out of memory");
+        free(t);
+        return NULL;
+    }
+    for (int w = 0; w < W_COUNT; w++) {
+        char path[4096];
+        bool missing = false;
+        snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, words[w]);
+        t->page[w] = read_file(path, &t->len[w], err, errlen, &missing);
+        if (t->page[w] == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
+            snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
+            t->page[w] = read_file(path, &t->len[w], err, errlen, &missing);
+        }
+        if (t->page[w] == NULL || !check_page(path, t->page[w], t->len[w], err, errlen)) {
+            templates_free(t);
+            return NULL;
+        }
+    }
+    return t;
+}
+
+void templates_free(struct templates *t)
+{
+    if (t == NULL)
+        return;
+    for (int w = 0; w < W_COUNT; w++)
+        free(t->page[w]);
+    free(t->dir);
+    free(t);
+}
+
+void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+{
+    const char *p = t->page[w];
+    size_t n = t->len[w], run = 0;
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
+    for (size_t i = 0; i + 1 < n; i++) {
+        size_t len;
+        int ph = p[i] == '{' ? placeholder_at(p + i, n - i, &len) : -1;
+        if (ph < 0)
+            continue;
+        buf_put(b, p + run, i - run);
+        html_escape(b, vals[ph] ? vals[ph] : "");
+        i += len - 1;
+        run = i + 1;
+    }
+    buf_put(b, p + run, n - run);
+}
+
+void render_json(const char *id, const char *status, bool final, struct buf *b)
+{
+    json_t *o = json_pack("{s:s, s:s, s:b}", "id", id, "status", status, "final", final);
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    if (s != NULL) {
+        buf_puts(b, s);
+        buf_puts(b, "\n");
+    } else {
+        b->oom = true;
+    }
+    free(s);
+    json_decref(o);
+}

@@ -1,0 +1,63 @@
+/* render.h - pages and JSON answers; the only place bytes reach HTML.
+ *
+ * Templates are plain HTML files with placeholders {{status}}, {{id}},
+ * {{shop_name}}, {{shop_url}} and {{retry_url}}. Every value substituted
+ * goes through html_escape(), which escapes & < > " ' so it is safe in text
+ * and in quoted attribute values. JSON is produced by jansson. */
+#ifndef KEMBALI_RENDER_H
+#define KEMBALI_RENDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum word {
+    W_SUCCEEDED, W_FAILED, W_CANCELED, W_EXPIRED, W_CHECKING,
+    W_NOT_FOUND, W_INVALID, W_UNKNOWN_SHOP, W_COUNT
+};
+
+/* The status word of the interface ("succeeded" ... "unknown_shop"). */
+const char *word_name(enum word w);
+/* The HTTP status for a word (200, 404 or 400). */
+int word_http(enum word w);
+
+/* A growable output buffer. On allocation failure `oom` is set and further
+ * writes are dropped; the caller answers with what it can. */
+struct buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+};
+void buf_put(struct buf *b, const char *s, size_t n);
+void buf_puts(struct buf *b, const char *s);
+void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_free(struct buf *b);
+
+/* Append s to b with & < > " ' escaped. The one HTML escaping function. */
+void html_escape(struct buf *b, const char *s);
+
+struct templates {
+    char locale[3];
+    char *dir;              /* where they were loaded from */
+    char *page[W_COUNT];
+    size_t len[W_COUNT];
+};
+
+/* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
+ * is taken from fallback/<locale>/ (fallback may be NULL). Each page is
+ * checked: readable, under 256 KiB, only known placeholders, and carrying
+ * data-status="{{status}}". Returns NULL with a reason in err. */
+struct templates *templates_load(const char *dir, const char *fallback, const char *locale,
+                                 char *err, size_t errlen);
+void templates_free(struct templates *t);
+
+struct page_vars {
+    const char *id, *shop_name, *shop_url, *retry_url; /* NULL reads as "" */
+};
+
+/* Render page `w` into b. This function can't fail (see struct buf). */
+void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
+
+/* {"id": id, "status": status, "final": final} into b. */
+void render_json(const char *id, const char *status, bool final, struct buf *b);
+
+#endif

@@ -1,0 +1,536 @@
+/* state.c - see state.h.
+ *
+ * Layout of the region (all offsets from its start, no pointers inside):
+ *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots] | struct st_keyent keys[key_slots]
+ * Transactions are kept in a chained hash table (bucket heads and `next`
+ * are indexes; -1 ends a chain) keyed by SipHash(salt, key id || tx id).
+ * When the table is full, an idle entry is evicted: like Redis' approximate
+ * LRU, a sample of entries is examined and the least recently used idle one
+ * goes. An entry is idle when no read of it is in flight, its episode is
+ * over and no Retry-After or pause of its own is running; entries in use are
+ * never evicted. */
+#include "state.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "util.h"
+
+#define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
+#define ST_VERSION 1
+#define EVICT_SAMPLE 64
+
+struct st_tx {
+    int32_t next;
+    uint8_t used;
+    uint8_t status;         /* enum tx_status of the last status read */
+    uint8_t not_found;      /* known_until is a 404's memory */
+    uint8_t unknown_seen;
+    int32_t reads;          /* reads started in the current episode */
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+    char status_word[STATUS_WORD_MAX + 1];
+    int64_t known_until;    /* cache of a final status, or 404 memory */
+    int64_t last_start;     /* start of the last read */
+    int64_t not_before;     /* Retry-After, stated reset, rejected episode */
+    int64_t inflight_until; /* lease of the read in flight; 0 when none */
+    uint64_t inflight_serial;
+    int64_t last_used;
+};
+
+struct st_keyent {
+    struct state_key key;
+    uint8_t used;
+    int64_t paused_until;
+    int64_t last_used;
+    int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
+    int64_t ring[STATE_BUDGET_MAX];
+};
+
+struct st_hdr {
+    uint64_t magic, version, size;
+    pthread_mutex_t mu;
+    uint8_t salt[16];
+    uint64_t serial;
+    int32_t tx_slots, key_slots, nbuckets, free_head;
+    int64_t read_timeout_ms;
+    int64_t host_paused_until;
+    char last_401_shop[STATE_SHOP_MAX + 1];
+    long tx_used, evictions, full;
+    size_t buckets_off, txs_off, keys_off;
+};
+
+struct state {
+    struct st_hdr *h;
+    int32_t *buckets;
+    struct st_tx *txs;
+    struct st_keyent *keys;
+};
+
+/* ---- SipHash-2-4 (Aumasson & Bernstein), for key ids and hashing ---- */
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                          \
+    do {                                                                  \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);        \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                            \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                            \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);        \
+    } while (0)
+
+uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
+{
+    const uint8_t *in = data;
+    uint64_t k0 = le64(k), k1 = le64(k + 8);
+    uint64_t v0 = 0x736f6d6570736575ULL ^ k0, v1 = 0x646f72616e646f6dULL ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ULL ^ k0, v3 = 0x7465646279746573ULL ^ k1;
+    uint64_t b = (uint64_t)len << 56;
+    const uint8_t *end = in + len - (len % 8);
+    for (; in != end; in += 8) {
+        uint64_t m = le64(in);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (int i = (int)(len & 7) - 1; i >= 0; i--)
+        b |= (uint64_t)in[i] << (8 * i);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* ---- locking ---- */
+
+static void st_lock(struct state *st)
+{
+    int rc = pthread_mutex_lock(&st->h->mu);
+    if (rc == EOWNERDEAD) {
+        /* The holder died (only possible when several processes share the
+         * region). Every field is valid on its own; a half-finished update
+         * at worst leaves a lease that expires or a chain link that was not
+         * yet written, which lookups tolerate. */
+        pthread_mutex_consistent(&st->h->mu);
+    }
+}
+
+static void st_unlock(struct state *st)
+{
+    pthread_mutex_unlock(&st->h->mu);
+}
+
+/* ---- creation ---- */
+
+struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
+{
+    int32_t txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
+    int32_t keyn = opts->key_slots > 0 ? opts->key_slots : 256;
+    int32_t nb = 1;
+    while (nb < txn && nb < (1 << 28))
+        nb <<= 1;
+
+    size_t off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
+    size_t off_t = (off_b + (size_t)nb * sizeof(int32_t) + 63) & ~(size_t)63;
+    size_t off_k = (off_t + (size_t)txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    size_t size = off_k + (size_t)keyn * sizeof(struct st_keyent);
+
+    struct state *st = calloc(1, sizeof *st);
+    uint8_t *base = calloc(1, size);
+    if (st == NULL || base == NULL) {
+        free(st);
+        free(base);
+        snprintf(err, errlen, "cannot allocate %zu bytes of state", size);
+        return NULL;
+    }
+    struct st_hdr *h = (struct st_hdr *)base;
+    h->magic = ST_MAGIC;
+    h->version = ST_VERSION;
+    h->size = size;
+    h->tx_slots = txn;
+    h->key_slots = keyn;
+    h->nbuckets = nb;
+    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
+    h->buckets_off = off_b;
+    h->txs_off = off_t;
+    h->keys_off = off_k;
+    if (getrandom(h->salt, sizeof h->salt, 0) != (ssize_t)sizeof h->salt) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        free(base);
+        free(st);
+        return NULL;
+    }
+
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int rc = pthread_mutex_init(&h->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc != 0) {
+        snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
+        free(base);
+        free(st);
+        return NULL;
+    }
+
+    st->h = h;
+    st->buckets = (int32_t *)(base + off_b);
+    st->txs = (struct st_tx *)(base + off_t);
+    st->keys = (struct st_keyent *)(base + off_k);
+    for (int32_t i = 0; i < nb; i++)
+        st->buckets[i] = -1;
+    for (int32_t i = 0; i < txn; i++)
+        st->txs[i].next = i + 1 < txn ? i + 1 : -1;
+    h->free_head = 0;
+    return st;
+}
+
+void state_free(struct state *st)
+{
+    if (st == NULL)
+        return;
+    pthread_mutex_destroy(&st->h->mu);
+    free(st->h);
+    free(st);
+}
+
+void state_key_id(const struct state *st, const char *secret, struct state_key *out)
+{
+    uint8_t salt2[16];
+    memcpy(salt2, st->h->salt, 16);
+    salt2[0] ^= 0x5a;
+    uint64_t a = state_siphash(st->h->salt, secret, strlen(secret));
+    uint64_t b = state_siphash(salt2, secret, strlen(secret));
+    memcpy(out->b, &a, 8);
+    memcpy(out->b + 8, &b, 8);
+}
+
+/* ---- tables (callers hold the lock) ---- */
+
+static uint32_t tx_bucket(struct state *st, const struct state_key *key, const char *id)
+{
+    uint8_t buf[16 + STATE_ID_MAX];
+    size_t n = strlen(id);
+    memcpy(buf, key->b, 16);
+    memcpy(buf + 16, id, n);
+    return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->h->nbuckets - 1));
+}
+
+static struct st_tx *tx_find(struct state *st, const struct state_key *key, const char *id)
+{
+    for (int32_t i = st->buckets[tx_bucket(st, key, id)]; i >= 0 && i < st->h->tx_slots; i = st->txs[i].next) {
+        struct st_tx *e = &st->txs[i];
+        if (e->used && memcmp(e->key.b, key->b, 16) == 0 && strcmp(e->id, id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static bool tx_idle(const struct st_tx *e, int64_t now)
+{
+    return e->inflight_until <= now && now - e->last_start > PACE_EPISODE_MS && e->not_before <= now;
+}
+
+static void tx_unlink(struct state *st, int32_t idx)
+{
+    struct st_tx *e = &st->txs[idx];
+    int32_t *pp = &st->buckets[tx_bucket(st, &e->key, e->id)];
+    while (*pp >= 0 && *pp != idx)
+        pp = &st->txs[*pp].next;
+    if (*pp == idx)
+        *pp = e->next;
+}
+
+/* Find or create the entry of (key, id); NULL when the table is full of
+ * entries in use. */
+static struct st_tx *tx_get(struct state *st, const struct state_key *key, const char *id, int64_t now)
+{
+    struct st_tx *e = tx_find(st, key, id);
+    if (e != NULL)
+        return e;
+    int32_t idx = st->h->free_head;
+    if (idx >= 0) {
+        st->h->free_head = st->txs[idx].next;
+        st->h->tx_used++;
+    } else {
+        int32_t n = st->h->tx_slots, best = -1;
+        int32_t start = (int32_t)util_jitter(n - 1);
+        for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
+            int32_t i = (start + k * 97) % n; /* a spread-out sample */
+            if (tx_idle(&st->txs[i], now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
+                best = i;
+        }
+        if (best < 0) { /* the sample found nothing: look everywhere once */
+            for (int32_t i = 0; i < n; i++)
+                if (tx_idle(&st->txs[i], now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
+                    best = i;
+        }
+        if (best < 0) {
+            st->h->full++;
+            return NULL;
+        }
+        tx_unlink(st, best);
+        st->h->evictions++;
+        idx = best;
+    }
+    e = &st->txs[idx];
+    memset(e, 0, sizeof *e);
+    e->used = 1;
+    e->key = *key;
+    util_copy(e->id, sizeof e->id, id);
+    uint32_t b = tx_bucket(st, key, id);
+    e->next = st->buckets[b];
+    st->buckets[b] = idx;
+    return e;
+}
+
+/* Find or create the key entry; NULL when every slot holds a key in use. */
+static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+{
+    struct st_keyent *free_slot = NULL, *idle = NULL;
+    for (int32_t i = 0; i < st->h->key_slots; i++) {
+        struct st_keyent *k = &st->keys[i];
+        if (k->used && memcmp(k->key.b, key->b, 16) == 0)
+            return k;
+        if (!k->used && free_slot == NULL)
+            free_slot = k;
+        else if (k->used && k->paused_until <= now && now - k->last_used > PACE_EPISODE_MS &&
+                 (idle == NULL || k->last_used < idle->last_used))
+            idle = k;
+    }
+    if (!create)
+        return NULL;
+    struct st_keyent *k = free_slot ? free_slot : idle;
+    if (k != NULL) {
+        memset(k, 0, sizeof *k);
+        k->used = 1;
+        k->key = *key;
+    }
+    return k;
+}
+
+/* When may the key read again under `budget` reads per any 60 s span? */
+static int64_t budget_next(const struct st_keyent *k, int budget, int64_t now)
+{
+    if (k == NULL || budget <= 0)
+        return now;
+    if (budget > STATE_BUDGET_MAX)
+        budget = STATE_BUDGET_MAX;
+    /* ring entries from newest backwards; the budget-th newest decides */
+    if (k->ring_n < budget)
+        return now;
+    int32_t idx = (k->ring_head - budget + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX;
+    int64_t t = k->ring[idx] + 60000 + 1;
+    return t > now ? t : now;
+}
+
+static void budget_push(struct st_keyent *k, int64_t now)
+{
+    k->ring[k->ring_head] = now;
+    k->ring_head = (k->ring_head + 1) % STATE_BUDGET_MAX;
+    if (k->ring_n < STATE_BUDGET_MAX)
+        k->ring_n++;
+}
+
+static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_wait reason)
+{
+    if (t > *next) {
+        *next = t;
+        *why = reason;
+    }
+}
+
+static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct schedule *sched,
+                    int budget, int64_t now, struct state_fact *f)
+{
+    memset(f, 0, sizeof *f);
+    f->status = TXS_NONE;
+    util_copy(f->status_word, sizeof f->status_word, "unknown");
+    f->next_read = now;
+    if (e != NULL) {
+        f->status = (enum tx_status)e->status;
+        if (e->status != TXS_NONE)
+            util_copy(f->status_word, sizeof f->status_word, e->status_word);
+        if (e->known_until > now) {
+            f->known_until = e->known_until;
+            if (e->not_found)
+                f->not_found = true;
+            else if (tx_status_final((enum tx_status)e->status))
+                f->final = true;
+        }
+        if (e->inflight_until > now) {
+            f->in_flight = true;
+            f->in_flight_until = e->inflight_until;
+        }
+        raise_to(&f->next_read, &f->wait, pace_next_read(sched, e->reads, e->last_start, now), WAIT_PACE);
+        raise_to(&f->next_read, &f->wait, e->not_before, WAIT_RETRY);
+    }
+    if (k != NULL) {
+        raise_to(&f->next_read, &f->wait, k->paused_until, WAIT_KEY_PAUSE);
+        raise_to(&f->next_read, &f->wait, budget_next(k, budget, now), WAIT_BUDGET);
+    }
+    raise_to(&f->next_read, &f->wait, st->h->host_paused_until, WAIT_HOST_PAUSE);
+    if (f->not_found)
+        raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
+}
+
+void state_lookup(struct state *st, const struct state_key *key, const char *id,
+                  const struct schedule *sched, int budget, int64_t now, struct state_fact *out)
+{
+    st_lock(st);
+    compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out);
+    st_unlock(st);
+}
+
+bool state_claim(struct state *st, const struct state_key *key, const char *id,
+                 const struct schedule *sched, int budget, int64_t now,
+                 struct state_ticket *ticket, struct state_fact *out)
+{
+    bool claimed = false;
+    st_lock(st);
+    struct st_tx *e = tx_find(st, key, id);
+    struct st_keyent *k = key_get(st, key, now, false);
+    compute(st, e, k, sched, budget, now, out);
+    if (out->final || out->not_found || out->in_flight || out->next_read > now)
+        goto done;
+    if (e == NULL)
+        e = tx_get(st, key, id, now);
+    if (k == NULL)
+        k = key_get(st, key, now, true);
+    if (e == NULL || k == NULL) {
+        out->wait = WAIT_FULL;
+        out->next_read = now + 1000;
+        goto done;
+    }
+    if (!pace_in_episode(e->reads, e->last_start, now))
+        e->reads = 0;
+    e->reads++;
+    e->last_start = now;
+    e->last_used = now;
+    e->inflight_until = now + st->h->read_timeout_ms + 1000;
+    e->inflight_serial = ++st->h->serial;
+    k->last_used = now;
+    budget_push(k, now);
+    ticket->key = *key;
+    util_copy(ticket->id, sizeof ticket->id, id);
+    ticket->serial = e->inflight_serial;
+    ticket->started = now;
+    out->in_flight = true;
+    out->in_flight_until = e->inflight_until;
+    claimed = true;
+done:
+    st_unlock(st);
+    return claimed;
+}
+
+static void pause_until(int64_t *until, int64_t t)
+{
+    if (t > *until)
+        *until = t;
+}
+
+void state_finish(struct state *st, const struct state_ticket *t, const char *shop_id,
+                  const struct outcome *oc, int64_t now, struct state_report *report)
+{
+    memset(report, 0, sizeof *report);
+    st_lock(st);
+    struct st_tx *e = tx_find(st, &t->key, t->id);
+    struct st_keyent *k = key_get(st, &t->key, now, true);
+    if (e != NULL) {
+        if (e->inflight_serial == t->serial)
+            e->inflight_until = 0;
+        e->last_used = now;
+    }
+    switch (oc->kind) {
+    case OUT_STATUS:
+        if (e == NULL)
+            break;
+        e->status = (uint8_t)oc->status;
+        util_copy(e->status_word, sizeof e->status_word, oc->status_word);
+        e->not_found = 0;
+        if (oc->status == TXS_EXPIRED)
+            e->known_until = now + STATE_TTL_EXPIRED_MS;
+        else if (tx_status_final(oc->status))
+            e->known_until = now + STATE_TTL_FINAL_MS;
+        else
+            e->known_until = 0;
+        if (oc->status == TXS_UNKNOWN && !e->unknown_seen) {
+            e->unknown_seen = 1;
+            report->first_unknown = true;
+        }
+        break;
+    case OUT_NOT_FOUND:
+        if (e != NULL) {
+            e->not_found = 1;
+            e->known_until = now + STATE_TTL_NOT_FOUND_MS;
+        }
+        break;
+    case OUT_TX_LIMITED:
+        if (e != NULL)
+            pause_until(&e->not_before, now + (oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000));
+        break;
+    case OUT_KEY_LIMITED:
+        if (k != NULL) {
+            report->key_paused = k->paused_until <= now;
+            pause_until(&k->paused_until, now + STATE_KEY_PAUSE_MS + util_jitter(STATE_KEY_PAUSE_MS / 10));
+        }
+        break;
+    case OUT_UNAUTHORIZED:
+        if (k != NULL) {
+            report->key_paused = k->paused_until <= now;
+            pause_until(&k->paused_until, now + STATE_UNAUTH_PAUSE_MS);
+        }
+        util_copy(st->h->last_401_shop, sizeof st->h->last_401_shop, shop_id);
+        break;
+    case OUT_AUTH_BLOCKED: {
+        int64_t wait = STATE_HOST_PAUSE_MS + util_jitter(STATE_HOST_PAUSE_MS / 10);
+        if (oc->retry_after_ms > wait)
+            wait = oc->retry_after_ms;
+        report->host_paused = st->h->host_paused_until <= now;
+        pause_until(&st->h->host_paused_until, now + wait);
+        break;
+    }
+    case OUT_REJECTED:
+        if (e != NULL) /* no further read until the episode ends */
+            pause_until(&e->not_before, e->last_start + PACE_EPISODE_MS + 1);
+        break;
+    case OUT_NO_ANSWER:
+        break;
+    }
+    /* A stated exhausted window: honoured for what it describes. */
+    if (oc->rl.scope == RL_TX && e != NULL)
+        pause_until(&e->not_before, now + oc->rl.reset_ms);
+    else if (oc->rl.scope == RL_KEY && k != NULL)
+        pause_until(&k->paused_until, now + oc->rl.reset_ms);
+    util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
+    st_unlock(st);
+}
+
+void state_metrics(struct state *st, struct state_metrics *out)
+{
+    st_lock(st);
+    out->tx_used = st->h->tx_used;
+    out->tx_slots = st->h->tx_slots;
+    out->evictions = st->h->evictions;
+    out->full = st->h->full;
+    st_unlock(st);
+}

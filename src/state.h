@@ -1,0 +1,128 @@
+/* state.h - the facts every request for a transaction must agree on.
+ *
+ * This is the seam between "what is known" and everything else: the cache
+ * of final statuses, each transaction's pace (episode, last read, the read
+ * in flight), remembered 404s, Retry-After windows, key and host pauses and
+ * each key's read budget. Callers ask and report through five calls:
+ *
+ *   state_key_id()  a key's identity (a keyed hash: the secret is not kept)
+ *   state_lookup()  what is known now, and when the next read may start
+ *   state_claim()   the same, and if a read may start now, take it (a ticket)
+ *   state_finish()  report a read's outcome; releases the ticket
+ *   state_metrics()  counters for the metrics page
+ *
+ * All data lives in one flat region (no pointers, fixed-size tables,
+ * indexes instead of links) guarded by one mutex that is process-shared and
+ * robust, so the same code can serve a region mapped by several processes.
+ * No lock is ever held across I/O: callers hold none on return.
+ * Times are CLOCK_MONOTONIC milliseconds (see util.h). */
+#ifndef KEMBALI_STATE_H
+#define KEMBALI_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "classify.h"
+#include "pace.h"
+
+#define STATE_ID_MAX 64
+#define STATE_SHOP_MAX 64
+#define STATE_BUDGET_MAX 300         /* Kasera's per-key limit per minute */
+
+#define STATE_TTL_FINAL_MS (3600 * 1000LL) /* succeeded, failed, canceled */
+#define STATE_TTL_EXPIRED_MS (60 * 1000LL)
+#define STATE_TTL_NOT_FOUND_MS (30 * 1000LL)
+#define STATE_KEY_PAUSE_MS (60 * 1000LL)   /* after the key's 300/min is spent */
+#define STATE_UNAUTH_PAUSE_MS (300 * 1000LL)
+#define STATE_HOST_PAUSE_MS (60 * 1000LL)  /* after the failed-authentication 429 */
+
+struct state;
+
+struct state_key {
+    uint8_t b[16];
+};
+
+/* Why the next read cannot start now. */
+enum state_wait {
+    WAIT_NONE = 0,
+    WAIT_PACE,      /* the schedule */
+    WAIT_RETRY,     /* a Retry-After, a stated reset, or a rejected episode */
+    WAIT_KEY_PAUSE, /* per-key 429 or 401 */
+    WAIT_HOST_PAUSE,/* failed-authentication 429 */
+    WAIT_BUDGET,    /* read_budget_per_minute */
+    WAIT_FULL,      /* no room to track this transaction */
+};
+
+struct state_fact {
+    enum tx_status status;                 /* last status read (TXS_NONE if none) */
+    char status_word[STATUS_WORD_MAX + 1]; /* as Kasera wrote it */
+    bool final;          /* a cached final status: answer without reading */
+    bool not_found;      /* a remembered 404 */
+    int64_t known_until; /* end of the cache or 404 memory */
+    bool in_flight;      /* a read of this transaction is under way */
+    int64_t in_flight_until;
+    int64_t next_read;   /* earliest start of another read (>= now) */
+    enum state_wait wait;
+};
+
+struct state_ticket {
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+    uint64_t serial;
+    int64_t started;
+};
+
+/* What state_finish() changed that the caller should log once. */
+struct state_report {
+    bool key_paused;       /* this outcome started a key pause */
+    bool host_paused;      /* this outcome started a host pause */
+    bool first_unknown;    /* first sighting of an unknown status for this transaction */
+    char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
+};
+
+struct state_opts {
+    int tx_slots;             /* transactions tracked at once (default 16384) */
+    int key_slots;            /* distinct keys (default 256) */
+    int64_t read_timeout_ms;  /* a ticket is released after this plus 1 s */
+};
+
+struct state_metrics {
+    long tx_used, tx_slots, evictions, full;
+};
+
+/* Create an in-memory state. Returns NULL and writes a reason into err on
+ * failure (allocation, mutex). */
+struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
+void state_free(struct state *st);
+
+/* The identity of a secret key: a keyed hash with a salt kept in the state,
+ * so keys are compared without being stored. This function can't fail. */
+void state_key_id(const struct state *st, const char *secret, struct state_key *out);
+
+/* What is known about (key, id) at `now`, and when a read could next start
+ * under `sched` and `budget` reads per minute. Never reads anything itself. */
+void state_lookup(struct state *st, const struct state_key *key, const char *id,
+                  const struct schedule *sched, int budget, int64_t now, struct state_fact *out);
+
+/* As state_lookup(); in addition, when a read may start now (nothing final or
+ * remembered, none in flight, fact.next_read <= now), records its start
+ * (pace, budget), fills *ticket and returns true. The caller must then make
+ * the read and call state_finish() exactly once with that ticket. */
+bool state_claim(struct state *st, const struct state_key *key, const char *id,
+                 const struct schedule *sched, int budget, int64_t now,
+                 struct state_ticket *ticket, struct state_fact *out);
+
+/* Record the outcome of the read of `ticket`, made for shop `shop_id`, at
+ * `now`; updates the cache, pace and pauses and releases the ticket. A
+ * ticket that expired (its lease passed) still records its outcome.
+ * *report says what started that deserves one log line. */
+void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
+                  const struct outcome *oc, int64_t now, struct state_report *report);
+
+void state_metrics(struct state *st, struct state_metrics *out);
+
+/* SipHash-2-4 of data under a 16-byte key; exposed for tests. */
+uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len);
+
+#endif
