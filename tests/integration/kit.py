@@ -1,0 +1,42 @@
+"""What the kembali integration tests share: starting a sandbox and kembali
+together with a short schedule, and reading the sandbox's read log."""
+
+import harness
+
+KEY = harness.DEFAULT_KEY
+KEY2 = "sk_test_kembali_0000000000000002"
+FAST = [0, 1100, 1100, 1100]          # sum 3300 ms, held requests answered by 4800 ms
+FAST_HOLD = sum(FAST) / 1000 + 1.5
+
+
+def start(tmpdir, schedule=FAST, shops=None, sandbox_args=(), keys=None, top=None, **kw):
+    """A sandbox (keys KEY and KEY2) and a kembali with one shop "toko-a"
+    (hosts toko-a.test, key KEY) unless `shops` (a function of the Kembali,
+    returning the list) says otherwise. Returns (sandbox, kembali), started."""
+    sb = harness.Sandbox(tmpdir, keys=(KEY, KEY2),
+                         args=["--key", KEY, "--key", KEY2] + list(sandbox_args))
+    keys = keys or {"a": KEY, "b": KEY2}
+
+    def config(k):
+        s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
+        extra = dict(top or {})
+        if schedule is not None:
+            extra["schedule_ms"] = schedule
+        return harness.make_config(sb, s, **extra)
+
+    k = harness.Kembali(tmpdir, config=config, keys=keys, **kw)
+    k.start()
+    return sb, k
+
+
+def read_times(sb, id):
+    """Arrival times (s, relative to the first) of the reads of id."""
+    reads = sb.reads(id)
+    if not reads:
+        return []
+    t0 = reads[0]["t_ms"]
+    return [round((r["t_ms"] - t0) / 1000, 3) for r in reads]
+
+
+def min_gap(times):
+    return min((b - a for a, b in zip(times, times[1:])), default=None)

@@ -1,0 +1,255 @@
+"""Answers: every status word in HTML and JSON, headers, shop selection,
+ids, methods, CORS, metrics, and that the secret key never leaks."""
+
+import json
+import os
+import re
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_in
+
+WORDS = {"succeeded": 200, "failed": 200, "canceled": 200, "expired": 200}
+SECURITY = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
+def check_common(r, word, http):
+    assert_eq(r.status, http, "HTTP status for %s: %r" % (word, r))
+    assert_eq(r.header("kembali-status"), word, "Kembali-Status")
+    for h, v in SECURITY.items():
+        assert_eq(r.header(h), v, h)
+    csp = r.header("content-security-policy") or ""
+    assert_in("frame-ancestors 'none'", csp)
+    assert_in("default-src 'none'", csp)
+    assert "script-src" not in csp, csp
+
+
+def check_html(r, word, http, lang="id"):
+    check_common(r, word, http)
+    assert_in("text/html", r.header("content-type"))
+    m = re.search(r'<html lang="(\w+)" data-status="([a-z_]+)">', r.text)
+    assert m, r.text[:300]
+    assert_eq(m.group(2), word, "data-status")
+    assert_eq(m.group(1), lang, "lang")
+    assert "<script" not in r.text.lower()
+    assert_eq(int(r.header("content-length")), len(r.body), "Content-Length")
+
+
+def test_each_final_status_html_and_json(tmpdir):
+    sb, k = kit.start(tmpdir)
+    for st, http in WORDS.items():
+        sb.put_tx("tx-" + st, st)
+        r = k.get("id=tx-" + st)
+        check_html(r, st, http)
+        j = k.get("id=tx-" + st, accept="application/json")
+        check_common(j, st, http)
+        assert_eq(j.json(), {"id": "tx-" + st, "status": st, "final": True})
+        assert_eq(j.header("retry-after"), None, "a final answer has no Retry-After")
+    # both answers of each came from one read (the second from the cache)
+    for st in WORDS:
+        assert_eq(len(sb.reads("tx-" + st)), 1, "reads of tx-" + st)
+
+
+def test_not_found_invalid_unknown_shop(tmpdir):
+    sb, k = kit.start(tmpdir, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+    r = k.get("id=missing-1", host="toko-a.test")
+    check_html(r, "not_found", 404)
+    j = k.get("id=missing-1&format=json", host="toko-a.test")
+    check_common(j, "not_found", 404)
+    assert_eq(j.json()["final"], False)
+    ra = int(j.header("retry-after"))
+    assert 1 <= ra <= 30, ra
+    assert_eq(len(sb.reads("missing-1")), 1, "a 404 is remembered")
+    for q in ["", "id=", "id=a%20b", "id=" + "x" * 65, "id=%00", "id=a/b", "id=%C3%A4", "foo=bar"]:
+        check_html(k.get(q, host="toko-a.test"), "invalid", 400)
+    check_html(k.get("id=ok-1", host="nowhere.test"), "unknown_shop", 404)
+    check_html(k.get("id=ok-1", host="toko-a.test", extra={"KEMBALI_SHOP": "nope"}), "unknown_shop", 404)
+    ok = [r for r in sb.reads() if r["id"] != "missing-1"]
+    assert_eq(ok, [], "invalid ids and unknown shops cost no read")
+
+
+def test_64_char_id_and_id_param(tmpdir):
+    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), id_param="trx")])
+    long_id = "A" * 30 + "_-" + "z9" * 16
+    assert_eq(len(long_id), 64)
+    sb.put_tx(long_id, "succeeded")
+    check_html(k.get("trx=" + long_id), "succeeded", 200)
+    check_html(k.get("id=" + long_id), "invalid", 400)
+
+
+def test_shop_selection(tmpdir):
+    sb, k = kit.start(tmpdir, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a"), name="Toko A"),
+        harness.make_shop("toko-b", k.key_path("b"), name="Toko B", hosts=["b.example", "www.b.example"], locale="en")])
+    sb.put_tx("t1", "succeeded")
+    r = k.get("id=t1", host="WWW.B.example:8443")
+    check_html(r, "succeeded", 200, lang="en")
+    assert_in("Toko B", r.text)
+    r = k.get("id=t1", host="b.example", extra={"KEMBALI_SHOP": "toko-a"})
+    check_html(r, "succeeded", 200, lang="id")
+    assert_in("Toko A", r.text)
+    # toko-b's key is KEY2: the sandbox saw reads with both keys
+    tails = sorted({x["key_tail"] for x in sb.reads("t1")})
+    assert_eq(len(tails), 2, "one read per key: %r" % tails)
+
+
+def test_status_in_url_is_ignored(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-pend", "failed")
+    r = k.get("id=t-pend&status=succeeded&transaction_status=succeeded")
+    check_html(r, "failed", 200)
+
+
+def test_methods_and_head(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    for m in ["POST", "PUT", "DELETE", "OPTIONS", "PATCH", "get"]:
+        r = k.get("id=t1", method=m, stdin=b"x=1" if m == "POST" else b"")
+        assert_eq(r.status, 405, m)
+        assert_eq(r.header("allow"), "GET, HEAD")
+        assert r.header("kembali-status") is not None
+    assert_eq(sb.reads("t1"), [], "405 costs no read")
+    r = k.get("id=t1", method="HEAD")
+    assert_eq(r.status, 200)
+    assert_eq(r.header("kembali-status"), "succeeded")
+    assert_eq(r.body, b"", "HEAD has no body")
+    assert int(r.header("content-length")) > 100
+
+
+def test_escaping_of_shop_values(tmpdir):
+    evil = "<script>alert('x')</script> & \"Toko\""
+    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), name=evil)])
+    sb.put_tx("t1", "succeeded")
+    r = k.get("id=t1")
+    assert "<script>" not in r.text
+    assert_in("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;Toko&quot;", r.text)
+
+
+def test_cors(tmpdir):
+    sb, k = kit.start(tmpdir, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a"), cors_origins=["https://toko-a.example"])])
+    sb.put_tx("t1", "succeeded")
+    r = k.get("id=t1&format=json", extra={"HTTP_ORIGIN": "https://toko-a.example"})
+    assert_eq(r.header("access-control-allow-origin"), "https://toko-a.example")
+    assert_in("Origin", r.header("vary"))
+    r = k.get("id=t1&format=json", extra={"HTTP_ORIGIN": "https://evil.example"})
+    assert_eq(r.header("access-control-allow-origin"), None)
+
+
+def test_metrics_only_for_admin(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    k.get("id=t1")
+    r = k.get("format=metrics")
+    assert_eq(r.header("kembali-status"), "invalid", "without KEMBALI_ADMIN it is an ordinary request")
+    m = k.metrics()
+    assert_eq(m.get('kembali_answers_total{status="succeeded"}'), 1.0)
+    assert_eq(m.get('kembali_api_reads_total{outcome="status"}'), 1.0)
+    assert_eq(m.get("kembali_api_connections_total"), 1.0)
+
+
+def test_secret_never_in_output_or_logs(tmpdir):
+    secret = "sk_live_SUPERSECRET_do_not_leak_1234"
+    sb = harness.Sandbox(tmpdir, keys=(secret,))
+    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST), keys={"a": secret})
+    k.start()
+    sb.put_tx("t1", "succeeded")
+    outs = [k.get(q) for q in ["id=t1", "id=t1&format=json", "id=zz", "id=<x>", "format=metrics"]]
+    outs.append(k.get("format=metrics", extra={"KEMBALI_ADMIN": "1"}))
+    sb.remove_key(secret)  # now the key is rejected: the 401 path logs too
+    outs.append(k.get("id=t2"))
+    k.stop()
+    for r in outs:
+        assert secret.encode() not in r.stdout, r
+        assert b"SUPERSECRET" not in r.stdout
+    log = k.log_text()
+    assert "SUPERSECRET" not in log, "the key is in the log"
+    assert_in("key_rejected", log)
+    rc, out = harness.Kembali.run_check_config(k.config_path)
+    assert_eq(rc, 0, out)
+    assert "SUPERSECRET" not in out
+
+
+def test_check_config_errors(tmpdir):
+    good = os.path.join(tmpdir, "k")
+    harness.write_secret(good, "sk_test_x")
+    base = {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+            "shops": [{"id": "toko-a", "secret_key_file": good}]}
+    rc, out = harness.Kembali.run_check_config(base)
+    assert_eq(rc, 0, out)
+    cases = [
+        (dict(base, colour="red"), "colour: unknown key"),
+        (dict(base, api_base="http://pay.example"), "api_base: plain http://"),
+        (dict(base, schedule_ms=[0, 1000]), "1100"),
+        (dict(base, shops=[{"id": "toko-a", "secret_key_file": good, "locale": "fr"}]), "shops[0].locale"),
+        (dict(base, shops=[{"id": "toko-a", "secret_key_file": good, "typo": 1}]), "shops[0].typo: unknown key"),
+        (dict(base, shops=[{"id": "toko-a", "secret_key_file": "/nonexistent/key"}]), "shops[0].secret_key_file"),
+        (dict(base, shops=[{"id": "toko a", "secret_key_file": good}]), "shops[0].id"),
+        (dict(base, shops=[{"id": "toko-a", "secret_key_file": good, "read_budget_per_minute": 500}]),
+         "read_budget_per_minute"),
+        (dict(base, templates_dir="/nonexistent"), "templates_dir"),
+        (b"{not json", "line 1"),
+    ]
+    for cfg, expect in cases:
+        rc, out = harness.Kembali.run_check_config(cfg)
+        assert_eq(rc, 1, "for %r: %s" % (cfg, out))
+        assert_in(expect, out, "message for %r" % (cfg,))
+
+
+def test_start_refuses_broken_config(tmpdir):
+    k = harness.Kembali(tmpdir, config={"shops": [], "bogus": 1})
+    try:
+        k.start(timeout=3)
+    except AssertionError:
+        pass
+    rc = k.wait(5)
+    assert_eq(rc, 1)
+    assert_in("bogus: unknown key", k.log_text())
+
+
+def test_sighup_reload_and_broken_reload(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    assert_in("Toko A", k.get("id=t1").text)
+    cfg = json.load(open(k.config_path))
+    cfg["shops"][0]["name"] = "Toko Baru"
+    k.reload(cfg)
+    k.wait_log(5, event="reload")
+    assert_in("Toko Baru", k.get("id=t1").text)
+    k.write_config("{broken")
+    k.reload()
+    k.wait_log(5, event="reload", level="error")
+    r = k.get("id=t1")
+    assert_in("Toko Baru", r.text, "the old configuration keeps serving")
+
+
+def test_sigterm_answers_requests_in_hand(tmpdir):
+    sb, k = kit.start(tmpdir, schedule=[0, 5000, 5000])
+    sb.put_tx("t-wait", "pending")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(k.get("id=t-wait"))) for _ in range(5)]
+    for t in threads:
+        t.start()
+    harness.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 5)
+    time.sleep(0.3)  # let the requests park (they are held for ~11.5 s)
+    t0 = time.monotonic()
+    rc = k.stop(timeout=10)
+    for t in threads:
+        t.join(10)
+    assert_eq(rc, 0, "exit code after SIGTERM")
+    assert_eq(len(results), 5)
+    for r in results:
+        assert_eq(r.header("kembali-status"), "checking")
+    assert time.monotonic() - t0 < 3, "answered promptly"
+
+
+if __name__ == "__main__":
+    harness.run(globals())

@@ -1,0 +1,193 @@
+"""The pace: read times with real clocks, coalescing, late joiners, reloads,
+JSON polling, the cache, and waking waiters. Tests run in parallel, each
+against its own sandbox and kembali, so the suite takes about as long as the
+slowest test (about a minute)."""
+
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_between
+
+DEFAULT_READS = [0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5]
+
+
+def in_parallel(fns):
+    """Run the callables in threads; return their results in order."""
+    out = [None] * len(fns)
+    errs = []
+
+    def run(i, f):
+        try:
+            out[i] = f()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def assert_times(got, want, slack=0.35, msg=""):
+    assert_eq(len(got), len(want), "%s read count: got %r" % (msg, got))
+    for g, w in zip(got, want):
+        assert_between(g, w - 0.02, w + slack, "%s read at %r vs %r" % (msg, got, want))
+
+
+@harness.timeout(90)
+def test_default_schedule_read_times(tmpdir):
+    """One buyer, a transaction that stays pending: the seed's schedule."""
+    sb, k = kit.start(tmpdir, schedule=None)
+    sb.put_tx("t-pend", "pending")
+    t0 = time.monotonic()
+    r = k.get("id=t-pend")
+    took = time.monotonic() - t0
+    assert_eq(r.header("kembali-status"), "checking")
+    times = kit.read_times(sb, "t-pend")
+    print("# default schedule read times:", times, "answered after %.2f s" % took)
+    assert_times(times, DEFAULT_READS, msg="default schedule")
+    # no read can start before the 34 s deadline after the one at 32.5 s: answered at once
+    assert_between(took, 32.5, 34.0, "answer time")
+    assert "pembayaran sedang diperiksa" in r.text.lower()
+
+
+def test_final_status_answers_within_half_a_second(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", [(0, "pending"), (1500, "succeeded")])
+    rs = in_parallel([lambda: k.get("id=t1") for _ in range(20)])
+    times = kit.read_times(sb, "t1")
+    assert_times(times, [0, 1.1, 2.2], msg="until succeeded")
+    for r in rs:
+        assert_eq(r.header("kembali-status"), "succeeded")
+        assert_between(r.elapsed, 2.15, 2.2 + 0.5, "woken after the read that found it")
+
+
+def test_twenty_concurrent_cost_one_schedule(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("one", "pending")
+    sb.put_tx("many", "pending")
+    in_parallel([lambda: k.get("id=one")] + [lambda: k.get("id=many") for _ in range(20)])
+    one, many = kit.read_times(sb, "one"), kit.read_times(sb, "many")
+    print("# reads for 1 request: %d, for 20 concurrent requests: %d" % (len(one), len(many)))
+    assert_eq(len(many), len(one), "20 requests cost what one costs")
+    assert kit.min_gap(many) >= 1.09, many
+    assert all(r["http"] == 200 for r in sb.reads("many")), "no read was rejected by Kasera"
+
+
+def test_late_joiner_follows_the_pace(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "pending")
+    first = threading.Thread(target=lambda: k.get("id=t1"))
+    first.start()
+    time.sleep(2.0)
+    r = k.get("id=t1")
+    first.join()
+    times = kit.read_times(sb, "t1")
+    # one pace: 0, 1.1, 2.2, ... continuing for the joiner until its deadline (2.0 + 4.8)
+    assert_times(times, [0, 1.1, 2.2, 3.3, 4.4, 5.5, 6.6], msg="late joiner")
+    assert_eq(r.header("kembali-status"), "checking")
+    assert_between(r.elapsed, 4.5, 4.9, "the joiner waits its own deadline")
+
+
+@harness.timeout(110)
+def test_reload_every_second_default_schedule(tmpdir):
+    """A buyer reloading every second for 20 s follows the one pace."""
+    sb, k = kit.start(tmpdir, schedule=None)
+    sb.put_tx("t1", "pending")
+    threads = []
+    for i in range(20):
+        t = threading.Thread(target=lambda: k.get("id=t1", timeout=60))
+        t.start()
+        threads.append(t)
+        time.sleep(1.0)
+    for t in threads:
+        t.join(60)
+    times = kit.read_times(sb, "t1")
+    print("# reads with a reload every second for 20 s:", times)
+    # the last reload at ~19 s waits until ~53 s: reads at 32.5 and 45.5 too
+    assert_times(times, DEFAULT_READS + [45.5], msg="reloads")
+
+
+@harness.timeout(100)
+def test_json_polling_every_half_second(tmpdir):
+    sb, k = kit.start(tmpdir, schedule=None)
+    sb.put_tx("t1", "pending")
+    t_end = time.monotonic() + 60
+    answers = []
+    while time.monotonic() < t_end:
+        r = k.get("id=t1&format=json")
+        answers.append(r)
+        assert_eq(r.header("kembali-status"), "checking")
+        assert_eq(r.json()["final"], False)
+        assert_eq(r.json()["status"], "pending")
+        ra = int(r.header("retry-after"))
+        assert_between(ra, 1, 13, "Retry-After")
+        time.sleep(0.5)
+    times = kit.read_times(sb, "t1")
+    print("# JSON polled every 0.5 s for 60 s: %d answers, %d reads at %r" % (len(answers), len(times), times))
+    assert_times(times, DEFAULT_READS + [45.5, 58.5], msg="polling")
+    # every answer came fast: a JSON request never waits through the schedule
+    assert max(r.elapsed for r in answers) < 1.0
+
+
+def test_json_fresh_transaction_one_read(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "canceled")
+    sb.put_tx("t2", "pending")
+    r = k.get("id=t1", accept="application/json")
+    assert_eq(r.json(), {"id": "t1", "status": "canceled", "final": True})
+    r = k.get("id=t2", accept="application/json")
+    assert_eq(r.json(), {"id": "t2", "status": "pending", "final": False})
+    assert_eq(r.header("retry-after"), "2", "1.1 s until the pace allows the next read, rounded up")
+    r = k.get("id=t2", accept="application/json")
+    assert_eq(len(sb.reads("t2")), 1, "the second JSON request came too early for a read")
+    assert_eq(r.json()["status"], "pending")
+
+
+@harness.timeout(100)
+def test_cache_ttls(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-exp", "expired")
+    sb.put_tx("t-ok", "succeeded")
+    sb.put_tx("t-pend", "pending")
+    for q in ["id=t-exp", "id=t-ok"]:
+        for _ in range(3):
+            k.get(q)
+    assert_eq(len(sb.reads("t-exp")), 1)
+    assert_eq(len(sb.reads("t-ok")), 1)
+    k.get("id=t-pend&format=json")
+    time.sleep(1.2)
+    k.get("id=t-pend&format=json")
+    assert_eq(len(sb.reads("t-pend")), 2, "pending is never cached")
+    time.sleep(58.0)
+    k.get("id=t-exp")
+    k.get("id=t-ok")
+    assert_eq(len(sb.reads("t-exp")), 1, "expired still cached at 58 s")
+    time.sleep(2.5)
+    r = k.get("id=t-exp")
+    assert_eq(r.header("kembali-status"), "expired")
+    assert_eq(len(sb.reads("t-exp")), 2, "expired re-read after 60 s")
+    k.get("id=t-ok")
+    assert_eq(len(sb.reads("t-ok")), 1, "succeeded cached for an hour")
+
+
+def test_read_completes_when_its_requester_leaves(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 800}])
+    s = harness.fcgi_send(k.addr, harness.cgi_params("id=t1"))
+    time.sleep(0.2)
+    s.close()  # the buyer closed the tab while the read was in flight
+    r = k.get("id=t1")
+    assert_eq(r.header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("t1")), 1, "the joiner waited for the read in flight")
+    assert r.elapsed < 1.0
+
+
+if __name__ == "__main__":
+    harness.run(globals())
