@@ -1,0 +1,83 @@
+"""End to end through a real nginx (started here, fastcgi_read_timeout 40 s)
+and a real headless Chromium: what a buyer's browser gets."""
+
+import os
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_in, assert_between
+
+
+def setup(tmpdir, **kw):
+    sb, k = kit.start(tmpdir, **kw)
+    ng = harness.Nginx(tmpdir, k)
+    return sb, k, ng
+
+
+def test_final_page_through_nginx(tmpdir):
+    sb, k, ng = setup(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    status, headers, body = ng.http_get("/kembali?id=t1&status=failed")
+    assert_eq(status, 200)
+    assert_eq(headers.get("kembali-status"), "succeeded")
+    assert_eq(headers.get("cache-control"), "no-store")
+    assert_in("frame-ancestors 'none'", headers.get("content-security-policy", ""))
+    assert_in(b'data-status="succeeded"', body)
+    status, headers, body = ng.http_get("/kembali?id=t1", headers={"Accept": "application/json"})
+    assert_eq(headers.get("kembali-status"), "succeeded")
+    assert_eq(body.strip(), b'{"id":"t1","status":"succeeded","final":true}')
+    status, headers, body = ng.http_get("/kembali?id=bad%20id")
+    assert_eq(status, 400)
+    status, headers, body = ng.http_get("/kembali?id=t1", method="POST")
+    assert_eq(status, 405)
+
+
+def test_held_request_through_nginx(tmpdir):
+    sb, k, ng = setup(tmpdir)
+    sb.put_tx("t1", [(0, "pending"), (2000, "failed")])
+    sb.put_tx("t2", "pending")
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("t2", ng.http_get("/kembali?id=t2")))
+    th.start()
+    t0 = time.monotonic()
+    status, headers, body = ng.http_get("/kembali?id=t1")
+    assert_between(time.monotonic() - t0, 2.1, 2.9)
+    assert_eq(headers.get("kembali-status"), "failed")
+    th.join(20)
+    assert_eq(out["t2"][1].get("kembali-status"), "checking")
+    assert_in(b"Pembayaran sedang diperiksa", out["t2"][2])
+
+
+@harness.timeout(90)
+def test_default_schedule_through_nginx(tmpdir):
+    """A 34 s hold fits nginx's fastcgi_read_timeout of 40 s."""
+    sb, k, ng = setup(tmpdir, schedule=None)
+    sb.put_tx("t1", "pending")
+    t0 = time.monotonic()
+    status, headers, body = ng.http_get("/kembali?id=t1", timeout=60)
+    took = time.monotonic() - t0
+    assert_eq(status, 200)
+    assert_eq(headers.get("kembali-status"), "checking")
+    assert_between(took, 32.4, 34.2)
+    assert_eq(len(sb.reads("t1")), 7)
+
+
+def test_chromium_renders_the_page(tmpdir):
+    harness.chromium_or_skip()
+    sb, k, ng = setup(tmpdir)
+    sb.put_tx("t1", "expired")
+    dom = harness.chromium_dump_dom(ng.url("/kembali?id=t1"))
+    assert_in('data-status="expired"', dom)
+    assert_in('lang="id"', dom)
+    assert_in("t1", dom)
+    shot = harness.chromium_screenshot(ng.url("/kembali?id=t1"), os.path.join(tmpdir, "expired.png"))
+    assert os.path.getsize(shot) > 5000, "a screenshot with something on it"
+    # the browser made no request other than the page: nothing external, no favicon fetch allowed by CSP
+    log = open(ng.access_log).read()
+    assert_eq(log.count("GET /kembali"), 2, log)
+
+
+if __name__ == "__main__":
+    harness.run(globals())
