@@ -420,6 +420,7 @@ class _TestContext:
         self.tmpdir = tmpdir
         self.procs: list[subprocess.Popen] = []
         self.cleanups: list = []  # callables run when the test ends
+        self.checks: list = []    # callables run when the test passed; may fail it
         self.lock = threading.Lock()
 
 
@@ -857,6 +858,10 @@ class Kembali:
         with open(self.log_path, "ab") as log:
             self.proc = spawn(self.argv(), self.tmpdir, stdin=stdin, stdout=log, stderr=log,
                               env=_merge_env(self.env))
+        ctx = current_test()
+        if ctx is not None:
+            with ctx.lock:
+                ctx.checks.append(self.final_check)
         if self.addr is None:
             return self
         deadline = time.monotonic() + timeout
@@ -874,6 +879,21 @@ class Kembali:
                 raise AssertionError("kembali did not accept on %s within %.0f s; log:\n%s"
                                      % (_addr_str(self.addr), timeout, _tail(self.log_path)))
             time.sleep(0.02)
+
+    SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "WARNING: ThreadSanitizer", "SUMMARY: UndefinedBehaviorSanitizer")
+
+    def final_check(self) -> None:
+        """At the end of a passing test: stop the process if it still runs
+        (SIGTERM must give exit 0) and fail on any sanitizer report in its log."""
+        if self.proc is not None and self.proc.poll() is None:
+            rc = self.stop(timeout=15)
+            if rc != 0:
+                raise AssertionError("%s exited %s after SIGTERM; log:\n%s" % (self.name, rc, _tail(self.log_path)))
+        text = self.log_text()
+        for mark in self.SANITIZER_MARKS:
+            if mark in text:
+                raise AssertionError("sanitizer report in %s:\n%s" % (self.log_path, _tail(self.log_path)))
 
     @property
     def pid(self) -> int:
@@ -1440,6 +1460,8 @@ def run_tests(tests, parallel: bool = True, max_workers: int = 32, out=None,
         try:
             params = inspect.signature(fn).parameters
             fn(ctx.tmpdir) if params else fn()
+            for check in list(ctx.checks):
+                check()
         except Skip as e:
             outcome, detail = "skip", str(e)
         except BaseException:
