@@ -1,6 +1,7 @@
 /* config.c - see config.h. */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -123,6 +124,38 @@ static bool check_api_base(const char *v, char *why, size_t whylen)
         return false;
     }
     return true;
+}
+
+/* A configured host, lowercased, trailing dots removed: a name or IPv4
+ * address without port, or an IPv6 address in brackets. NULL if malformed. */
+static char *normalize_host(const char *hv)
+{
+    if (hv == NULL || *hv == '\0' || strlen(hv) > 253)
+        return NULL;
+    char *lc = xstrdup(hv);
+    size_t n = strlen(lc);
+    for (char *p = lc; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    while (n > 0 && lc[n - 1] == '.')
+        lc[--n] = '\0';
+    bool ok;
+    if (lc[0] == '[') {
+        struct in6_addr a;
+        char inner[64];
+        ok = n > 2 && lc[n - 1] == ']' && n - 2 < sizeof inner;
+        if (ok) {
+            memcpy(inner, lc + 1, n - 2);
+            inner[n - 2] = '\0';
+            ok = inet_pton(AF_INET6, inner, &a) == 1;
+        }
+    } else {
+        ok = n > 0 && strpbrk(lc, ":/ \t[]@") == NULL;
+    }
+    if (!ok) {
+        free(lc);
+        return NULL;
+    }
+    return lc;
 }
 
 static bool check_url(const char *v)
@@ -270,14 +303,12 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         size_t i;
         json_t *h;
         json_array_foreach(hosts, i, h) {
-            const char *hv = json_string_value(h);
-            if (hv == NULL || *hv == '\0' || strpbrk(hv, ":/ ") != NULL) {
-                cfail(e, file, P("hosts"), "entry %zu must be a host name without port or scheme", i + 1);
+            char *lc = normalize_host(json_string_value(h));
+            if (lc == NULL) {
+                cfail(e, file, P("hosts"), "entry %zu must be a host name without port or scheme "
+                      "(an IPv6 address in brackets: [2001:db8::1])", i + 1);
                 continue;
             }
-            char *lc = xstrdup(hv);
-            for (char *p = lc; *p; p++)
-                *p = (char)tolower((unsigned char)*p);
             s->hosts[s->nhosts++] = lc;
         }
     }

@@ -32,27 +32,41 @@ size_t log_format_value(char *out, size_t cap, const char *v)
     size_t n = 0;
     if (cap == 0)
         return 0;
-#define PUT(c) do { if (n + 1 < cap) out[n++] = (c); } while (0)
     if (!needs_quotes(v)) {
         for (; *v && n + 1 < cap; v++)
             out[n++] = *v;
         out[n] = '\0';
         return n;
     }
-    PUT('"');
+    if (cap < 3) { /* no room for "" */
+        out[0] = '\0';
+        return 0;
+    }
+    /* Room is kept for the closing quote, and an escape is written only
+     * whole, so a truncated value is still one well-formed quoted value. */
+    size_t limit = cap - 2; /* last index usable before '"' and NUL */
+    out[n++] = '"';
     for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        char esc[4];
+        size_t k = 0;
         if (*p == '"' || *p == '\\') {
-            PUT('\\');
-            PUT((char)*p);
+            esc[k++] = '\\';
+            esc[k++] = (char)*p;
         } else if (*p < ' ' || *p == 0x7f) {
             static const char hex[] = "0123456789abcdef";
-            PUT('\\'); PUT('x'); PUT(hex[*p >> 4]); PUT(hex[*p & 15]);
+            esc[k++] = '\\';
+            esc[k++] = 'x';
+            esc[k++] = hex[*p >> 4];
+            esc[k++] = hex[*p & 15];
         } else {
-            PUT((char)*p); /* UTF-8 passes through unchanged */
+            esc[k++] = (char)*p; /* UTF-8 passes through unchanged */
         }
+        if (n + k > limit)
+            break;
+        memcpy(out + n, esc, k);
+        n += k;
     }
-    PUT('"');
-#undef PUT
+    out[n++] = '"';
     out[n] = '\0';
     return n;
 }

@@ -34,8 +34,8 @@ bool request_query_param(const char *q, const char *name, char *out, size_t cap)
                     c = hexval((unsigned char)q[i + 1]) * 16 + hexval((unsigned char)q[i + 2]);
                     i += 2;
                 }
-                if (n + 1 >= cap)
-                    return false;
+                if (c == 0 || n + 1 >= cap)
+                    return false; /* %00 cannot be part of a string */
                 out[n++] = (char)c;
             }
             out[n] = '\0';

@@ -23,7 +23,8 @@ struct answer {
 void request_answer(const struct state_fact *f, int64_t now, struct answer *out);
 
 /* Find `name` in a query string and URL-decode its first value into out.
- * Returns false when absent or when the decoded value does not fit. */
+ * Returns false when absent, when the decoded value does not fit, or when
+ * it would contain a NUL byte (%00). */
 bool request_query_param(const char *query, const char *name, char *out, size_t cap);
 /* True when an Accept header asks for JSON. */
 bool request_wants_json(const char *accept);

@@ -229,7 +229,7 @@ void state_key_id(const struct state *st, const char *secret, struct state_key *
 static uint32_t tx_bucket(struct state *st, const struct state_key *key, const char *id)
 {
     uint8_t buf[16 + STATE_ID_MAX];
-    size_t n = strlen(id);
+    size_t n = strnlen(id, STATE_ID_MAX);
     memcpy(buf, key->b, 16);
     memcpy(buf + 16, id, n);
     return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->h->nbuckets - 1));
@@ -406,6 +406,12 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
                  struct state_ticket *ticket, struct state_fact *out)
 {
     bool claimed = false;
+    if (strlen(id) > STATE_ID_MAX) { /* callers validate ids; never track a longer one */
+        memset(out, 0, sizeof *out);
+        out->wait = WAIT_FULL;
+        out->next_read = now + 1000;
+        return false;
+    }
     st_lock(st);
     struct st_tx *e = tx_find(st, key, id);
     struct st_keyent *k = key_get(st, key, now, false);

@@ -15,7 +15,9 @@
  * indexes instead of links) guarded by one mutex that is process-shared and
  * robust, so the same code can serve a region mapped by several processes.
  * No lock is ever held across I/O: callers hold none on return.
- * Times are CLOCK_MONOTONIC milliseconds (see util.h). */
+ * Times are CLOCK_MONOTONIC milliseconds (see util.h). Transaction ids are
+ * validated by the caller (1..STATE_ID_MAX characters); state_claim() refuses
+ * a longer one with WAIT_FULL. */
 #ifndef KEMBALI_STATE_H
 #define KEMBALI_STATE_H
 
