@@ -1,0 +1,767 @@
+/* test_config.c - unit tests of src/config.c: loading, validation and
+ * error messages (each names the file and the key), shop selection. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+
+#define TEMPLATES TEST_SRCDIR "/templates"
+/* The start of every configuration written here. */
+#define HEAD "{\"templates_dir\": \"" TEMPLATES "\", \"state_dir\": \"/tmp\", "
+
+static char g_dir[64];       /* scratch directory of the group */
+static char g_cfg[128];      /* g_dir/kembali.json */
+static char g_err[8192];
+
+/* ---- helpers ---- */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void put_file(const char *rel, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void make_dir(const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    assert_true(mkdir(path, 0700) == 0 || errno == EEXIST);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kembali-test-config-XXXXXX");
+    if (mkdtemp(g_dir) == NULL)
+        return -1;
+    snprintf(g_cfg, sizeof g_cfg, "%s/kembali.json", g_dir);
+    put_file("key_a", "  sk_test_aaa \t \nsecond line is ignored\n");
+    put_file("key_b", "sk_test_bbb\n");
+    put_file("key_a_copy", "sk_test_aaa");
+    put_file("key_space", "sk test\n");
+    put_file("key_empty", "");
+    setenv("KEMBALI_TEST_KEY_B", "sk_env_bbb", 1);
+    unsetenv("KEMBALI_TEST_UNSET");
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+static struct config *load_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Write the configuration (printf format) to g_cfg and load it. */
+static struct config *load_fmt(const char *fmt, ...)
+{
+    char text[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    assert_true(n >= 0 && (size_t)n < sizeof text);
+    FILE *f = fopen(g_cfg, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    memset(g_err, 0, sizeof g_err);
+    return config_load(g_cfg, g_err, sizeof g_err);
+}
+
+/* The load failed and the message names the file and every `needle`. */
+static void expect_error(struct config *c, const char *file, const char *key, const char *also)
+{
+    if (c != NULL)
+        config_unref(c);
+    assert_null(c);
+    if (strstr(g_err, file) == NULL || (key && strstr(g_err, key) == NULL) || (also && strstr(g_err, also) == NULL))
+        print_error("error text was: %s\n(wanted %s, %s, %s)\n", g_err, file, key ? key : "-", also ? also : "-");
+    assert_non_null(strstr(g_err, file));
+    if (key != NULL)
+        assert_non_null(strstr(g_err, key));
+    if (also != NULL)
+        assert_non_null(strstr(g_err, also));
+}
+
+static struct config *expect_ok(struct config *c)
+{
+    if (c == NULL)
+        print_error("config_load failed: %s\n", g_err);
+    assert_non_null(c);
+    return c;
+}
+
+/* A configuration with one shop whose members are `shop` (text). */
+static struct config *load_one_shop(const char *shop)
+{
+    return load_fmt(HEAD "\"shops\": [{\"id\": \"toko-a\", %s}]}", shop);
+}
+
+/* ---- a good configuration ---- */
+
+static void test_good_config(void **unused)
+{
+    (void)unused;
+    struct config *c = expect_ok(load_fmt(
+        HEAD "\"api_base\": \"https://pay.kasera.id/\", \"schedule_ms\": [0, 1100, 2000], "
+             "\"read_timeout_ms\": 3000, \"state_slots\": 1024, \"shops\": ["
+             "{\"id\": \"toko-a\", \"name\": \"Toko A\", \"hosts\": [\"Toko-A.Example\", \"www.toko-a.example\"], "
+             "\"secret_key_file\": \"%s/key_a\", \"shop_url\": \"https://toko-a.example/\", \"locale\": \"en\", "
+             "\"read_budget_per_minute\": 60, \"cors_origins\": [\"https://toko-a.example\"], \"id_param\": \"trx\"},"
+             "{\"id\": \"toko_b\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]}",
+        g_dir));
+    assert_string_equal(c->path, g_cfg);
+    assert_string_equal(c->api_base, "https://pay.kasera.id");
+    assert_string_equal(c->state_dir, "/tmp");
+    assert_string_equal(c->templates_dir, TEMPLATES);
+    assert_int_equal(c->sched.n, 3);
+    assert_int_equal(c->sched.wait_ms[1], 1100);
+    assert_int_equal(c->sched.wait_ms[2], 2000);
+    assert_int_equal(c->read_timeout_ms, 3000);
+    assert_int_equal(c->state_slots, 1024);
+    assert_non_null(c->default_tpl);
+    assert_string_equal(c->default_tpl->locale, "id");
+    assert_int_equal(c->nshops, 2);
+
+    const struct shop *a = &c->shops[0], *b = &c->shops[1];
+    assert_string_equal(a->id, "toko-a");
+    assert_string_equal(a->name, "Toko A");
+    assert_int_equal(a->nhosts, 2);
+    assert_string_equal(a->hosts[0], "toko-a.example"); /* lowercased */
+    assert_string_equal(a->hosts[1], "www.toko-a.example");
+    assert_string_equal(a->secret, "sk_test_aaa"); /* first line, trimmed */
+    assert_string_equal(a->shop_url, "https://toko-a.example/");
+    assert_string_equal(a->locale, "en");
+    assert_int_equal(a->read_budget, 60);
+    assert_int_equal(a->norigins, 1);
+    assert_string_equal(a->origins[0], "https://toko-a.example");
+    assert_string_equal(a->id_param, "trx");
+    assert_non_null(a->tpl);
+    assert_string_equal(a->tpl->locale, "en");
+
+    assert_string_equal(b->id, "toko_b");
+    assert_string_equal(b->name, "toko_b");
+    assert_string_equal(b->secret, "sk_env_bbb");
+    assert_string_equal(b->locale, "id");
+    assert_int_equal(b->read_budget, 120);
+    assert_string_equal(b->id_param, "id");
+    assert_int_equal(b->nhosts, 0);
+    assert_int_equal(b->norigins, 0);
+    assert_non_null(b->tpl);
+    assert_string_equal(b->tpl->locale, "id");
+    config_unref(c);
+}
+
+static void test_defaults(void **unused)
+{
+    (void)unused;
+    struct config *c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"s\", \"secret_key_file\": \"%s/key_b\"}]}", g_dir));
+    assert_string_equal(c->api_base, "https://pay.kasera.id");
+    struct schedule def;
+    pace_default(&def);
+    assert_int_equal(c->sched.n, def.n);
+    assert_memory_equal(c->sched.wait_ms, def.wait_ms, sizeof def.wait_ms[0] * (size_t)def.n);
+    assert_int_equal(c->read_timeout_ms, 5000);
+    assert_int_equal(c->shops[0].read_budget, 120);
+    assert_string_equal(c->shops[0].secret, "sk_test_bbb");
+    config_unref(c);
+}
+
+static void test_refs_and_bind_state(void **unused)
+{
+    (void)unused;
+    struct config *c = expect_ok(load_fmt(
+        HEAD "\"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}, {\"id\": \"b\", \"secret_key_file\": \"%s/key_b\"},"
+             "{\"id\": \"a2\", \"secret_key_file\": \"%s/key_a_copy\"}]}",
+        g_dir, g_dir, g_dir));
+    struct state_opts o = {.tx_slots = 16};
+    char err[128];
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    config_bind_state(c, st);
+    /* shops that share a key share its identity (and its budget) */
+    assert_memory_equal(c->shops[0].key.b, c->shops[2].key.b, 16);
+    assert_memory_not_equal(c->shops[0].key.b, c->shops[1].key.b, 16);
+    struct state_key direct;
+    state_key_id(st, "sk_test_aaa", &direct);
+    assert_memory_equal(direct.b, c->shops[0].key.b, 16);
+    state_free(st);
+
+    assert_ptr_equal(config_ref(c), c);
+    config_unref(c);
+    assert_string_equal(c->shops[0].id, "a"); /* still alive */
+    config_unref(c);
+    config_unref(NULL);
+}
+
+/* ---- errors: each names the file and the key ---- */
+
+static void test_unknown_top_level_key(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt(HEAD "\"colour\": \"blue\", \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}",
+                                g_dir);
+    expect_error(c, g_cfg, "colour", "unknown key");
+}
+
+static void test_unknown_shop_key(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt(HEAD "\"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"},"
+                                     "{\"id\": \"b\", \"secret_key_file\": \"%s/key_b\", \"colour\": 1}]}",
+                                g_dir, g_dir);
+    expect_error(c, g_cfg, "shops[1].colour", "unknown key");
+    c = load_fmt(HEAD "\"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\", \"secret_key\": \"sk_x\"}]}", g_dir);
+    expect_error(c, g_cfg, "shops[0].secret_key", "unknown key");
+}
+
+static void test_api_base(void **unused)
+{
+    (void)unused;
+    static const struct {
+        const char *url;
+        bool ok;
+    } cases[] = {
+        {"https://pay.kasera.id", true},
+        {"https://x", true},
+        {"https://x:8443/base/", true},
+        {"http://127.0.0.1:8080", true},
+        {"http://127.1.2.3", true},
+        {"http://localhost", true},
+        {"http://LOCALHOST:9000/v", true},
+        {"http://[::1]:8080", true},
+        {"ftp://pay.kasera.id", false},
+        {"http://example.com", false},
+        {"http://pay.kasera.id", false},
+        {"http://localhost.evil.example", false},
+        {"http://127.0.0.1.evil.example", false},
+        {"http://10.0.0.1", false},
+        {"http://[::2]", false},
+        {"https://", false},
+        {"https://:443", false},
+        {"https://user:pw@pay.kasera.id", false},
+        {"http://127.0.0.1@evil.example", false},
+        {"https://pay.kasera.id/?x=1", false},
+        {"https://pay.kasera.id/#f", false},
+        {"https://pay kasera.id", false},
+        {"pay.kasera.id", false},
+        {"HTTPS//pay.kasera.id", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct config *c = load_fmt(HEAD "\"api_base\": \"%s\", \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}",
+                                    cases[i].url, g_dir);
+        if (cases[i].ok != (c != NULL))
+            print_error("api_base %s: %s (%s)\n", cases[i].url, c ? "accepted" : "refused", g_err);
+        if (cases[i].ok) {
+            assert_non_null(c);
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "api_base", NULL);
+        }
+    }
+    /* an empty or non-string value */
+    expect_error(load_fmt(HEAD "\"api_base\": \"\", \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", g_dir),
+                 g_cfg, "api_base", NULL);
+    expect_error(load_fmt(HEAD "\"api_base\": 5, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", g_dir),
+                 g_cfg, "api_base", NULL);
+}
+
+static void test_schedule(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt(HEAD "\"schedule_ms\": [0, 1000], \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", g_dir);
+    expect_error(c, g_cfg, "schedule_ms", "1100");
+
+    c = expect_ok(load_fmt(HEAD "\"schedule_ms\": [0, 1100], \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", g_dir));
+    assert_int_equal(c->sched.n, 2);
+    assert_int_equal(pace_hold_ms(&c->sched), 1100 + PACE_GRACE_MS);
+    config_unref(c);
+
+    const char *bad[] = {
+        "[]", "[0, 1500, 1099]", "[0, 30001]", "[0, \"1500\"]", "[0, 1500.5]", "5000", "\"0,1500\"",
+        "[0,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100,1100]", "[-1, 1500]",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = load_fmt(HEAD "\"schedule_ms\": %s, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", bad[i], g_dir);
+        expect_error(c, g_cfg, "schedule_ms", NULL);
+    }
+}
+
+static void test_read_timeout_and_slots(void **unused)
+{
+    (void)unused;
+    const char *bad[] = {"\"read_timeout_ms\": 99", "\"read_timeout_ms\": 30001", "\"read_timeout_ms\": \"5000\"",
+                         "\"state_slots\": 15", "\"state_slots\": 4194305", "\"state_slots\": 1.5"};
+    const char *keys[] = {"read_timeout_ms", "read_timeout_ms", "read_timeout_ms", "state_slots", "state_slots", "state_slots"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct config *c = load_fmt(HEAD "%s, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", bad[i], g_dir);
+        expect_error(c, g_cfg, keys[i], NULL);
+    }
+}
+
+static void test_read_budget(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    const char *bad[] = {"0", "301", "-5", "\"12\"", "1.5", "null", "true"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"read_budget_per_minute\": %s", g_dir, bad[i]);
+        expect_error(load_one_shop(shop), g_cfg, "shops[0].read_budget_per_minute", NULL);
+    }
+    const int good[] = {1, 120, 300};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"read_budget_per_minute\": %d", g_dir, good[i]);
+        struct config *c = expect_ok(load_one_shop(shop));
+        assert_int_equal(c->shops[0].read_budget, good[i]);
+        config_unref(c);
+    }
+}
+
+static void test_locale(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"locale\": \"fr\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].locale", NULL);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"locale\": \"EN\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].locale", NULL);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"locale\": \"en\"", g_dir);
+    struct config *c = expect_ok(load_one_shop(shop));
+    assert_string_equal(c->shops[0].locale, "en");
+    config_unref(c);
+}
+
+static void test_key_file_problems(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/no_such_key\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", "no_such_key");
+
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_empty\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", NULL);
+
+    /* a key that cannot go into a header is refused, and never shown */
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_space\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", NULL);
+    assert_null(strstr(g_err, "sk test"));
+
+    /* both, or neither */
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key", "exactly one");
+    expect_error(load_one_shop("\"name\": \"A\""), g_cfg, "shops[0].secret_key", "exactly one");
+
+    /* an environment variable that is not set */
+    expect_error(load_one_shop("\"secret_key_env\": \"KEMBALI_TEST_UNSET\""), g_cfg, "shops[0].secret_key_env",
+                 "KEMBALI_TEST_UNSET");
+}
+
+static void test_secret_never_in_errors(void **unused)
+{
+    (void)unused;
+    /* a shop with a good key and several problems elsewhere */
+    struct config *c = load_fmt(HEAD "\"shops\": [{\"id\": \"bad id\", \"secret_key_file\": \"%s/key_a\", "
+                                     "\"locale\": \"fr\", \"shop_url\": \"javascript:x\"},"
+                                     "{\"id\": \"b\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\", \"colour\": 1}]}",
+                                g_dir);
+    expect_error(c, g_cfg, "shops[0].id", NULL);
+    assert_non_null(strstr(g_err, "shops[0].locale"));
+    assert_non_null(strstr(g_err, "shops[0].shop_url"));
+    assert_non_null(strstr(g_err, "shops[1].colour"));
+    assert_null(strstr(g_err, "sk_test_aaa"));
+    assert_null(strstr(g_err, "sk_env_bbb"));
+}
+
+static void test_duplicates(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt(HEAD "\"shops\": [{\"id\": \"toko-a\", \"secret_key_file\": \"%s/key_a\"},"
+                                     "{\"id\": \"toko-a\", \"secret_key_file\": \"%s/key_b\"}]}",
+                                g_dir, g_dir);
+    expect_error(c, g_cfg, "shops", "toko-a");
+
+    c = load_fmt(HEAD "\"shops\": [{\"id\": \"a\", \"hosts\": [\"shop.example\"], \"secret_key_file\": \"%s/key_a\"},"
+                      "{\"id\": \"b\", \"hosts\": [\"other.example\", \"Shop.Example\"], \"secret_key_file\": \"%s/key_b\"}]}",
+                 g_dir, g_dir);
+    expect_error(c, g_cfg, "shops", "shop.example");
+}
+
+static void test_invalid_shop_id(void **unused)
+{
+    (void)unused;
+    const char *bad[] = {"toko a", "", "toko/a", "\\u00e4", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct config *c = load_fmt(HEAD "\"shops\": [{\"id\": \"%s\", \"secret_key_file\": \"%s/key_a\"}]}", bad[i], g_dir);
+        expect_error(c, g_cfg, "shops[0].id", NULL);
+    }
+    expect_error(load_fmt(HEAD "\"shops\": [{\"secret_key_file\": \"%s/key_a\"}]}", g_dir), g_cfg, "shops[0].id", NULL);
+    expect_error(load_fmt(HEAD "\"shops\": [{\"id\": 5, \"secret_key_file\": \"%s/key_a\"}]}", g_dir), g_cfg, "shops[0].id", NULL);
+}
+
+static void test_id_param(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"id_param\": \"trx_id\"", g_dir);
+    struct config *c = expect_ok(load_one_shop(shop));
+    assert_string_equal(c->shops[0].id_param, "trx_id");
+    config_unref(c);
+    const char *bad[] = {"a b", "a&b", "a=b", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" /* 33 */};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"id_param\": \"%s\"", g_dir, bad[i]);
+        expect_error(load_one_shop(shop), g_cfg, "shops[0].id_param", NULL);
+    }
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"id_param\": \"%s\"", g_dir,
+             "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" /* 32 */);
+    c = expect_ok(load_one_shop(shop));
+    assert_int_equal(strlen(c->shops[0].id_param), 32);
+    config_unref(c);
+}
+
+static void test_hosts_urls_origins(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    const char *bad_hosts[] = {"[\"toko.example:8080\"]", "[\"https://toko.example\"]", "[\"\"]", "[5]", "\"toko.example\""};
+    for (size_t i = 0; i < sizeof bad_hosts / sizeof bad_hosts[0]; i++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"hosts\": %s", g_dir, bad_hosts[i]);
+        expect_error(load_one_shop(shop), g_cfg, "shops[0].hosts", NULL);
+    }
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"shop_url\": \"javascript:alert(1)\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].shop_url", NULL);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"cors_origins\": [\"https://a.example/path\"]", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].cors_origins", NULL);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"cors_origins\": \"https://a.example\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].cors_origins", NULL);
+}
+
+static void test_shops_dir(void **unused)
+{
+    (void)unused;
+    make_dir("shops_ok");
+    char text[512];
+    snprintf(text, sizeof text, "{\"id\": \"shop-b\", \"hosts\": [\"b.example\"], \"secret_key_file\": \"%s/key_b\"}", g_dir);
+    put_file("shops_ok/b.json", text);
+    snprintf(text, sizeof text, "{\"id\": \"shop-a\", \"hosts\": [\"a.example\"], \"secret_key_file\": \"%s/key_a\"}", g_dir);
+    put_file("shops_ok/a.json", text);
+    put_file("shops_ok/notes.txt", "not a shop");
+    put_file("shops_ok/.hidden.json", "{ broken");
+    put_file("shops_ok/a.json.bak", "{ broken");
+    struct config *c = expect_ok(load_fmt(HEAD "\"shops_dir\": \"%s/shops_ok\"}", g_dir));
+    assert_int_equal(c->nshops, 2);
+    assert_string_equal(c->shops[0].id, "shop-a"); /* name order */
+    assert_string_equal(c->shops[1].id, "shop-b");
+    assert_string_equal(c->shops[0].secret, "sk_test_aaa");
+    config_unref(c);
+
+    /* together with inline shops */
+    c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}], "
+                                "\"shops_dir\": \"%s/shops_ok\"}",
+                           g_dir));
+    assert_int_equal(c->nshops, 3);
+    assert_string_equal(c->shops[0].id, "inline");
+    config_unref(c);
+
+    /* a broken file is named, with its line */
+    make_dir("shops_bad");
+    put_file("shops_bad/a.json", text);
+    put_file("shops_bad/c.json", "{\n  \"id\": \"shop-c\",\n  \"hosts\": [\"c.example\"\n}\n");
+    char cpath[512];
+    snprintf(cpath, sizeof cpath, "%s/shops_bad/c.json", g_dir);
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_bad\"}", g_dir), cpath, "line", NULL);
+
+    /* a bad key in a shop file is named with that file */
+    make_dir("shops_key");
+    snprintf(text, sizeof text, "{\"id\": \"shop-d\", \"secret_key_file\": \"%s/key_a\", \"locale\": \"fr\"}", g_dir);
+    put_file("shops_key/d.json", text);
+    snprintf(cpath, sizeof cpath, "%s/shops_key/d.json", g_dir);
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_key\"}", g_dir), cpath, "locale", NULL);
+
+    /* a duplicate id across the folder and the inline list */
+    c = load_fmt(HEAD "\"shops\": [{\"id\": \"shop-a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}], "
+                      "\"shops_dir\": \"%s/shops_ok\"}",
+                 g_dir);
+    expect_error(c, g_cfg, "shops", "shop-a");
+
+    /* a missing folder */
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/no_such_dir\"}", g_dir), g_cfg, "shops_dir", "no_such_dir");
+}
+
+static void test_syntax_errors(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt("{\n  \"api_base\": \"https://x\",\n  \"shops\": [\n}\n");
+    expect_error(c, g_cfg, "line 4", NULL);
+    c = load_fmt("{\"a\": 1, \"a\": 2}");
+    expect_error(c, g_cfg, NULL, NULL);
+    c = load_fmt("[]");
+    expect_error(c, g_cfg, NULL, "object");
+    c = load_fmt("%s", "");
+    expect_error(c, g_cfg, NULL, NULL);
+    memset(g_err, 0, sizeof g_err);
+    c = config_load("/nonexistent/kembali.json", g_err, sizeof g_err);
+    expect_error(c, "/nonexistent/kembali.json", NULL, NULL);
+}
+
+static void test_no_shops(void **unused)
+{
+    (void)unused;
+    expect_error(load_fmt(HEAD "\"shops\": []}"), g_cfg, "shops", NULL);
+    expect_error(load_fmt(HEAD "\"api_base\": \"https://x\"}"), g_cfg, "shops", NULL);
+    expect_error(load_fmt(HEAD "\"shops\": {\"id\": \"a\"}}"), g_cfg, "shops", NULL);
+    expect_error(load_fmt(HEAD "\"shops\": [5]}"), g_cfg, "shops", NULL);
+}
+
+static void test_templates_problems(void **unused)
+{
+    (void)unused;
+    /* the default templates_dir must load */
+    struct config *c = load_fmt("{\"templates_dir\": \"%s/no_templates\", \"shops\": [{\"id\": \"a\", "
+                                "\"secret_key_file\": \"%s/key_a\"}]}",
+                                g_dir, g_dir);
+    expect_error(c, g_cfg, "templates_dir", "no_templates");
+
+    /* a shop's own templates: one page with an unknown placeholder */
+    make_dir("tpl");
+    make_dir("tpl/id");
+    put_file("tpl/id/failed.html", "<html data-status=\"{{status}}\">{{nope}}</html>");
+    char shop[512], file[512];
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl\"", g_dir, g_dir);
+    snprintf(file, sizeof file, "%s/tpl/id/failed.html", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].templates_dir", file);
+
+    /* one good custom page: the rest come from the defaults */
+    put_file("tpl/id/failed.html", "<html data-status=\"{{status}}\">GAGAL {{id}}</html>");
+    c = expect_ok(load_one_shop(shop));
+    assert_non_null(c->shops[0].tpl);
+    assert_ptr_not_equal(c->shops[0].tpl, c->default_tpl);
+    struct buf b = {0};
+    struct page_vars v = {.id = "T1"};
+    render_html(c->shops[0].tpl, W_FAILED, &v, &b);
+    assert_string_equal(b.p, "<html data-status=\"failed\">GAGAL T1</html>");
+    buf_free(&b);
+    render_html(c->shops[0].tpl, W_SUCCEEDED, &v, &b);
+    assert_non_null(strstr(b.p, "data-status=\"succeeded\""));
+    buf_free(&b);
+    config_unref(c);
+}
+
+/* ---- choosing the shop of a request ---- */
+
+static struct config *two_shops(void)
+{
+    return expect_ok(load_fmt(
+        HEAD "\"shops\": [{\"id\": \"toko-a\", \"hosts\": [\"toko-a.example\", \"www.toko-a.example\"], "
+             "\"secret_key_file\": \"%s/key_a\"}, {\"id\": \"toko_b\", \"hosts\": [\"b.example\"], "
+             "\"secret_key_file\": \"%s/key_b\"}]}",
+        g_dir, g_dir));
+}
+
+static void expect_pick(const struct config *c, const char *param, const char *host, const char *want)
+{
+    const struct shop *s = config_pick_shop(c, param, host);
+    if (want == NULL) {
+        if (s != NULL)
+            print_error("pick(%s, %s) gave %s\n", param ? param : "NULL", host ? host : "NULL", s->id);
+        assert_null(s);
+    } else {
+        if (s == NULL)
+            print_error("pick(%s, %s) gave nothing\n", param ? param : "NULL", host ? host : "NULL");
+        assert_non_null(s);
+        assert_string_equal(s->id, want);
+    }
+}
+
+static void test_pick_shop(void **unused)
+{
+    (void)unused;
+    struct config *c = two_shops();
+    /* KEMBALI_SHOP first */
+    expect_pick(c, "toko_b", "toko-a.example", "toko_b");
+    expect_pick(c, "toko-a", NULL, "toko-a");
+    expect_pick(c, "nope", "toko-a.example", NULL);
+    expect_pick(c, "TOKO-A", NULL, NULL); /* ids are exact */
+    /* then the host: port removed, case-insensitive, trailing dot */
+    expect_pick(c, NULL, "toko-a.example", "toko-a");
+    expect_pick(c, "", "b.example", "toko_b");
+    expect_pick(c, NULL, "TOKO-A.Example:8443", "toko-a");
+    expect_pick(c, NULL, "www.toko-a.example:80", "toko-a");
+    expect_pick(c, NULL, "toko-a.example.", "toko-a");
+    expect_pick(c, NULL, "B.EXAMPLE.:443", "toko_b");
+    /* no match with two shops */
+    expect_pick(c, NULL, "c.example", NULL);
+    expect_pick(c, NULL, "toko-a.example.evil", NULL);
+    expect_pick(c, NULL, "", NULL);
+    expect_pick(c, NULL, NULL, NULL);
+    expect_pick(c, NULL, "[::1]:8080", NULL);
+    char longhost[600];
+    memset(longhost, 'a', sizeof longhost - 1);
+    longhost[sizeof longhost - 1] = '\0';
+    expect_pick(c, NULL, longhost, NULL);
+    config_unref(c);
+}
+
+static void test_pick_single_shop(void **unused)
+{
+    (void)unused;
+    struct config *c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"only\", \"hosts\": [\"only.example\"], "
+                                               "\"secret_key_file\": \"%s/key_a\"}]}",
+                                          g_dir));
+    expect_pick(c, NULL, "only.example", "only");
+    expect_pick(c, NULL, "anything.example", "only");
+    expect_pick(c, NULL, NULL, "only");
+    expect_pick(c, NULL, "[2001:db8::1]:443", "only");
+    expect_pick(c, "other", "only.example", NULL); /* a named shop we do not have */
+    config_unref(c);
+}
+
+/* The host matching of config_pick_shop on bracketed IPv6 literals. */
+static void test_pick_ipv6_host_matching(void **unused)
+{
+    (void)unused;
+    struct shop shops[2];
+    memset(shops, 0, sizeof shops);
+    char h1[] = "[2001:db8::1]", h2[] = "b.example";
+    snprintf(shops[0].id, sizeof shops[0].id, "v6");
+    shops[0].hosts[0] = h1;
+    shops[0].nhosts = 1;
+    snprintf(shops[1].id, sizeof shops[1].id, "b");
+    shops[1].hosts[0] = h2;
+    shops[1].nhosts = 1;
+    struct config c;
+    memset(&c, 0, sizeof c);
+    c.shops = shops;
+    c.nshops = 2;
+    expect_pick(&c, NULL, "[2001:db8::1]", "v6");
+    expect_pick(&c, NULL, "[2001:DB8::1]:8443", "v6");
+    expect_pick(&c, NULL, "[2001:db8::2]:8443", NULL);
+    expect_pick(&c, NULL, "[2001:db8::1", NULL);
+    expect_pick(&c, NULL, "b.example:1", "b");
+}
+
+/* A shop reached by an IPv6 literal must be configurable: config_pick_shop
+ * matches "[2001:db8::1]" (brackets kept, port removed), so `hosts` has to
+ * accept that form. */
+static void test_ipv6_host_configurable(void **unused)
+{
+    (void)unused;
+    struct config *c = load_fmt(HEAD "\"shops\": [{\"id\": \"v6\", \"hosts\": [\"[2001:db8::1]\"], "
+                                     "\"secret_key_file\": \"%s/key_a\"}, {\"id\": \"b\", \"hosts\": [\"b.example\"], "
+                                     "\"secret_key_file\": \"%s/key_b\"}]}",
+                                g_dir, g_dir);
+    if (c == NULL)
+        print_error("refused: %s\n", g_err);
+    assert_non_null(c);
+    const struct shop *s = config_pick_shop(c, NULL, "[2001:DB8::1]:8443");
+    const struct shop *want = &c->shops[0];
+    config_unref(c);
+    assert_ptr_equal(s, want);
+}
+
+/* "toko.example." names the same host as "toko.example" (config_pick_shop
+ * strips the request's trailing dot); a configured entry written in that
+ * absolute form must match too, not silently never match. */
+static void test_host_trailing_dot_in_config(void **unused)
+{
+    (void)unused;
+    struct config *c = expect_ok(load_fmt(
+        HEAD "\"shops\": [{\"id\": \"a\", \"hosts\": [\"Toko-A.Example.\"], \"secret_key_file\": \"%s/key_a\"},"
+             "{\"id\": \"b\", \"hosts\": [\"b.example\"], \"secret_key_file\": \"%s/key_b\"}]}",
+        g_dir, g_dir));
+    const struct shop *s1 = config_pick_shop(c, NULL, "toko-a.example");
+    const struct shop *s2 = config_pick_shop(c, NULL, "toko-a.example.:443");
+    const struct shop *want = &c->shops[0];
+    config_unref(c); /* before asserting: nothing leaks when this fails */
+    assert_ptr_equal(s1, want);
+    assert_ptr_equal(s2, want);
+}
+
+static void test_valid_id(void **unused)
+{
+    (void)unused;
+    assert_true(config_valid_id("a"));
+    assert_true(config_valid_id("T1"));
+    assert_true(config_valid_id("txn_01HZX-abc"));
+    assert_true(config_valid_id("ABCxyz0189_-"));
+    assert_true(config_valid_id("-"));
+    char id[80];
+    memset(id, 'a', sizeof id);
+    id[64] = '\0';
+    assert_true(config_valid_id(id)); /* 64 */
+    id[64] = 'b';
+    id[65] = '\0';
+    assert_false(config_valid_id(id)); /* 65 */
+    id[70] = '\0';
+    id[65] = 'c';
+    assert_false(config_valid_id(id));
+    assert_false(config_valid_id(""));
+    assert_false(config_valid_id(NULL));
+    assert_false(config_valid_id("a b"));
+    assert_false(config_valid_id("a/b"));
+    assert_false(config_valid_id("\xc3\xa4"));
+    assert_false(config_valid_id("a\xc3\xa4"));
+    assert_false(config_valid_id("a.b"));
+    assert_false(config_valid_id("a%20"));
+    assert_false(config_valid_id("a\n"));
+    assert_false(config_valid_id("<x>"));
+    assert_false(config_valid_id("a+b"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_config),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_refs_and_bind_state),
+        cmocka_unit_test(test_unknown_top_level_key),
+        cmocka_unit_test(test_unknown_shop_key),
+        cmocka_unit_test(test_api_base),
+        cmocka_unit_test(test_schedule),
+        cmocka_unit_test(test_read_timeout_and_slots),
+        cmocka_unit_test(test_read_budget),
+        cmocka_unit_test(test_locale),
+        cmocka_unit_test(test_key_file_problems),
+        cmocka_unit_test(test_secret_never_in_errors),
+        cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_invalid_shop_id),
+        cmocka_unit_test(test_id_param),
+        cmocka_unit_test(test_hosts_urls_origins),
+        cmocka_unit_test(test_shops_dir),
+        cmocka_unit_test(test_syntax_errors),
+        cmocka_unit_test(test_no_shops),
+        cmocka_unit_test(test_templates_problems),
+        cmocka_unit_test(test_pick_shop),
+        cmocka_unit_test(test_pick_single_shop),
+        cmocka_unit_test(test_pick_ipv6_host_matching),
+        cmocka_unit_test(test_ipv6_host_configurable),
+        cmocka_unit_test(test_host_trailing_dot_in_config),
+        cmocka_unit_test(test_valid_id),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

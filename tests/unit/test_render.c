@@ -1,0 +1,389 @@
+/* test_render.c - unit tests of src/render.c: escaping, templates, JSON. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "render.h"
+
+#define TEMPLATES TEST_SRCDIR "/templates"
+
+static const char *const all_words[W_COUNT] = {
+    "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
+};
+
+/* ---- helpers: a scratch directory per test ---- */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int setup_dir(void **state)
+{
+    char *dir = strdup("/tmp/kembali-test-render-XXXXXX");
+    if (dir == NULL || mkdtemp(dir) == NULL)
+        return -1;
+    *state = dir;
+    return 0;
+}
+
+static int teardown_dir(void **state)
+{
+    char *dir = *state;
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(dir);
+    return 0;
+}
+
+static void write_file(const char *dir, const char *sub, const char *name, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, sub);
+    assert_true(mkdir(path, 0700) == 0 || errno == EEXIST);
+    snprintf(path, sizeof path, "%s/%s/%s", dir, sub, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Write all eight pages of `locale` in dir from one text. */
+static void write_all(const char *dir, const char *locale, const char *text)
+{
+    for (int w = 0; w < W_COUNT; w++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.html", all_words[w]);
+        write_file(dir, locale, name, text);
+    }
+}
+
+static char *escaped(const char *s)
+{
+    struct buf b = {0};
+    html_escape(&b, s);
+    assert_false(b.oom);
+    if (b.p == NULL)
+        return strdup("");
+    return b.p;
+}
+
+/* ---- words ---- */
+
+static void test_words(void **unused)
+{
+    (void)unused;
+    static const int http[W_COUNT] = {200, 200, 200, 200, 200, 404, 400, 404};
+    for (int w = 0; w < W_COUNT; w++) {
+        assert_string_equal(word_name((enum word)w), all_words[w]);
+        assert_int_equal(word_http((enum word)w), http[w]);
+    }
+    assert_string_equal(word_name(W_COUNT), "checking");
+    assert_string_equal(word_name((enum word)99), "checking");
+}
+
+/* ---- escaping ---- */
+
+static void test_html_escape(void **unused)
+{
+    (void)unused;
+    char *e = escaped("&<>\"'");
+    assert_string_equal(e, "&amp;&lt;&gt;&quot;&#39;");
+    free(e);
+    e = escaped("Toko \"A\" & Sons <b>'s</b>");
+    assert_string_equal(e, "Toko &quot;A&quot; &amp; Sons &lt;b&gt;&#39;s&lt;/b&gt;");
+    free(e);
+    e = escaped("plain text 123");
+    assert_string_equal(e, "plain text 123");
+    free(e);
+    e = escaped("");
+    assert_string_equal(e, "");
+    free(e);
+    e = escaped("Kopi \xe2\x98\x95 & caf\xc3\xa9 \xf0\x9f\x98\x80");
+    assert_string_equal(e, "Kopi \xe2\x98\x95 &amp; caf\xc3\xa9 \xf0\x9f\x98\x80");
+    free(e);
+    e = escaped("&amp;"); /* escaped again, never interpreted */
+    assert_string_equal(e, "&amp;amp;");
+    free(e);
+}
+
+static void test_buf(void **unused)
+{
+    (void)unused;
+    struct buf b = {0};
+    for (int i = 0; i < 2000; i++)
+        buf_printf(&b, "%04d,", i);
+    assert_false(b.oom);
+    assert_int_equal(b.len, 2000 * 5);
+    assert_int_equal(strlen(b.p), b.len);
+    assert_int_equal(strncmp(b.p + 1995 * 5, "1995,", 5), 0);
+    buf_put(&b, "xyz", 0);
+    assert_int_equal(b.len, 2000 * 5);
+    buf_puts(&b, "end");
+    assert_string_equal(b.p + b.len - 3, "end");
+    buf_free(&b);
+    assert_null(b.p);
+    assert_int_equal(b.len, 0);
+}
+
+/* ---- render_html ---- */
+
+static struct templates *load_ok(const char *dir, const char *fallback, const char *locale)
+{
+    char err[1024] = "";
+    struct templates *t = templates_load(dir, fallback, locale, err, sizeof err);
+    if (t == NULL)
+        print_error("templates_load(%s, %s): %s\n", dir, locale, err);
+    assert_non_null(t);
+    return t;
+}
+
+static void test_render_substitutes_and_escapes(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "id", "<html data-status=\"{{status}}\">[{{id}}|{{shop_name}}|{{shop_url}}|{{retry_url}}] "
+                         "{ {x} } {{status}}\n</html>{{retry_url}}");
+    struct templates *t = load_ok(dir, NULL, "id");
+    assert_string_equal(t->locale, "id");
+    struct page_vars v = {
+        .id = "T1",
+        .shop_name = "<script>\"'&",
+        .shop_url = "https://toko.example/?a=1&b=2",
+        .retry_url = "/r?id=T1&x=\"",
+    };
+    for (int w = 0; w < W_COUNT; w++) {
+        struct buf b = {0};
+        render_html(t, (enum word)w, &v, &b);
+        assert_false(b.oom);
+        char want[1024];
+        snprintf(want, sizeof want,
+                 "<html data-status=\"%s\">[T1|&lt;script&gt;&quot;&#39;&amp;|https://toko.example/?a=1&amp;b=2|"
+                 "/r?id=T1&amp;x=&quot;] { {x} } %s\n</html>/r?id=T1&amp;x=&quot;",
+                 all_words[w], all_words[w]);
+        assert_string_equal(b.p, want);
+        assert_int_equal(b.len, strlen(want));
+        buf_free(&b);
+    }
+    /* NULL values read as "" */
+    struct page_vars none = {0};
+    struct buf b = {0};
+    render_html(t, W_CHECKING, &none, &b);
+    assert_string_equal(b.p, "<html data-status=\"checking\">[|||] { {x} } checking\n</html>");
+    buf_free(&b);
+    templates_free(t);
+}
+
+static void check_default_locale(const char *locale)
+{
+    struct templates *t = load_ok(TEMPLATES, NULL, locale);
+    struct page_vars v = {.id = "TX<1>", .shop_name = "Toko <A> & \"B\"", .shop_url = "https://a.example/",
+                          .retry_url = "?id=TX"};
+    char lang[32];
+    snprintf(lang, sizeof lang, "lang=\"%s\"", locale);
+    for (int w = 0; w < W_COUNT; w++) {
+        struct buf b = {0};
+        render_html(t, (enum word)w, &v, &b);
+        assert_false(b.oom);
+        assert_non_null(b.p);
+        char attr[64];
+        snprintf(attr, sizeof attr, "data-status=\"%s\"", all_words[w]);
+        char *html = strstr(b.p, "<html");
+        assert_non_null(html);
+        char *end = strchr(html, '>');
+        assert_non_null(end);
+        /* both on the <html> tag */
+        char *a = strstr(html, attr), *l = strstr(html, lang);
+        assert_true(a != NULL && a < end);
+        assert_true(l != NULL && l < end);
+        /* no placeholder left, nothing unescaped */
+        assert_null(strstr(b.p, "{{"));
+        assert_null(strstr(b.p, "<A>"));
+        assert_null(strstr(b.p, "TX<1>"));
+        buf_free(&b);
+    }
+    templates_free(t);
+}
+
+static void test_default_templates(void **unused)
+{
+    (void)unused;
+    check_default_locale("id");
+    check_default_locale("en");
+}
+
+static void test_default_templates_show_values(void **unused)
+{
+    (void)unused;
+    struct templates *t = load_ok(TEMPLATES, NULL, "id");
+    struct page_vars v = {.id = "ref-12345", .shop_name = "Toko Kopi & Teh", .shop_url = "https://a.example/",
+                          .retry_url = "?id=ref-12345"};
+    struct buf b = {0};
+    render_html(t, W_CHECKING, &v, &b);
+    assert_non_null(strstr(b.p, "ref-12345"));
+    assert_non_null(strstr(b.p, "Toko Kopi &amp; Teh"));
+    assert_non_null(strstr(b.p, "https://a.example/"));
+    buf_free(&b);
+    templates_free(t);
+}
+
+static void test_fallback_for_missing_pages(void **state)
+{
+    const char *dir = *state;
+    write_file(dir, "en", "succeeded.html", "<html lang=\"en\" data-status=\"{{status}}\">CUSTOM {{shop_name}}</html>");
+    struct templates *t = load_ok(dir, TEMPLATES, "en");
+    struct page_vars v = {.shop_name = "S"};
+    struct buf b = {0};
+    render_html(t, W_SUCCEEDED, &v, &b);
+    assert_string_equal(b.p, "<html lang=\"en\" data-status=\"succeeded\">CUSTOM S</html>");
+    buf_free(&b);
+    memset(&b, 0, sizeof b);
+    render_html(t, W_FAILED, &v, &b);
+    assert_null(strstr(b.p, "CUSTOM"));
+    assert_non_null(strstr(b.p, "data-status=\"failed\""));
+    assert_non_null(strstr(b.p, "lang=\"en\""));
+    buf_free(&b);
+    templates_free(t);
+
+    /* without a fallback the missing pages are an error naming the file */
+    char err[1024] = "";
+    t = templates_load(dir, NULL, "en", err, sizeof err);
+    assert_null(t);
+    assert_non_null(strstr(err, dir));
+    assert_non_null(strstr(err, ".html"));
+}
+
+static void test_refuses_unknown_placeholder(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "id", "<html data-status=\"{{status}}\">ok</html>");
+    write_file(dir, "id", "failed.html", "<html data-status=\"{{status}}\">{{nope}}</html>");
+    char err[1024] = "";
+    struct templates *t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    assert_null(t);
+    assert_non_null(strstr(err, "failed.html"));
+    assert_non_null(strstr(err, dir));
+    assert_non_null(strstr(err, "{{nope}}"));
+
+    /* a near miss is unknown too */
+    write_file(dir, "id", "failed.html", "<html data-status=\"{{status}}\">{{ id }}</html>");
+    t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    assert_null(t);
+    assert_non_null(strstr(err, "failed.html"));
+}
+
+static void test_refuses_missing_data_status(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "id", "<html data-status=\"{{status}}\">ok</html>");
+    write_file(dir, "id", "expired.html", "<html lang=\"id\">{{status}}</html>");
+    char err[1024] = "";
+    struct templates *t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    assert_null(t);
+    assert_non_null(strstr(err, "expired.html"));
+    assert_non_null(strstr(err, "data-status"));
+}
+
+static void test_refuses_bad_files(void **state)
+{
+    const char *dir = *state;
+    char err[1024] = "";
+    /* a NUL byte */
+    write_all(dir, "id", "<html data-status=\"{{status}}\">ok</html>");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/id/invalid.html", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite("<html data-status=\"{{status}}\">\0</html>", 1, 39, f);
+    fclose(f);
+    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_non_null(strstr(err, "invalid.html"));
+
+    /* too large */
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("<html data-status=\"{{status}}\">", f);
+    for (int i = 0; i < 300 * 1024; i++)
+        fputc('x', f);
+    fclose(f);
+    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_non_null(strstr(err, "invalid.html"));
+
+    /* a directory where a page should be: unreadable, not "missing" */
+    remove(path);
+    assert_int_equal(mkdir(path, 0700), 0);
+    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_non_null(strstr(err, "invalid.html"));
+    rmdir(path);
+
+    /* no such directory, no fallback */
+    assert_null(templates_load("/nonexistent/kembali", NULL, "id", err, sizeof err));
+    assert_non_null(strstr(err, "/nonexistent/kembali"));
+}
+
+/* ---- JSON ---- */
+
+static void check_json(const char *id, const char *status, bool final)
+{
+    struct buf b = {0};
+    render_json(id, status, final, &b);
+    assert_false(b.oom);
+    assert_non_null(b.p);
+    json_error_t je;
+    json_t *o = json_loads(b.p, 0, &je);
+    if (o == NULL)
+        print_error("not JSON: %s (%s)\n", b.p, je.text);
+    assert_non_null(o);
+    assert_true(json_is_object(o));
+    assert_int_equal(json_object_size(o), 3);
+    assert_string_equal(json_string_value(json_object_get(o, "id")), id);
+    assert_string_equal(json_string_value(json_object_get(o, "status")), status);
+    assert_true(json_is_boolean(json_object_get(o, "final")));
+    assert_int_equal(json_is_true(json_object_get(o, "final")), final);
+    /* ASCII only: safe whatever charset the client assumes */
+    for (const char *p = b.p; *p; p++)
+        assert_true((unsigned char)*p < 0x80);
+    json_decref(o);
+    buf_free(&b);
+}
+
+static void test_render_json(void **unused)
+{
+    (void)unused;
+    check_json("T1", "succeeded", true);
+    check_json("T-2_x", "pending", false);
+    check_json("a\"b\\c</script>", "unknown", false);
+    check_json("line\nbreak\t\x01", "refunded", false);
+    check_json("caf\xc3\xa9", "expired", true);
+    check_json("", "unknown", false);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_words),
+        cmocka_unit_test(test_html_escape),
+        cmocka_unit_test(test_buf),
+        cmocka_unit_test_setup_teardown(test_render_substitutes_and_escapes, setup_dir, teardown_dir),
+        cmocka_unit_test(test_default_templates),
+        cmocka_unit_test(test_default_templates_show_values),
+        cmocka_unit_test_setup_teardown(test_fallback_for_missing_pages, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_refuses_unknown_placeholder, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_refuses_missing_data_status, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_refuses_bad_files, setup_dir, teardown_dir),
+        cmocka_unit_test(test_render_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

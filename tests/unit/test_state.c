@@ -1,0 +1,963 @@
+/* test_state.c - unit tests of src/state.c: pace, cache, pauses, budget,
+ * leases and eviction, all with simulated `now` values. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "state.h"
+
+#define T0 10000000LL     /* an arbitrary monotonic start, far from 0 */
+#define TIMEOUT 5000      /* read_timeout_ms of the states made here */
+#define LEASE (TIMEOUT + 1000)
+#define BUDGET 120
+
+static struct schedule sched_default(void)
+{
+    struct schedule s;
+    pace_default(&s);
+    return s;
+}
+
+static struct state *mk(int tx_slots)
+{
+    struct state_opts o = {.tx_slots = tx_slots, .key_slots = 0, .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    if (st == NULL)
+        print_error("state_new: %s\n", err);
+    assert_non_null(st);
+    return st;
+}
+
+static struct outcome oc_kind(enum outcome_kind k)
+{
+    struct outcome o;
+    memset(&o, 0, sizeof o);
+    o.kind = k;
+    o.retry_after_ms = -1;
+    return o;
+}
+
+static struct outcome oc_status(enum tx_status s, const char *word)
+{
+    struct outcome o = oc_kind(OUT_STATUS);
+    o.status = s;
+    snprintf(o.status_word, sizeof o.status_word, "%s", word ? word : tx_status_word(s));
+    return o;
+}
+
+static struct state_key key_of(struct state *st, const char *secret)
+{
+    struct state_key k;
+    state_key_id(st, secret, &k);
+    return k;
+}
+
+/* Claim with the default schedule and budget. */
+static bool claim(struct state *st, const struct state_key *k, const char *id, int64_t now,
+                  struct state_ticket *t, struct state_fact *f)
+{
+    struct schedule s = sched_default();
+    struct state_ticket dummy;
+    struct state_fact fd;
+    return state_claim(st, k, id, &s, BUDGET, now, t ? t : &dummy, f ? f : &fd);
+}
+
+static struct state_fact lookup(struct state *st, const struct state_key *k, const char *id, int64_t now)
+{
+    struct schedule s = sched_default();
+    struct state_fact f;
+    memset(&f, 0x77, sizeof f);
+    state_lookup(st, k, id, &s, BUDGET, now, &f);
+    return f;
+}
+
+static struct state_report finish(struct state *st, const struct state_ticket *t, const char *shop,
+                                  struct outcome o, int64_t now)
+{
+    struct state_report r;
+    memset(&r, 0x77, sizeof r);
+    state_finish(st, t, shop, &o, now, &r);
+    return r;
+}
+
+/* ---- basics ---- */
+
+static void test_claim_fresh(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_fact f = lookup(st, &k, "T1", T0);
+    assert_int_equal(f.status, TXS_NONE);
+    assert_string_equal(f.status_word, "unknown");
+    assert_false(f.final);
+    assert_false(f.not_found);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0);
+    assert_int_equal(f.wait, WAIT_NONE);
+
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, &f));
+    assert_string_equal(t.id, "T1");
+    assert_int_equal(t.started, T0);
+    assert_memory_equal(t.key.b, k.b, 16);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, T0 + LEASE);
+
+    f = lookup(st, &k, "T1", T0 + 10);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, T0 + LEASE);
+    state_free(st);
+}
+
+static void test_claim_while_in_flight(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t1, &f));
+    /* the pace would allow it at +1500; the read in flight does not */
+    for (int64_t dt = 0; dt < LEASE; dt += 250) {
+        assert_false(claim(st, &k, "T1", T0 + dt, &t2, &f));
+        assert_true(f.in_flight);
+        assert_int_equal(f.in_flight_until, T0 + LEASE);
+    }
+    /* another transaction of the same key is not held up */
+    assert_true(claim(st, &k, "T2", T0 + 5, &t2, &f));
+    state_free(st);
+}
+
+static void test_pending_next_read(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, &f));
+    struct state_report r = finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    assert_false(r.key_paused);
+    assert_false(r.host_paused);
+    assert_false(r.first_unknown);
+    assert_string_equal(r.last_401_shop, "");
+
+    f = lookup(st, &k, "T1", T0 + 300);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_string_equal(f.status_word, "pending");
+    assert_false(f.final);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0 + 1500);
+    assert_int_equal(f.wait, WAIT_PACE);
+
+    assert_false(claim(st, &k, "T1", T0 + 1499, &t, &f));
+    assert_int_equal(f.next_read, T0 + 1500);
+    assert_true(claim(st, &k, "T1", T0 + 1500, &t, &f));
+    state_free(st);
+}
+
+/* A held request on a fresh transaction: reads at 0, 1.5, 3.5, 6.5, 11.5,
+ * 19.5 and 32.5 s, then every 13 s. */
+static void test_default_schedule_exact(void **unused)
+{
+    (void)unused;
+    static const int64_t want[] = {0, 1500, 3500, 6500, 11500, 19500, 32500, 45500, 58500, 71500, 84500};
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    int64_t now = T0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct state_ticket t;
+        struct state_fact f = lookup(st, &k, "T1", now);
+        assert_int_equal(f.next_read - T0, want[i]);
+        if (i > 0) {
+            assert_int_equal(f.wait, WAIT_PACE);
+            assert_false(claim(st, &k, "T1", f.next_read - 1, &t, NULL));
+        }
+        now = f.next_read;
+        assert_true(claim(st, &k, "T1", now, &t, NULL));
+        assert_int_equal(t.started - T0, want[i]);
+        now += 250;
+        finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), now);
+    }
+    state_free(st);
+}
+
+/* Whatever `now` values callers bring, two claims of one transaction never
+ * start less than 1100 ms apart (1500 with the default schedule). */
+static void test_min_gap_random(void **unused)
+{
+    (void)unused;
+    struct schedule scheds[3];
+    scheds[0] = sched_default();
+    scheds[1] = (struct schedule){.n = 2, .wait_ms = {0, 1100}};
+    scheds[2] = (struct schedule){.n = 1, .wait_ms = {0}};
+    const int64_t min_gap[3] = {1500, 1100, 1100};
+    uint64_t rng = 0x9e3779b97f4a7c15ULL;
+#define RND() (rng = rng * 6364136223846793005ULL + 1442695040888963407ULL, (uint32_t)(rng >> 33))
+
+    for (int si = 0; si < 3; si++) {
+        struct state *st = mk(64);
+        struct state_key keys[2] = {key_of(st, "sk_a"), key_of(st, "sk_b")};
+        const char *ids[3] = {"T1", "T2", "T3"};
+        int64_t last_claim[6];
+        long nclaims[6] = {0};
+        struct {
+            struct state_ticket t;
+            int64_t at;
+            bool used;
+        } out[16];
+        memset(out, 0, sizeof out);
+        int64_t now = T0;
+        for (int step = 0; step < 30000; step++) {
+            uint32_t r = RND();
+            if (r % 64 == 0)
+                now -= RND() % 5000; /* callers with a stale `now` */
+            else
+                now += RND() % 400;
+            /* finish what is due */
+            for (int i = 0; i < 16; i++) {
+                if (!out[i].used || out[i].at > now)
+                    continue;
+                out[i].used = false;
+                uint32_t w = RND() % 100;
+                struct outcome o;
+                if (w < 50)
+                    o = oc_status(TXS_PENDING, NULL);
+                else if (w < 65)
+                    o = oc_kind(OUT_NO_ANSWER);
+                else if (w < 75) {
+                    o = oc_kind(OUT_TX_LIMITED);
+                    o.retry_after_ms = RND() % 2500;
+                } else if (w < 80)
+                    o = oc_kind(OUT_REJECTED);
+                else if (w < 85)
+                    o = oc_kind(OUT_NOT_FOUND);
+                else if (w < 92)
+                    o = oc_status(TXS_UNKNOWN, "refunded");
+                else if (w < 93)
+                    o = oc_kind(OUT_KEY_LIMITED);
+                else {
+                    o = oc_status(TXS_PENDING, NULL);
+                    o.rl.scope = RL_TX;
+                    o.rl.reset_ms = RND() % 2000;
+                }
+                finish(st, &out[i].t, "toko", o, now);
+            }
+            int s = (int)(RND() % 6);
+            struct state_ticket t;
+            struct state_fact f;
+            if (!state_claim(st, &keys[s / 3], ids[s % 3], &scheds[si], BUDGET, now, &t, &f)) {
+                assert_true(f.final || f.not_found || f.in_flight || f.next_read > now || f.wait == WAIT_FULL);
+                continue;
+            }
+            if (nclaims[s] > 0) {
+                if (now - last_claim[s] < min_gap[si])
+                    print_error("schedule %d stream %d: claims at %lld and %lld\n", si, s,
+                                (long long)last_claim[s], (long long)now);
+                assert_true(now - last_claim[s] >= min_gap[si]);
+            }
+            last_claim[s] = now;
+            nclaims[s]++;
+            if (RND() % 10 == 0)
+                continue; /* a read never reported: its lease must expire */
+            for (int i = 0; i < 16; i++) {
+                if (!out[i].used) {
+                    out[i].used = true;
+                    out[i].t = t;
+                    out[i].at = now + 50 + RND() % 7000;
+                    break;
+                }
+            }
+        }
+        for (int s = 0; s < 6; s++)
+            assert_true(nclaims[s] > 100); /* the loop really exercised claims */
+        state_free(st);
+    }
+#undef RND
+}
+
+/* ---- the cache of final statuses ---- */
+
+static void check_cached(enum tx_status status, int64_t ttl, int64_t finish_delay)
+{
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, &f));
+    int64_t done = T0 + finish_delay;
+    finish(st, &t, "toko-a", oc_status(status, NULL), done);
+
+    f = lookup(st, &k, "T1", done);
+    assert_true(f.final);
+    assert_int_equal(f.status, status);
+    assert_string_equal(f.status_word, tx_status_word(status));
+    assert_int_equal(f.known_until, done + ttl);
+
+    f = lookup(st, &k, "T1", done + ttl - 1);
+    assert_true(f.final);
+    /* a cached final status is answered without a read */
+    assert_false(claim(st, &k, "T1", done + ttl - 1, &t, &f));
+    assert_true(f.final);
+
+    f = lookup(st, &k, "T1", done + ttl);
+    assert_false(f.final);
+    assert_int_equal(f.status, status); /* still the last known status */
+    assert_true(claim(st, &k, "T1", done + ttl, &t, &f));
+    state_free(st);
+}
+
+static void test_cache_final_statuses(void **unused)
+{
+    (void)unused;
+    check_cached(TXS_SUCCEEDED, 3600000, 0);
+    check_cached(TXS_FAILED, 3600000, 0);
+    check_cached(TXS_CANCELED, 3600000, 0);
+    check_cached(TXS_EXPIRED, 60000, 0);
+    /* counted from the answer */
+    check_cached(TXS_SUCCEEDED, 3600000, 800);
+    check_cached(TXS_EXPIRED, 60000, 800);
+}
+
+static void test_pending_never_cached(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + 100);
+    /* a later pending (after the cache ran out) replaces it */
+    assert_true(claim(st, &k, "T1", T0 + 100 + 3600000, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 3600200);
+    struct state_fact f = lookup(st, &k, "T1", T0 + 3600200);
+    assert_false(f.final);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_int_equal(f.known_until, 0);
+    state_free(st);
+}
+
+static void test_unknown_status(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    struct state_report r = finish(st, &t, "toko-a", oc_status(TXS_UNKNOWN, "refunded"), T0 + 200);
+    assert_true(r.first_unknown);
+    struct state_fact f = lookup(st, &k, "T1", T0 + 200);
+    assert_int_equal(f.status, TXS_UNKNOWN);
+    assert_string_equal(f.status_word, "refunded");
+    assert_false(f.final);
+    assert_int_equal(f.next_read, T0 + 1500); /* treated like pending */
+    assert_true(claim(st, &k, "T1", T0 + 1500, &t, NULL));
+    r = finish(st, &t, "toko-a", oc_status(TXS_UNKNOWN, "refunded"), T0 + 1700);
+    assert_false(r.first_unknown); /* logged once */
+    state_free(st);
+}
+
+/* ---- outcomes ---- */
+
+static void test_not_found_remembered(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T404", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 100);
+
+    f = lookup(st, &k, "T404", T0 + 100);
+    assert_true(f.not_found);
+    assert_false(f.final);
+    assert_int_equal(f.known_until, T0 + 100 + 30000);
+    assert_true(f.next_read >= T0 + 100 + 30000);
+
+    f = lookup(st, &k, "T404", T0 + 30099);
+    assert_true(f.not_found);
+    assert_false(claim(st, &k, "T404", T0 + 30099, &t, &f));
+    assert_true(f.not_found);
+
+    f = lookup(st, &k, "T404", T0 + 30100);
+    assert_false(f.not_found);
+    assert_true(claim(st, &k, "T404", T0 + 30100, &t, &f));
+
+    /* the 404 is about that key: another key may read the same id */
+    struct state_key k2 = key_of(st, "sk_test_b");
+    assert_true(claim(st, &k2, "T404", T0 + 200, &t, NULL));
+    state_free(st);
+}
+
+static void test_tx_limited(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    struct outcome o = oc_kind(OUT_TX_LIMITED);
+    o.retry_after_ms = 3000;
+    int64_t done = T0 + 200;
+    finish(st, &t, "toko-a", o, done);
+
+    f = lookup(st, &k, "T1", done);
+    assert_true(f.next_read >= done + 3000);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    assert_false(claim(st, &k, "T1", done + 2999, &t, NULL));
+    assert_true(claim(st, &k, "T1", done + 3000, &t, NULL));
+    /* it is about that transaction only */
+    assert_true(claim(st, &k, "T2", done + 1, &t, NULL));
+    state_free(st);
+}
+
+static void test_key_limited(void **unused)
+{
+    (void)unused;
+    for (int round = 0; round < 40; round++) {
+        struct state *st = mk(64);
+        struct state_key ka = key_of(st, "sk_test_a"), kb = key_of(st, "sk_test_b");
+        struct state_ticket t1, t2, t;
+        struct state_fact f;
+        assert_true(claim(st, &ka, "T1", T0, &t1, NULL));
+        assert_true(claim(st, &ka, "T2", T0 + 5, &t2, NULL));
+        int64_t done = T0 + 100;
+        struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_KEY_LIMITED), done);
+        assert_true(r.key_paused);
+        r = finish(st, &t2, "toko-a", oc_kind(OUT_KEY_LIMITED), done + 1);
+        assert_false(r.key_paused); /* already paused: one log line */
+
+        /* every transaction of that key waits 60 s plus up to 10% */
+        const char *ids[] = {"T1", "T2", "T3", "never-seen"};
+        for (size_t i = 0; i < 4; i++) {
+            f = lookup(st, &ka, ids[i], done + 10);
+            assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+            assert_true(f.next_read >= done + 60000);
+            assert_true(f.next_read <= done + 1 + 66000);
+            assert_false(claim(st, &ka, ids[i], done + 59999, &t, NULL));
+        }
+        /* another key is not affected */
+        assert_true(claim(st, &kb, "T1", done + 10, &t, &f));
+        assert_true(claim(st, &kb, "T3", done + 20, &t, &f));
+        /* after the pause, reads go on */
+        assert_true(claim(st, &ka, "T3", done + 1 + 66000, &t, NULL));
+        state_free(st);
+    }
+}
+
+static void test_unauthorized(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key ka = key_of(st, "sk_test_a"), kb = key_of(st, "sk_test_b");
+    struct state_ticket t1, t2, t;
+    struct state_fact f;
+    assert_true(claim(st, &ka, "T1", T0, &t1, NULL));
+    assert_true(claim(st, &ka, "T2", T0 + 10, &t2, NULL));
+
+    struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_UNAUTHORIZED), T0 + 100);
+    assert_true(r.key_paused);
+    assert_string_equal(r.last_401_shop, "toko-a");
+    r = finish(st, &t2, "toko-a", oc_kind(OUT_UNAUTHORIZED), T0 + 110);
+    assert_false(r.key_paused); /* only the first time */
+    assert_string_equal(r.last_401_shop, "toko-a");
+
+    f = lookup(st, &ka, "T3", T0 + 200);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    assert_true(f.next_read >= T0 + 100 + 300000);
+    assert_true(f.next_read <= T0 + 110 + 300000);
+    assert_false(claim(st, &ka, "T3", T0 + 100 + 299999, &t, NULL));
+
+    /* the other key reads on, and reports the shop of the last 401 */
+    assert_true(claim(st, &kb, "T1", T0 + 200, &t, NULL));
+    r = finish(st, &t, "toko-b", oc_status(TXS_PENDING, NULL), T0 + 300);
+    assert_false(r.key_paused);
+    assert_string_equal(r.last_401_shop, "toko-a");
+
+    assert_true(claim(st, &ka, "T3", T0 + 110 + 300000, &t, NULL));
+    state_free(st);
+}
+
+static void test_auth_blocked(void **unused)
+{
+    (void)unused;
+    for (int round = 0; round < 20; round++) {
+        struct state *st = mk(64);
+        struct state_key ka = key_of(st, "sk_a"), kb = key_of(st, "sk_b"), kc = key_of(st, "sk_c");
+        struct state_ticket t, t2;
+        struct state_fact f;
+        /* shop b's key got a 401 earlier */
+        assert_true(claim(st, &kb, "T1", T0, &t, NULL));
+        finish(st, &t, "toko-b", oc_kind(OUT_UNAUTHORIZED), T0 + 50);
+
+        assert_true(claim(st, &ka, "T1", T0 + 100, &t, NULL));
+        assert_true(claim(st, &ka, "T2", T0 + 110, &t2, NULL));
+        int64_t done = T0 + 200;
+        struct state_report r = finish(st, &t, "toko-a", oc_kind(OUT_AUTH_BLOCKED), done);
+        assert_true(r.host_paused);
+        assert_string_equal(r.last_401_shop, "toko-b");
+        r = finish(st, &t2, "toko-a", oc_kind(OUT_AUTH_BLOCKED), done + 1);
+        assert_false(r.host_paused);
+
+        /* every key waits: a, c (never used) alike */
+        const struct state_key *ks[] = {&ka, &kc};
+        for (size_t i = 0; i < 2; i++) {
+            f = lookup(st, ks[i], "T9", done + 5);
+            assert_int_equal(f.wait, WAIT_HOST_PAUSE);
+            assert_true(f.next_read >= done + 60000);
+            assert_true(f.next_read <= done + 1 + 66000);
+            assert_false(claim(st, ks[i], "T9", done + 59999, &t, NULL));
+        }
+        assert_true(claim(st, &kc, "T9", done + 1 + 66000, &t, NULL));
+        state_free(st);
+    }
+}
+
+static void test_auth_blocked_long_retry_after(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key ka = key_of(st, "sk_a"), kc = key_of(st, "sk_c");
+    struct state_ticket t;
+    assert_true(claim(st, &ka, "T1", T0, &t, NULL));
+    struct outcome o = oc_kind(OUT_AUTH_BLOCKED);
+    o.retry_after_ms = 600000;
+    finish(st, &t, "toko-a", o, T0 + 100);
+    struct state_fact f = lookup(st, &kc, "T1", T0 + 200);
+    assert_int_equal(f.wait, WAIT_HOST_PAUSE);
+    assert_true(f.next_read >= T0 + 100 + 600000);
+    state_free(st);
+}
+
+static void test_rejected(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    /* a second read of the episode is rejected */
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    int64_t last = T0 + 1500;
+    assert_true(claim(st, &k, "T1", last, &t, NULL));
+    struct outcome o = oc_kind(OUT_REJECTED);
+    snprintf(o.error_code, sizeof o.error_code, "unverified_count_cap");
+    finish(st, &t, "toko-a", o, last + 200);
+
+    f = lookup(st, &k, "T1", last + 2000);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    assert_true(f.next_read >= last + 60000);
+    assert_true(f.next_read <= last + 61000);
+    for (int64_t now = last + 200; now < last + 60000; now += 997)
+        assert_false(claim(st, &k, "T1", now, &t, NULL));
+    assert_false(claim(st, &k, "T1", last + 59999, &t, NULL));
+    assert_true(claim(st, &k, "T1", f.next_read, &t, NULL));
+    /* other transactions of the key are not held */
+    assert_true(claim(st, &k, "T2", last + 300, &t, NULL));
+    state_free(st);
+}
+
+static void test_no_answer_pace_goes_on(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    struct state_report r = finish(st, &t, "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 5000); /* a timeout */
+    assert_false(r.key_paused);
+    assert_false(r.host_paused);
+    f = lookup(st, &k, "T1", T0 + 5000);
+    assert_int_equal(f.status, TXS_NONE);
+    assert_int_equal(f.next_read, T0 + 5000); /* the 1.5 s have passed */
+    assert_int_equal(f.wait, WAIT_NONE);
+    assert_true(claim(st, &k, "T1", T0 + 5000, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 5100);
+    f = lookup(st, &k, "T1", T0 + 5100);
+    assert_int_equal(f.next_read, T0 + 5000 + 2000); /* the third wait */
+    state_free(st);
+}
+
+/* A stated exhausted per-transaction window slows that transaction only. */
+static void test_rl_tx_window(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    struct outcome o = oc_status(TXS_PENDING, NULL);
+    o.rl.scope = RL_TX;
+    o.rl.reset_ms = 1000;
+    finish(st, &t, "toko-a", o, T0 + 800);
+    f = lookup(st, &k, "T1", T0 + 800);
+    assert_int_equal(f.next_read, T0 + 1800);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    /* RateLimit-Remaining: 0 on a 200 must not slow down other transactions */
+    f = lookup(st, &k, "T2", T0 + 800);
+    assert_int_equal(f.next_read, T0 + 800);
+    assert_true(claim(st, &k, "T2", T0 + 800, &t, NULL));
+    state_free(st);
+}
+
+static void test_rl_key_window(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), k2 = key_of(st, "sk_test_b");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    struct outcome o = oc_status(TXS_PENDING, NULL);
+    o.rl.scope = RL_KEY;
+    o.rl.reset_ms = 35000;
+    finish(st, &t, "toko-a", o, T0 + 100);
+    f = lookup(st, &k, "T2", T0 + 100);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    assert_int_equal(f.next_read, T0 + 100 + 35000);
+    assert_true(claim(st, &k2, "T2", T0 + 100, &t, NULL));
+    state_free(st);
+}
+
+/* ---- budget ---- */
+
+static void test_budget(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), k2 = key_of(st, "sk_test_b");
+    struct schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    const int budget = 3;
+    const char *ids[] = {"T1", "T2", "T3"};
+    for (int i = 0; i < 3; i++) {
+        assert_true(state_claim(st, &k, ids[i], &s, budget, T0 + 10 * i, &t, &f));
+        struct outcome o = oc_status(TXS_PENDING, NULL);
+        struct state_report r;
+        state_finish(st, &t, "toko-a", &o, T0 + 10 * i + 5, &r);
+    }
+    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 30, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_true(f.next_read >= T0 + 60000);
+    assert_true(f.next_read <= T0 + 61000);
+    state_lookup(st, &k, "T1", &s, budget, T0 + 2000, &f);
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 59999, &t, &f));
+    /* another key has its own budget */
+    assert_true(state_claim(st, &k2, "T4", &s, budget, T0 + 40, &t, &f));
+    state_lookup(st, &k, "T4", &s, budget, T0 + 59999, &f);
+    int64_t at = f.next_read;
+    assert_true(state_claim(st, &k, "T4", &s, budget, at, &t, &f));
+    /* and the next one waits for the second read + 60 s */
+    assert_false(state_claim(st, &k, "T5", &s, budget, at + 1, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_true(f.next_read >= T0 + 10 + 60000);
+    state_free(st);
+}
+
+/* ---- leases ---- */
+
+static void test_lease_released(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t1, &f));
+    assert_int_equal(f.in_flight_until, T0 + TIMEOUT + 1000);
+    f = lookup(st, &k, "T1", T0 + LEASE - 1);
+    assert_true(f.in_flight);
+    assert_false(claim(st, &k, "T1", T0 + LEASE - 1, &t2, NULL));
+    f = lookup(st, &k, "T1", T0 + LEASE);
+    assert_false(f.in_flight);
+    assert_true(claim(st, &k, "T1", T0 + LEASE, &t2, &f));
+    assert_int_not_equal(t1.serial, t2.serial);
+
+    /* the late report of the first read records its outcome but does not
+     * release the second read's lease */
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 500);
+    f = lookup(st, &k, "T1", T0 + LEASE + 500);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, T0 + LEASE + LEASE);
+    assert_int_equal(f.status, TXS_PENDING);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 600);
+    f = lookup(st, &k, "T1", T0 + LEASE + 600);
+    assert_false(f.in_flight);
+    state_free(st);
+}
+
+/* ---- eviction ---- */
+
+static int count_known(struct state *st, const struct state_key *k, int n, int64_t now)
+{
+    int known = 0;
+    for (int i = 0; i < n; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        if (lookup(st, k, id, now).status == TXS_PENDING)
+            known++;
+    }
+    return known;
+}
+
+static void test_evict_idle(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(16);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_metrics m;
+    struct state_ticket t;
+    for (int i = 0; i < 16; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        assert_true(claim(st, &k, id, T0 + 100 * i, &t, NULL));
+        finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100 * i + 50);
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 16);
+    assert_int_equal(m.tx_slots, 16);
+    assert_int_equal(m.evictions, 0);
+    assert_int_equal(m.full, 0);
+
+    int64_t later = T0 + 200000;
+    assert_true(claim(st, &k, "new", later, &t, NULL));
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 1);
+    assert_int_equal(m.tx_used, 16);
+    assert_int_equal(m.full, 0);
+    assert_int_equal(count_known(st, &k, 16, later), 15);
+    assert_true(lookup(st, &k, "new", later).in_flight);
+
+    /* and again, for as long as idle entries remain */
+    for (int i = 0; i < 10; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "N%d", i);
+        assert_true(claim(st, &k, id, later + 10 + i, &t, NULL));
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 11);
+    assert_int_equal(count_known(st, &k, 16, later + 100), 5);
+    state_free(st);
+}
+
+static void test_evict_never_in_use(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(16);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t, busy;
+    for (int i = 0; i < 15; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        assert_true(claim(st, &k, id, T0 + 100 * i, &t, NULL));
+        finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100 * i + 50);
+    }
+    /* the oldest entry (least recently used) is the one in flight now */
+    int64_t later = T0 + 200000;
+    assert_true(claim(st, &k, "T0", later, &busy, NULL));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 15);
+    assert_true(claim(st, &k, "busy", later + 1, &t, NULL)); /* takes the last free slot */
+    for (int i = 0; i < 14; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "N%d", i);
+        assert_true(claim(st, &k, id, later + 10 + i, &t, NULL));
+        /* the transactions in flight are still tracked */
+        assert_true(lookup(st, &k, "T0", later + 10 + i).in_flight);
+        assert_true(lookup(st, &k, "busy", later + 10 + i).in_flight);
+    }
+    /* 16 entries, all in use: no room */
+    struct state_fact f;
+    assert_false(claim(st, &k, "X", later + 100, &t, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 14);
+    assert_true(m.full >= 1);
+    finish(st, &busy, "toko-a", oc_status(TXS_PENDING, NULL), later + 200);
+    assert_int_equal(lookup(st, &k, "T0", later + 200).status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_full_in_flight(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(16);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket tickets[16], t;
+    struct state_fact f;
+    for (int i = 0; i < 16; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        assert_true(claim(st, &k, id, T0 + i, &tickets[i], NULL));
+    }
+    for (int i = 0; i < 5; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "X%d", i);
+        memset(&f, 0, sizeof f);
+        assert_false(claim(st, &k, id, T0 + 100 + i, &t, &f));
+        assert_int_equal(f.wait, WAIT_FULL);
+        assert_true(f.next_read > T0 + 100 + i);
+        f = lookup(st, &k, id, T0 + 100 + i);
+        assert_int_equal(f.status, TXS_NONE);
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_true(m.full >= 5);
+    assert_int_equal(m.evictions, 0);
+    assert_int_equal(m.tx_used, 16);
+    /* the tracked ones still answer */
+    for (int i = 0; i < 16; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        assert_true(lookup(st, &k, id, T0 + 200).in_flight);
+    }
+    /* leases expired but episodes still running: still no room */
+    assert_false(claim(st, &k, "X0", T0 + LEASE + 100, &t, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    /* once the episodes are over, room again */
+    int64_t later = T0 + 16 + 60001;
+    assert_true(claim(st, &k, "X0", later, &t, &f));
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 1);
+    /* reports of reads whose entry was evicted do not crash nor confuse */
+    for (int i = 0; i < 16; i++)
+        finish(st, &tickets[i], "toko-a", oc_status(TXS_SUCCEEDED, NULL), later + 1);
+    assert_true(lookup(st, &k, "X0", later + 2).in_flight);
+    state_free(st);
+}
+
+/* ---- key ids, hashing, creation ---- */
+
+static void test_key_id(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(16), *st2 = mk(16);
+    struct state_key a1 = key_of(st, "sk_live_aaaa"), a2 = key_of(st, "sk_live_aaaa");
+    struct state_key b = key_of(st, "sk_live_aaab"), e = key_of(st, "");
+    struct state_key other = key_of(st2, "sk_live_aaaa");
+    assert_memory_equal(a1.b, a2.b, 16);
+    assert_memory_not_equal(a1.b, b.b, 16);
+    assert_memory_not_equal(a1.b, e.b, 16);
+    /* the salt is the state's own: the id is not the key's plain hash */
+    assert_memory_not_equal(a1.b, other.b, 16);
+    /* the secret itself is not in the id */
+    for (int i = 0; i + 7 <= 16; i++)
+        assert_true(memcmp(a1.b + i, "sk_live", 7) != 0);
+    state_free(st);
+    state_free(st2);
+}
+
+static void test_siphash_vectors(void **unused)
+{
+    (void)unused;
+    uint8_t k[16], in[64];
+    for (int i = 0; i < 16; i++)
+        k[i] = (uint8_t)i;
+    for (int i = 0; i < 64; i++)
+        in[i] = (uint8_t)i;
+    /* from the reference implementation's vectors.h (SipHash-2-4, 64-bit) */
+    assert_int_equal(state_siphash(k, in, 0), 0x726fdb47dd0e0e31ULL);
+    assert_int_equal(state_siphash(k, in, 1), 0x74f839c593dc67fdULL);
+    assert_int_equal(state_siphash(k, in, 7), 0xab0200f58b01d137ULL);
+    assert_int_equal(state_siphash(k, in, 8), 0x93f5f5799a932462ULL);
+    assert_int_equal(state_siphash(k, in, 15), 0xa129ca6149be45e5ULL);
+    assert_int_equal(state_siphash(k, in, 16), 0x3f2acc7f57c29bdbULL);
+    assert_int_equal(state_siphash(k, in, 63), 0x958a324ceb064572ULL);
+}
+
+static void test_defaults_and_metrics(void **unused)
+{
+    (void)unused;
+    struct state_opts o = {0};
+    char err[128];
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_slots, 16384);
+    assert_int_equal(m.tx_used, 0);
+    struct state_key k = key_of(st, "sk");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, &f));
+    assert_int_equal(f.in_flight_until, T0 + 5000 + 1000); /* default read_timeout_ms 5000 */
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 1);
+    /* a lookup creates nothing */
+    lookup(st, &k, "T2", T0);
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 1);
+    state_free(st);
+    state_free(NULL);
+}
+
+/* Every valid id, 64 characters included, is tracked on its own. */
+static void test_long_ids(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk");
+    char a[STATE_ID_MAX + 1], b[STATE_ID_MAX + 1];
+    memset(a, 'a', STATE_ID_MAX);
+    a[STATE_ID_MAX] = '\0';
+    memcpy(b, a, sizeof b);
+    b[STATE_ID_MAX - 1] = 'b';
+    struct state_ticket t;
+    assert_true(claim(st, &k, a, T0, &t, NULL));
+    assert_string_equal(t.id, a);
+    assert_true(claim(st, &k, b, T0, &t, NULL));
+    assert_false(claim(st, &k, a, T0 + 1, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_FAILED, NULL), T0 + 10);
+    assert_true(lookup(st, &k, b, T0 + 20).final);
+    assert_false(lookup(st, &k, a, T0 + 20).final);
+    state_free(st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_claim_fresh),
+        cmocka_unit_test(test_claim_while_in_flight),
+        cmocka_unit_test(test_pending_next_read),
+        cmocka_unit_test(test_default_schedule_exact),
+        cmocka_unit_test(test_min_gap_random),
+        cmocka_unit_test(test_cache_final_statuses),
+        cmocka_unit_test(test_pending_never_cached),
+        cmocka_unit_test(test_unknown_status),
+        cmocka_unit_test(test_not_found_remembered),
+        cmocka_unit_test(test_tx_limited),
+        cmocka_unit_test(test_key_limited),
+        cmocka_unit_test(test_unauthorized),
+        cmocka_unit_test(test_auth_blocked),
+        cmocka_unit_test(test_auth_blocked_long_retry_after),
+        cmocka_unit_test(test_rejected),
+        cmocka_unit_test(test_no_answer_pace_goes_on),
+        cmocka_unit_test(test_rl_tx_window),
+        cmocka_unit_test(test_rl_key_window),
+        cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_lease_released),
+        cmocka_unit_test(test_evict_idle),
+        cmocka_unit_test(test_evict_never_in_use),
+        cmocka_unit_test(test_full_in_flight),
+        cmocka_unit_test(test_key_id),
+        cmocka_unit_test(test_siphash_vectors),
+        cmocka_unit_test(test_defaults_and_metrics),
+        cmocka_unit_test(test_long_ids),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
