@@ -102,6 +102,20 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud)
     return len;
 }
 
+/* Called before each send of the request; a second call is libcurl's
+ * automatic resend, refused (see kasera.h). */
+static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                     int conn_local_port)
+{
+    struct kasera_read *r = ud;
+    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    if (++r->sends > 1) {
+        util_copy(r->error, sizeof r->error, "connection lost before any answer; not resent");
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+
 static void wipe_headers(struct kasera_read *r)
 {
     for (struct curl_slist *h = r->headers; h != NULL; h = h->next)
@@ -121,6 +135,7 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
     r->error[0] = r->retry_after[0] = r->rl_limit[0] = r->rl_remaining[0] = r->rl_reset[0] = '\0';
     r->rl_sf[0] = r->rl_policy[0] = '\0';
     r->connects = 0;
+    r->sends = 0;
     r->headers = NULL;
 
     if ((size_t)snprintf(url, sizeof url, "%s/v1/transactions/%s", api_base, id) >= sizeof url) {
@@ -163,6 +178,8 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
     curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->error);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     if (curl_multi_add_handle(c->multi, e) != CURLM_OK) {
         wipe_headers(r);
@@ -205,6 +222,8 @@ struct kasera_read *kasera_next_done(struct kasera_client *c)
             r->http = 0; /* a partial answer is no answer */
             if (r->too_big)
                 util_copy(r->error, sizeof r->error, "answer larger than 64 KiB");
+            else if (r->sends > 1)
+                util_copy(r->error, sizeof r->error, "connection lost before any answer; not resent");
             else if (r->error[0] == '\0')
                 util_copy(r->error, sizeof r->error, curl_easy_strerror(rc));
         } else {

@@ -5,7 +5,11 @@
  * one handle from several threads at once). The multi handle keeps a pool of
  * keep-alive connections, so sequential reads reuse one connection. Each
  * read has a connect timeout and a total timeout (both read_timeout_ms), a
- * body size cap (64 KiB), no redirects, and HTTP(S) only.
+ * body size cap (64 KiB), no redirects, and HTTP(S) only. A request is
+ * sent at most once: libcurl would silently resend it on a fresh connection
+ * when a reused one dies before any answer, which Kasera would count as a
+ * second read of the transaction within its 1 s window; such a read ends as
+ * a read without answer instead.
  * The secret key is put in the Authorization header and nowhere else; the
  * header memory is wiped when the read ends. */
 #ifndef KEMBALI_KASERA_H
@@ -31,6 +35,7 @@ struct kasera_read {
     char rl_sf[256], rl_policy[256];
     char error[256];          /* libcurl's reason when http == 0 */
     long connects;            /* new connections this read opened (0 when reused) */
+    int sends;                /* times the request was about to be sent */
     /* private */
     void *easy;
     void *headers;

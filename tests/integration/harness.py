@@ -469,7 +469,16 @@ def spawn(argv: list[str], tmpdir: str | None = None, **popen_kw) -> subprocess.
     """Popen in a new session (so its whole process group can be killed),
     tracked for the running test."""
     popen_kw.setdefault("stdin", subprocess.DEVNULL)
-    proc = subprocess.Popen(argv, start_new_session=True, **popen_kw)
+    for attempt in range(50):
+        try:
+            proc = subprocess.Popen(argv, start_new_session=True, **popen_kw)
+            break
+        except OSError as e:
+            # ETXTBSY: a script just written by one test thread can still be
+            # open in a child another thread forked before its exec; retry.
+            if e.errno != 26 or attempt == 49:
+                raise
+            time.sleep(0.02)
     _track(proc, tmpdir)
     return proc
 
