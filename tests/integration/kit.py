@@ -40,3 +40,10 @@ def read_times(sb, id):
 
 def min_gap(times):
     return min((b - a for a, b in zip(times, times[1:])), default=None)
+
+
+# kembali spaces the *starts* of reads at least 1.1 s apart (1.5 s with the
+# default schedule); the sandbox records *arrivals*, which a slow connect or a
+# sanitizer build can delay by tens of milliseconds. Kasera's own window is
+# 1 s from arrival: that is the bound arrivals must keep.
+ARRIVAL_MIN_GAP = 1.0

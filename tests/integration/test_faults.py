@@ -48,7 +48,8 @@ def test_retry_after_http_date(tmpdir):
     k.get("id=t1")
     times = kit.read_times(sb, "t1")
     assert len(times) >= 2, times
-    assert_between(times[1], 2.4, 3.9, "HTTP-date Retry-After honoured: %r" % times)
+    # whole seconds on both sides: the wait is 3 or 4 s, never less than 2.5 s
+    assert_between(times[1], 2.4, 4.5, "HTTP-date Retry-After honoured: %r" % times)
 
 
 def test_key_rate_limited_pauses_that_key_only(tmpdir):
@@ -143,7 +144,7 @@ def test_reads_without_answer_keep_the_pace(tmpdir):
     assert_eq(r.header("kembali-status"), "succeeded")
     times = kit.read_times(sb, "t1")
     assert_eq(len(times), 7, "reads at %r" % times)
-    assert kit.min_gap(times) >= 1.09, times
+    assert kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, times
     outcomes = [l["outcome"] for l in k.find_log(event="read")]
     assert_eq(outcomes, ["no_answer"] * 6 + ["status"])
 

@@ -76,7 +76,7 @@ def test_twenty_concurrent_cost_one_schedule(tmpdir):
     one, many = kit.read_times(sb, "one"), kit.read_times(sb, "many")
     print("# reads for 1 request: %d, for 20 concurrent requests: %d" % (len(one), len(many)))
     assert_eq(len(many), len(one), "20 requests cost what one costs")
-    assert kit.min_gap(many) >= 1.09, many
+    assert kit.min_gap(many) >= kit.ARRIVAL_MIN_GAP, many
     assert all(r["http"] == 200 for r in sb.reads("many")), "no read was rejected by Kasera"
 
 
