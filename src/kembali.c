@@ -175,6 +175,12 @@ static int check_config(const char *path)
         fprintf(stdout, "%s: not usable:\n%s", path, err);
         return 1;
     }
+    char why[512];
+    if (state_check_dir(c->state_dir, false, why, sizeof why) != 0) {
+        fprintf(stdout, "%s: not usable:\n%s: state_dir: %s\n", path, path, why);
+        config_unref(c);
+        return 1;
+    }
     fprintf(stdout, "%s: ok: %d shop%s, api_base %s\n", path, c->nshops, c->nshops == 1 ? "" : "s", c->api_base);
     for (int i = 0; i < c->nshops; i++)
         fprintf(stdout, "  shop %s: locale %s, %d host%s, read budget %d/min\n", c->shops[i].id,
@@ -197,8 +203,9 @@ static void reload(struct app *a, const char *path)
     }
     config_bind_state(c, a->state);
     struct config *old = app_config(a);
-    if (c->state_slots != old->state_slots || c->read_timeout_ms != old->read_timeout_ms)
-        log_msg("warn", "reload", "state_slots and read_timeout_ms of the state take effect at restart");
+    if (c->state_slots != old->state_slots || c->read_timeout_ms != old->read_timeout_ms ||
+        strcmp(c->state_dir, old->state_dir) != 0)
+        log_msg("warn", "reload", "state_dir, state_slots and read_timeout_ms take effect at restart");
     config_unref(old);
     app_set_config(a, c);
     struct log_line l;
@@ -250,15 +257,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "kembali: the configuration is not usable:\n%s", err);
         return 1;
     }
-    struct state_opts so = {.tx_slots = cfg->state_slots, .read_timeout_ms = cfg->read_timeout_ms};
-    app.state = state_new(&so, err, sizeof err);
-    if (app.state == NULL) {
-        fprintf(stderr, "kembali: %s\n", err);
-        return 1;
-    }
-    config_bind_state(cfg, app.state);
-    app.cfg = cfg;
-
     if (FCGX_Init() != 0) {
         fprintf(stderr, "kembali: FCGX_Init failed\n");
         return 1;
@@ -273,6 +271,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "kembali: %s\n", err);
         return 1;
     }
+    /* after dropping privileges: the state file belongs to the serving user */
+    struct state_opts so = {.tx_slots = cfg->state_slots, .read_timeout_ms = cfg->read_timeout_ms};
+    app.state = state_open(cfg->state_dir, &so, err, sizeof err);
+    if (app.state == NULL) {
+        fprintf(stderr, "kembali: %s\n", err);
+        return 1;
+    }
+    config_bind_state(cfg, app.state);
+    app.cfg = cfg;
 
     sigset_t sigs;
     sigemptyset(&sigs);

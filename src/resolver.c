@@ -11,6 +11,7 @@
 #include "resolver.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,9 @@ struct resolver {
     struct watch *buckets[WATCH_BUCKETS];
     struct watch *all;
     struct rread *reads;        /* in flight */
+    pthread_t watcher;          /* learns of reads ended by other processes */
+    atomic_bool changed;        /* the state's generation moved */
+    atomic_bool watcher_stop;
 };
 
 /* ---- watches ---- */
@@ -446,9 +450,12 @@ static void *resolver_main(void *arg)
 
         now = mono_ms();
         int64_t next = now + LOOP_MAX_SLEEP_MS;
+        /* A read ended somewhere (maybe in another process): every watch
+         * not reading itself looks again; otherwise only those due. */
+        bool changed = atomic_exchange(&rs->changed, false);
         for (struct watch *w = rs->all, *n; w; w = n) {
             n = w->next;
-            if (w->next_step <= now)
+            if (w->next_step <= now || (changed && w->reading == NULL))
                 step(rs, w, now);
         }
         for (struct watch *w = rs->all; w; w = w->next)
@@ -494,6 +501,23 @@ struct resolver *resolver_new(struct app *a, char *err, size_t errlen)
     return rs;
 }
 
+/* Waits on the state's generation (a futex in the shared state) and wakes
+ * the resolver when it moves: a read of another process ended. */
+static void *watcher_main(void *arg)
+{
+    struct resolver *rs = arg;
+    uint32_t seen = state_generation(rs->app->state);
+    while (!atomic_load(&rs->watcher_stop)) {
+        uint32_t g = state_wait_change(rs->app->state, seen, 200);
+        if (g != seen) {
+            seen = g;
+            atomic_store(&rs->changed, true);
+            kasera_wakeup(rs->api);
+        }
+    }
+    return NULL;
+}
+
 int resolver_start(struct resolver *rs)
 {
     if (pthread_create(&rs->thread, NULL, resolver_main, rs) != 0) {
@@ -501,6 +525,10 @@ int resolver_start(struct resolver *rs)
         return -1;
     }
     rs->started = true;
+    if (pthread_create(&rs->watcher, NULL, watcher_main, rs) != 0) {
+        log_msg("error", "start", "cannot start the state watcher thread");
+        return -1;
+    }
     return 0;
 }
 
@@ -538,6 +566,8 @@ void resolver_stop(struct resolver *rs)
     pthread_mutex_unlock(&rs->inbox_mu);
     kasera_wakeup(rs->api);
     pthread_join(rs->thread, NULL);
+    atomic_store(&rs->watcher_stop, true);
+    pthread_join(rs->watcher, NULL);
     rs->started = false;
 }
 

@@ -16,12 +16,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include "log.h"
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 1
+#define ST_VERSION 2
 #define EVICT_SAMPLE 64
 
 struct st_tx {
@@ -55,16 +64,19 @@ struct st_hdr {
     uint64_t magic, version, size;
     pthread_mutex_t mu;
     uint8_t salt[16];
+    uint32_t gen;             /* futex word: bumped when a read ends */
+    uint32_t pad0;
     uint64_t serial;
     int32_t tx_slots, key_slots, nbuckets, free_head;
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
-    long tx_used, evictions, full;
+    long tx_used, evictions, full, recoveries;
     size_t buckets_off, txs_off, keys_off;
 };
 
 struct state {
+    size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
@@ -121,15 +133,64 @@ uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
 
 /* ---- locking ---- */
 
+static bool valid_id(const char *id)
+{
+    size_t n = strnlen(id, STATE_ID_MAX + 1);
+    if (n == 0 || n > STATE_ID_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static uint32_t tx_bucket(struct state *st, const struct state_key *key, const char *id);
+
+/* After a holder died mid-update: rebuild everything derived (hash chains,
+ * free list, counters) from the entries themselves, dropping any entry or
+ * budget ring that does not read as whole. Leases of the dead process's
+ * reads stay and expire on their own. O(slots); runs only after a crash. */
+static void st_rebuild(struct state *st)
+{
+    struct st_hdr *h = st->h;
+    for (int32_t i = 0; i < h->nbuckets; i++)
+        st->buckets[i] = -1;
+    h->free_head = -1;
+    h->tx_used = 0;
+    for (int32_t i = h->tx_slots - 1; i >= 0; i--) {
+        struct st_tx *e = &st->txs[i];
+        if (e->used == 1 && valid_id(e->id) && e->status <= TXS_UNKNOWN &&
+            strnlen(e->status_word, sizeof e->status_word) < sizeof e->status_word) {
+            uint32_t b = tx_bucket(st, &e->key, e->id);
+            e->next = st->buckets[b];
+            st->buckets[b] = i;
+            h->tx_used++;
+        } else {
+            memset(e, 0, sizeof *e);
+            e->next = h->free_head;
+            h->free_head = i;
+        }
+    }
+    for (int32_t i = 0; i < h->key_slots; i++) {
+        struct st_keyent *k = &st->keys[i];
+        if (k->used > 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
+            k->ring_n > STATE_BUDGET_MAX)
+            memset(k, 0, sizeof *k);
+    }
+    h->last_401_shop[sizeof h->last_401_shop - 1] = '\0';
+    h->recoveries++;
+}
+
 static void st_lock(struct state *st)
 {
     int rc = pthread_mutex_lock(&st->h->mu);
     if (rc == EOWNERDEAD) {
-        /* The holder died (only possible when several processes share the
-         * region). Every field is valid on its own; a half-finished update
-         * at worst leaves a lease that expires or a chain link that was not
-         * yet written, which lookups tolerate. */
+        /* A process died holding the lock (SIGKILL at any moment). */
+        st_rebuild(st);
         pthread_mutex_consistent(&st->h->mu);
+        log_msg("warn", "state", "a kembali process died holding the state lock; state checked and rebuilt");
     }
 }
 
@@ -138,47 +199,100 @@ static void st_unlock(struct state *st)
     pthread_mutex_unlock(&st->h->mu);
 }
 
+/* ---- waiting for reads of other processes ---- */
+
+static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+static void st_bump(struct state *st)
+{
+    __atomic_add_fetch(&st->h->gen, 1, __ATOMIC_SEQ_CST);
+    futex(&st->h->gen, FUTEX_WAKE, INT_MAX, NULL); /* shared mapping: not FUTEX_PRIVATE */
+}
+
+uint32_t state_generation(struct state *st)
+{
+    return __atomic_load_n(&st->h->gen, __ATOMIC_SEQ_CST);
+}
+
+uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms)
+{
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    if (state_generation(st) == seen)
+        futex(&st->h->gen, FUTEX_WAIT, seen, &ts);
+    return state_generation(st);
+}
+
+#ifdef KEMBALI_TESTING
+void state_test_die_holding_lock(struct state *st, void (*damage)(void *base))
+{
+    pthread_mutex_lock(&st->h->mu);
+    if (damage != NULL)
+        damage(st->h);
+    _exit(0);
+}
+#endif
+
 /* ---- creation ---- */
 
-struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
+/* The region's geometry for the given options. */
+struct layout {
+    int32_t txn, keyn, nb;
+    size_t off_b, off_t, off_k, size;
+};
+
+static void layout_for(const struct state_opts *opts, struct layout *l)
 {
-    int32_t txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
-    int32_t keyn = opts->key_slots > 0 ? opts->key_slots : 256;
-    int32_t nb = 1;
-    while (nb < txn && nb < (1 << 28))
-        nb <<= 1;
+    l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
+    l->keyn = opts->key_slots > 0 ? opts->key_slots : 256;
+    l->nb = 1;
+    while (l->nb < l->txn && l->nb < (1 << 28))
+        l->nb <<= 1;
+    l->off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
+    l->off_t = (l->off_b + (size_t)l->nb * sizeof(int32_t) + 63) & ~(size_t)63;
+    l->off_k = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    l->size = l->off_k + (size_t)l->keyn * sizeof(struct st_keyent);
+}
 
-    size_t off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
-    size_t off_t = (off_b + (size_t)nb * sizeof(int32_t) + 63) & ~(size_t)63;
-    size_t off_k = (off_t + (size_t)txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
-    size_t size = off_k + (size_t)keyn * sizeof(struct st_keyent);
+/* A fingerprint of this build's data layout: a region written by a build
+ * with other structure sizes must not be read. */
+static uint64_t layout_stamp(void)
+{
+    return ((uint64_t)ST_VERSION << 48) ^ ((uint64_t)sizeof(struct st_hdr) << 32) ^
+           ((uint64_t)sizeof(struct st_tx) << 16) ^ (uint64_t)sizeof(struct st_keyent) ^
+           ((uint64_t)sizeof(pthread_mutex_t) << 40);
+}
 
-    struct state *st = calloc(1, sizeof *st);
-    uint8_t *base = calloc(1, size);
-    if (st == NULL || base == NULL) {
-        free(st);
-        free(base);
-        snprintf(err, errlen, "cannot allocate %zu bytes of state", size);
-        return NULL;
-    }
+/* Point st at a region laid out as the header says. */
+static void attach(struct state *st, uint8_t *base)
+{
+    st->h = (struct st_hdr *)base;
+    st->buckets = (int32_t *)(base + st->h->buckets_off);
+    st->txs = (struct st_tx *)(base + st->h->txs_off);
+    st->keys = (struct st_keyent *)(base + st->h->keys_off);
+}
+
+/* Initialise a zeroed region of l->size bytes. */
+static int region_init(uint8_t *base, const struct layout *l, const struct state_opts *opts,
+                       char *err, size_t errlen)
+{
     struct st_hdr *h = (struct st_hdr *)base;
     h->magic = ST_MAGIC;
-    h->version = ST_VERSION;
-    h->size = size;
-    h->tx_slots = txn;
-    h->key_slots = keyn;
-    h->nbuckets = nb;
+    h->version = layout_stamp();
+    h->size = l->size;
+    h->tx_slots = l->txn;
+    h->key_slots = l->keyn;
+    h->nbuckets = l->nb;
     h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
-    h->buckets_off = off_b;
-    h->txs_off = off_t;
-    h->keys_off = off_k;
+    h->buckets_off = l->off_b;
+    h->txs_off = l->off_t;
+    h->keys_off = l->off_k;
     if (getrandom(h->salt, sizeof h->salt, 0) != (ssize_t)sizeof h->salt) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
-        free(base);
-        free(st);
-        return NULL;
+        return -1;
     }
-
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -187,20 +301,193 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
     pthread_mutexattr_destroy(&a);
     if (rc != 0) {
         snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
-        free(base);
+        return -1;
+    }
+    int32_t *buckets = (int32_t *)(base + l->off_b);
+    struct st_tx *txs = (struct st_tx *)(base + l->off_t);
+    for (int32_t i = 0; i < l->nb; i++)
+        buckets[i] = -1;
+    for (int32_t i = 0; i < l->txn; i++)
+        txs[i].next = i + 1 < l->txn ? i + 1 : -1;
+    h->free_head = 0;
+    return 0;
+}
+
+struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
+{
+    struct layout l;
+    layout_for(opts, &l);
+    struct state *st = calloc(1, sizeof *st);
+    uint8_t *base = calloc(1, l.size);
+    if (st == NULL || base == NULL || region_init(base, &l, opts, err, errlen) != 0) {
+        if (st != NULL && base == NULL)
+            snprintf(err, errlen, "cannot allocate %zu bytes of state", l.size);
         free(st);
+        free(base);
         return NULL;
     }
+    attach(st, base);
+    return st;
+}
 
-    st->h = h;
-    st->buckets = (int32_t *)(base + off_b);
-    st->txs = (struct st_tx *)(base + off_t);
-    st->keys = (struct st_keyent *)(base + off_k);
-    for (int32_t i = 0; i < nb; i++)
-        st->buckets[i] = -1;
-    for (int32_t i = 0; i < txn; i++)
-        st->txs[i].next = i + 1 < txn ? i + 1 : -1;
-    h->free_head = 0;
+/* Is the region at base (len bytes, from a file) one this build can use? */
+static bool region_usable(const uint8_t *base, size_t len)
+{
+    const struct st_hdr *h = (const struct st_hdr *)base;
+    if (len < sizeof *h || h->magic != ST_MAGIC || h->version != layout_stamp() || h->size != len)
+        return false;
+    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0)
+        return false;
+    return h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t) <= h->txs_off &&
+           h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx) <= h->keys_off &&
+           h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent) <= len;
+}
+
+int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (errno == ENOENT && create && mkdir(dir, 0700) == 0)
+            return 0;
+        if (errno == ENOENT && !create) {
+            char parent[4096];
+            util_copy(parent, sizeof parent, dir);
+            char *slash = strrchr(parent, '/');
+            if (slash != NULL)
+                *(slash == parent ? slash + 1 : slash) = '\0';
+            if (slash != NULL && access(parent, W_OK | X_OK) == 0)
+                return 0; /* it will be created, 0700 */
+        }
+        snprintf(err, errlen, "state_dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "state_dir %s is not a directory", dir);
+        return -1;
+    }
+    if (sb.st_uid != geteuid() && sb.st_uid != 0) {
+        snprintf(err, errlen, "state_dir %s belongs to another user (uid %u); it must be this user's",
+                 dir, (unsigned)sb.st_uid);
+        return -1;
+    }
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(err, errlen, "state_dir %s can be written by other users (mode %03o); "
+                 "chmod go-w it, or use a folder only this user can write", dir, (unsigned)(sb.st_mode & 0777));
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, errlen, "state_dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Create a fresh state file at `path` (via path.new and rename). */
+static int create_file(const char *path, const struct layout *l, const struct state_opts *opts,
+                       char *err, size_t errlen)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    unlink(tmp); /* left by a process that died while creating it */
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    uint8_t *base = MAP_FAILED;
+    int rc = -1;
+    if (ftruncate(fd, (off_t)l->size) != 0) {
+        snprintf(err, errlen, "%s: cannot size it to %zu bytes: %s", tmp, l->size, strerror(errno));
+        goto out;
+    }
+    base = mmap(NULL, l->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "%s: mmap: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (region_init(base, l, opts, err, errlen) != 0)
+        goto out;
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "rename %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    if (base != MAP_FAILED)
+        munmap(base, l->size);
+    close(fd);
+    if (rc != 0)
+        unlink(tmp);
+    return rc;
+}
+
+struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen)
+{
+    char path[4096], lockpath[4096];
+    struct layout l;
+    layout_for(opts, &l);
+    if (state_check_dir(dir, true, err, errlen) != 0)
+        return NULL;
+    snprintf(path, sizeof path, "%s/kembali.state", dir);
+    snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
+
+    /* One process at a time checks, creates or replaces the file. */
+    int lk = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lk < 0 || flock(lk, LOCK_EX) != 0) {
+        snprintf(err, errlen, "%s: %s", lockpath, strerror(errno));
+        if (lk >= 0)
+            close(lk);
+        return NULL;
+    }
+    struct state *st = NULL;
+    uint8_t *base = MAP_FAILED;
+    size_t len = 0;
+    for (int attempt = 0; attempt < 2 && st == NULL; attempt++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 && errno != ENOENT) {
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            break;
+        }
+        if (fd >= 0) {
+            struct stat sb;
+            if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+                snprintf(err, errlen, "%s must be a regular file of this user with mode 0600 "
+                         "(remove it and restart)", path);
+                close(fd);
+                break;
+            }
+            len = (size_t)sb.st_size;
+            base = len >= sizeof(struct st_hdr)
+                       ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+            close(fd);
+            if (base != MAP_FAILED && region_usable(base, len)) {
+                st = calloc(1, sizeof *st);
+                if (st == NULL) {
+                    snprintf(err, errlen, "out of memory");
+                    break;
+                }
+                attach(st, base);
+                st->mapped = len;
+                if ((int32_t)st->h->tx_slots != l.txn) {
+                    struct log_line ll;
+                    log_begin(&ll, "warn", "state");
+                    log_str(&ll, "msg", "the state file was made with another state_slots; "
+                                        "keeping its size (remove it while no kembali runs to change it)");
+                    log_int(&ll, "slots", st->h->tx_slots);
+                    log_end(&ll);
+                }
+                break;
+            }
+            if (base != MAP_FAILED)
+                munmap(base, len);
+            base = MAP_FAILED;
+            log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+        }
+        if (attempt == 0 && create_file(path, &l, opts, err, errlen) != 0)
+            break;
+    }
+    flock(lk, LOCK_UN);
+    close(lk);
     return st;
 }
 
@@ -208,8 +495,12 @@ void state_free(struct state *st)
 {
     if (st == NULL)
         return;
-    pthread_mutex_destroy(&st->h->mu);
-    free(st->h);
+    if (st->mapped) {
+        munmap(st->h, st->mapped); /* others may still use it: no destroy */
+    } else {
+        pthread_mutex_destroy(&st->h->mu);
+        free(st->h);
+    }
     free(st);
 }
 
@@ -529,6 +820,7 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         pause_until(&k->paused_until, now + oc->rl.reset_ms);
     util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
     st_unlock(st);
+    st_bump(st); /* wake waiters in every process */
 }
 
 void state_metrics(struct state *st, struct state_metrics *out)
@@ -538,5 +830,6 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->tx_slots = st->h->tx_slots;
     out->evictions = st->h->evictions;
     out->full = st->h->full;
+    out->recoveries = st->h->recoveries;
     st_unlock(st);
 }

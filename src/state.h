@@ -90,13 +90,42 @@ struct state_opts {
 };
 
 struct state_metrics {
-    long tx_used, tx_slots, evictions, full;
+    long tx_used, tx_slots, evictions, full, recoveries;
 };
 
-/* Create an in-memory state. Returns NULL and writes a reason into err on
- * failure (allocation, mutex). */
+/* Create a state in this process's memory (tests). Returns NULL and writes
+ * a reason into err on failure (allocation, mutex). */
 struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
+
+/* Open the state shared by every process started with the same `dir`:
+ * the file dir/kembali.state (created 0600, mapped shared), made or checked
+ * under an flock of dir/kembali.lock. A file from an incompatible build
+ * (version and layout stamp) or a damaged one is replaced, never misread.
+ * The directory is created 0700 when missing and refused when other users
+ * can write it. An existing file keeps its size (tx_slots). Returns NULL
+ * with a reason in err. */
+struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen);
+
+/* Check that `dir` can hold the state (see state_open); 0 or -1 with err.
+ * A missing dir is created (0700) when `create`, else only its parent is
+ * checked. */
+int state_check_dir(const char *dir, bool create, char *err, size_t errlen);
+
+/* Unmap or free. Other processes keep using a shared state. */
 void state_free(struct state *st);
+
+/* A counter bumped (with a futex wake) every time a read's outcome is
+ * recorded by any process. state_wait_change() blocks until it differs
+ * from `seen` or timeout_ms pass, and returns the current value: this is how
+ * a process learns, within milliseconds, that a read it waits on ended. */
+uint32_t state_generation(struct state *st);
+uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms);
+
+#ifdef KEMBALI_TESTING
+/* Tests only: take the lock, let `damage` scribble on the region, and
+ * _exit() while holding it, as a process killed mid-update would. */
+void state_test_die_holding_lock(struct state *st, void (*damage)(void *base));
+#endif
 
 /* The identity of a secret key: a keyed hash with a salt kept in the state,
  * so keys are compared without being stored. This function can't fail. */

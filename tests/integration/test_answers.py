@@ -182,6 +182,7 @@ def test_check_config_errors(tmpdir):
     good = os.path.join(tmpdir, "k")
     harness.write_secret(good, "sk_test_x")
     base = {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+            "state_dir": os.path.join(tmpdir, "state"),
             "shops": [{"id": "toko-a", "secret_key_file": good}]}
     rc, out = harness.Kembali.run_check_config(base)
     assert_eq(rc, 0, out)
@@ -197,6 +198,7 @@ def test_check_config_errors(tmpdir):
          "read_budget_per_minute"),
         (dict(base, templates_dir="/nonexistent"), "templates_dir"),
         (b"{not json", "line 1"),
+        (dict(base, state_dir="/nonexistent/dir/state"), "state_dir"),
     ]
     for cfg, expect in cases:
         rc, out = harness.Kembali.run_check_config(cfg)
