@@ -288,6 +288,9 @@ class Response:
             self.status, self.headers, body, self.elapsed, self.app_status, extra)
 
 
+_send_errors: dict = {}  # fd -> the OSError from sending, for fcgi_receive's message
+
+
 def fcgi_send(addr, params: dict, stdin: bytes = b"", timeout: float = 60.0,
               request_id: int = 1) -> socket.socket:
     """Connect and send a whole request; returns the socket to read from
@@ -302,7 +305,7 @@ def fcgi_send(addr, params: dict, stdin: bytes = b"", timeout: float = 60.0,
     except OSError as e:
         # The application may have answered and closed early; let
         # fcgi_receive read what it sent.
-        s._harness_send_error = e  # type: ignore[attr-defined]
+        _send_errors[s.fileno()] = e
     return s
 
 
@@ -315,10 +318,10 @@ def fcgi_receive(s: socket.socket, timeout: float = 60.0, started: float | None 
     deadline = time.monotonic() + timeout
     stdout, stderr = [], []
     buf = b""
+    send_err = _send_errors.pop(s.fileno(), None)
 
     def fail(msg, cls=FcgiError):
         got = b"".join(stdout)
-        send_err = getattr(s, "_harness_send_error", None)
         detail = "%s (after %.3f s; %d stdout bytes so far: %r; stderr: %r%s)" % (
             msg, time.monotonic() - started, len(got), got[:300], b"".join(stderr)[:300],
             "; sending had failed: %s" % send_err if send_err else "")

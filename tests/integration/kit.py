@@ -47,3 +47,30 @@ def min_gap(times):
 # sanitizer build can delay by tens of milliseconds. Kasera's own window is
 # 1 s from arrival: that is the bound arrivals must keep.
 ARRIVAL_MIN_GAP = 1.0
+
+
+def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, listen="unix", sb=None):
+    """A sandbox and n kembali processes sharing one state_dir, each on its
+    own Unix socket (listen="unix"), or all on one listening socket handed
+    over as fd 0 as spawn-fcgi -F does (listen="shared"). Returns (sandbox, [kembali])."""
+    sb = sb or harness.Sandbox(tmpdir, keys=(KEY, KEY2),
+                               args=["--key", KEY, "--key", KEY2] + list(sandbox_args))
+
+    def config(k):
+        s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
+        extra = dict(top or {})
+        if schedule is not None:
+            extra["schedule_ms"] = schedule
+        return harness.make_config(sb, s, **extra)
+
+    shared = harness.unix_listen_socket(harness.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
+    ks = []
+    for i in range(n):
+        k = harness.Kembali(tmpdir, config=config, keys={"a": KEY, "b": KEY2}, name="k%d" % i,
+                            listen=shared if shared is not None else listen)
+        k.start()
+        ks.append(k)
+    if shared is not None:
+        for k in ks:
+            k.wait_log(10, event="start")
+    return sb, ks

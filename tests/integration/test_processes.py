@@ -1,0 +1,262 @@
+"""Several kembali processes on one state_dir behave as one: the pace, the
+cache, pauses and the budget hold across processes; waiters in one process
+wake when another process's read ends; SIGKILL at any moment blocks nobody
+for longer than the read timeout plus 1 s; a restarted process joins."""
+
+import os
+import signal
+import statistics
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_between, assert_in
+
+
+def parallel(fns):
+    out = [None] * len(fns)
+    errs = []
+
+    def run(i, f):
+        try:
+            out[i] = f()
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    if errs:
+        raise errs[0]
+    return out
+
+
+@harness.timeout(100)
+def test_eight_processes_ten_requests_one_schedule(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 8, schedule=None)
+    sb.put_tx("t1", "pending")
+    rs = parallel([lambda k=k: k.get("id=t1", timeout=60) for k in ks for _ in range(10)])
+    times = kit.read_times(sb, "t1")
+    print("# 8 processes x 10 requests, one pending transaction: %d reads at %r, smallest gap %.3f s"
+          % (len(times), times, kit.min_gap(times)))
+    assert_eq(len(rs), 80)
+    assert all(r.header("kembali-status") == "checking" for r in rs)
+    assert_eq(len(times), 7, "one schedule's reads: %r" % times)
+    assert kit.min_gap(times) >= 1.45, times
+    assert all(r["http"] == 200 for r in sb.reads("t1")), "no read was rejected"
+
+
+def test_many_transactions_across_processes(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 4)
+    ids = ["m%d" % i for i in range(12)]
+    for t in ids:
+        sb.put_tx(t, "pending")
+    sb.put_tx("alone", "pending")
+    fns = [lambda k=k, t=t: k.get("id=" + t) for t in ids for k in ks]
+    fns.append(lambda: ks[0].get("id=alone"))
+    parallel(fns)
+    one = len(sb.reads("alone"))
+    for t in ids:
+        times = kit.read_times(sb, t)
+        assert_eq(len(times), one, "%s: four processes cost what one request costs (%r)" % (t, times))
+        assert kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, times
+
+
+def test_budget_holds_across_processes(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 4, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                                                                            read_budget_per_minute=10)])
+    for i in range(24):
+        sb.put_tx("b%d" % i, "pending")
+    parallel([lambda i=i: ks[i % 4].get("id=b%d&format=json" % i) for i in range(24)])
+    assert_eq(len(sb.reads()), 10, "10 reads per minute over every process")
+
+
+def test_cache_and_pauses_are_shared(tmpdir):
+    sb, (a, b) = kit.start_many(tmpdir, 2, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+    sb.put_tx("done", "succeeded")
+    assert_eq(a.get("id=done", host="toko-a.test").header("kembali-status"), "succeeded")
+    assert_eq(b.get("id=done", host="toko-a.test").header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("done")), 1, "the other process answered from the shared cache")
+    sb.put_tx("nf1", "pending")
+    sb.remove_key(kit.KEY2)
+    a.get("id=x1", host="toko-b.test")          # 401 in process a
+    r = b.get("id=x2", host="toko-b.test")      # process b does not read with that key
+    assert_eq(r.header("kembali-status"), "checking")
+    assert r.elapsed < 1.0
+    assert_eq(sb.reads("x2"), [])
+    assert_eq(len(a.find_log(event="key_rejected")) + len(b.find_log(event="key_rejected")), 1)
+
+
+def test_wake_latency_across_processes(tmpdir):
+    sb, (a, b) = kit.start_many(tmpdir, 2)
+    lat = []
+    for i in range(10):
+        t = "w%d" % i
+        sb.put_tx(t, "succeeded", responses=[{"delay_ms": 400}])
+        ends = {}
+
+        def ask(k, name, delay):
+            time.sleep(delay)
+            r = k.get("id=" + t)
+            ends[name] = (time.monotonic(), r.header("kembali-status"))
+
+        parallel([lambda: ask(a, "a", 0), lambda: ask(b, "b", 0.15)])
+        assert_eq(ends["a"][1], "succeeded")
+        assert_eq(ends["b"][1], "succeeded")
+        assert_eq(len(sb.reads(t)), 1, "b waited for a's read instead of reading")
+        lat.append(abs(ends["b"][0] - ends["a"][0]) * 1000)
+    print("# wake latency across processes (ms): median %.1f, max %.1f, all %r"
+          % (statistics.median(lat), max(lat), [round(x, 1) for x in lat]))
+    assert max(lat) < 50, lat
+
+
+def test_sigkill_mid_read(tmpdir):
+    sb, (a, b) = kit.start_many(tmpdir, 2, top={"read_timeout_ms": 1000})
+    sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 5000}])
+    th = threading.Thread(target=lambda: _ignore(lambda: a.get("id=t1", timeout=10)))
+    th.start()
+    harness.wait_for(lambda: sb.reads("t1"), 5)
+    t_read = time.monotonic()
+    out = {}
+    tb = threading.Thread(target=lambda: out.setdefault("b", b.get("id=t1")))
+    tb.start()
+    time.sleep(0.3)
+    a.proc.send_signal(signal.SIGKILL)  # in the middle of its read
+    a.proc.wait(5)
+    tb.join(20)
+    th.join(20)
+    r = out["b"]
+    since_read = r.elapsed + 0.0
+    assert_eq(r.header("kembali-status"), "succeeded")
+    times = kit.read_times(sb, "t1")
+    print("# SIGKILL mid-read: the waiting process read again %.2f s after the dead read began, "
+          "answered after %.2f s" % (times[1], r.elapsed))
+    assert_eq(len(times), 2, times)
+    # the dead process's lease: read_timeout_ms 1 s + 1 s
+    assert_between(times[1], 1.9, 2.0 + 1.0, "blocked no longer than the read timeout plus 1 s")
+    assert since_read < 3.0
+    # a process started after the crash joins cleanly and shares the cache
+    c = harness.Kembali(tmpdir, config=lambda k: open(b.config_path).read(), keys={"a": kit.KEY}, name="k9")
+    c.start()
+    assert_eq(c.get("id=t1").header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("t1")), 2)
+    del t_read
+
+
+def _ignore(fn):
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the process was killed under it
+        pass
+
+
+def test_kill_storm_leaves_state_usable(tmpdir):
+    """Processes killed with SIGKILL at random moments while others serve."""
+    sb, ks = kit.start_many(tmpdir, 4)
+    ids = ["s%d" % i for i in range(30)]
+    for i, t in enumerate(ids):
+        sb.put_tx(t, "succeeded" if i % 2 else "pending")
+    stop = time.monotonic() + 6
+    errors = []
+
+    def hammer(k):
+        i = 0
+        while time.monotonic() < stop:
+            try:
+                k.get("id=%s&format=json" % ids[i % len(ids)], timeout=10)
+            except harness.FcgiError:
+                if k is not ks[0]:
+                    errors.append("a live process failed to answer")
+            i += 7
+
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in ks]
+    for t in threads:
+        t.start()
+    victim = ks[0]
+    for _ in range(5):
+        time.sleep(1.0)
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait(5)
+        victim.start()
+    for t in threads:
+        t.join(30)
+    assert_eq(errors, [])
+    for k in ks:
+        r = k.get("id=s1&format=json")
+        assert_eq(r.json()["status"], "succeeded")
+    for t in ids:
+        times = kit.read_times(sb, t)
+        if len(times) > 1:
+            assert kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, (t, times)
+
+
+def test_restart_keeps_the_shared_state(tmpdir):
+    sb, (a,) = kit.start_many(tmpdir, 1)
+    sb.put_tx("t1", "canceled")
+    a.get("id=t1")
+    assert_eq(a.stop(), 0)
+    a.start()
+    assert_eq(a.get("id=t1").header("kembali-status"), "canceled")
+    assert_eq(len(sb.reads("t1")), 1, "the cache outlived the process")
+
+
+def test_incompatible_state_file_is_replaced(tmpdir):
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = harness.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
+    state = os.path.join(tmpdir, "state")
+    with open(os.path.join(state, "kembali.state"), "wb") as f:
+        f.write(b"kembali state version 0\n" + b"\0" * 5000)
+    os.chmod(os.path.join(state, "kembali.state"), 0o600)
+    k.start()
+    assert_in("replacing it", k.log_text())
+    sb.put_tx("t1", "succeeded")
+    assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
+
+
+def test_state_dir_others_can_write_is_refused(tmpdir):
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))])
+    k = harness.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
+    os.chmod(os.path.join(tmpdir, "state"), 0o777)
+    try:
+        k.start(timeout=3)
+    except AssertionError:
+        pass
+    assert_eq(k.wait(5), 1)
+    assert_in("other users", k.log_text())
+    rc, out = harness.Kembali.run_check_config(k.config_path)
+    assert_eq(rc, 1)
+    assert_in("other users", out)
+
+
+def test_shared_socket_like_spawn_fcgi(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 4, listen="shared")
+    sb.put_tx("t1", "pending")
+    sb.put_tx("alone", "pending")
+    addr = ks[0].addr
+    parallel([lambda: harness.get(addr, "id=t1") for _ in range(20)] + [lambda: harness.get(addr, "id=alone")])
+    served = [len(k.find_log(event="request")) for k in ks]
+    assert sum(served) == 21, served
+    assert sum(1 for n in served if n) >= 2, "several processes served: %r" % served
+    assert_eq(len(sb.reads("t1")), len(sb.reads("alone")))
+
+
+def test_full_table_still_answers(tmpdir):
+    sb, (a,) = kit.start_many(tmpdir, 1, top={"state_slots": 16})
+    ids = ["f%d" % i for i in range(24)]
+    for t in ids:
+        sb.put_tx(t, "pending")
+    rs = parallel([lambda t=t: a.get("id=" + t) for t in ids])
+    assert all(r.status == 200 and r.header("kembali-status") == "checking" for r in rs)
+    m = a.metrics()
+    assert m.get("kembali_state_full_total", 0) >= 8, m
+    assert_eq(len({r["id"] for r in sb.reads()}), 16, "only tracked transactions are read")
+
+
+if __name__ == "__main__":
+    harness.run(globals())
