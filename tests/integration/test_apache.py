@@ -1,0 +1,186 @@
+"""End to end under a real Apache with mod_fcgid (Debian apache2 and
+libapache2-mod-fcgid), which sends one request at a time to each kembali
+process: ten buyers waiting on one pending transaction means ten processes,
+and together they must cost one schedule's reads."""
+
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_between
+
+APACHE = "/usr/sbin/apache2"
+MODULES = "/usr/lib/apache2/modules"
+
+
+class Apache:
+    """apache2 in the foreground, everything in tmpdir; /kembali runs kembali under mod_fcgid."""
+
+    def __init__(self, tmpdir, config_path, binary, user=None):
+        self.tmpdir = tmpdir
+        self.port = harness.free_port()
+        self.error_log = os.path.join(tmpdir, "apache-error.log")
+        for d in ("run", "fcgid"):
+            os.makedirs(os.path.join(tmpdir, d), exist_ok=True)
+        user_lines = ""
+        if user:
+            user_lines = "User %s\nGroup %s\n" % (user, user)
+            uid = pwd.getpwnam(user).pw_uid
+            gid = pwd.getpwnam(user).pw_gid
+            os.chown(os.path.join(tmpdir, "fcgid"), uid, gid)
+        conf = f"""ServerRoot {tmpdir}
+ServerName shop.test
+Listen 127.0.0.1:{self.port}
+PidFile {tmpdir}/run/httpd.pid
+DefaultRuntimeDir {tmpdir}/run
+Mutex file:{tmpdir}/run default
+ErrorLog {self.error_log}
+LogLevel warn
+{user_lines}LoadModule mpm_event_module {MODULES}/mod_mpm_event.so
+LoadModule authz_core_module {MODULES}/mod_authz_core.so
+LoadModule alias_module {MODULES}/mod_alias.so
+LoadModule fcgid_module {MODULES}/mod_fcgid.so
+FcgidIPCDir {tmpdir}/fcgid
+FcgidProcessTableFile {tmpdir}/fcgid/table
+FcgidMaxProcesses 40
+FcgidMaxProcessesPerClass 20
+FcgidMinProcessesPerClass 0
+FcgidSpawnScoreUpLimit 1000
+FcgidSpawnScore 1
+FcgidTerminationScore 0
+FcgidIOTimeout 60
+FcgidBusyTimeout 120
+FcgidConnectTimeout 10
+FcgidMaxRequestsPerProcess 0
+FcgidInitialEnv KEMBALI_CONFIG {config_path}
+ScriptAlias /kembali {binary}
+<Location /kembali>
+    SetHandler fcgid-script
+    Options +ExecCGI
+    Require all granted
+</Location>
+"""
+        self.conf = os.path.join(tmpdir, "httpd.conf")
+        with open(self.conf, "w") as f:
+            f.write(conf)
+        self.proc = harness.spawn([APACHE, "-d", tmpdir, "-f", self.conf, "-DFOREGROUND"], tmpdir,
+                                  stdout=open(os.path.join(tmpdir, "apache.out"), "wb"),
+                                  stderr=subprocess.STDOUT)
+        harness.wait_for(self._up, 10, msg="apache listening")
+
+    def _up(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("apache exited: " + open(os.path.join(self.tmpdir, "apache.out")).read()
+                                 + open(self.error_log).read() if os.path.exists(self.error_log) else "")
+        try:
+            import socket
+            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+            return True
+        except OSError:
+            return False
+
+    def get(self, path, timeout=60):
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("GET", path, headers={"Host": "shop.test"})
+            r = c.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            c.close()
+
+    def log(self):
+        return open(self.error_log, errors="replace").read() if os.path.exists(self.error_log) else ""
+
+    def stop(self):
+        harness.kill_process(self.proc)
+
+
+def setup(tmpdir, schedule):
+    if not os.path.exists(APACHE) or not os.path.exists(MODULES + "/mod_fcgid.so"):
+        if os.environ.get("KEMBALI_REQUIRE_APACHE") == "1":
+            raise AssertionError("apache2 or libapache2-mod-fcgid is not installed")
+        raise harness.Skip("apache2 or libapache2-mod-fcgid is not installed")
+    # Apache's user must reach the program and the pages: copy them next to
+    # the test's files, whatever the permissions of the checkout's folders.
+    binary = os.path.join(tmpdir, "kembali")
+    shutil.copy(harness.kembali_bin(), binary)
+    templates = os.path.join(tmpdir, "templates")
+    shutil.copytree(os.path.join(harness.top_srcdir(), "templates"), templates)
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    user = "www-data" if os.geteuid() == 0 else None
+    keyf = harness.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
+    state = os.path.join(tmpdir, "apache-state")
+    os.makedirs(state, mode=0o700)
+    cfg = harness.make_config(sb, [harness.make_shop("toko-a", keyf)], state_dir=state, templates_dir=templates)
+    if schedule is not None:
+        cfg["schedule_ms"] = schedule
+    cfg_path = os.path.join(tmpdir, "kembali.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    if user:  # the processes run as Apache's user: it owns the state and reads the key
+        pw = pwd.getpwnam(user)
+        for p in (state, keyf):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        os.chmod(tmpdir, 0o755)
+    return sb, Apache(tmpdir, cfg_path, binary, user)
+
+
+@harness.timeout(110)
+def test_ten_concurrent_returns_under_mod_fcgid(tmpdir):
+    sb, ap = setup(tmpdir, schedule=None)
+    sb.put_tx("t1", "pending")
+    results = []
+    lock = threading.Lock()
+
+    def buyer():
+        r = ap.get("/kembali?id=t1")
+        with lock:
+            results.append(r)
+
+    ts = [threading.Thread(target=buyer) for _ in range(10)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(90)
+    log = ap.log()
+    pids = set(re.findall(r"event=start version=\S+ pid=(\d+)", log))
+    times = kit.read_times(sb, "t1")
+    print("# mod_fcgid: 10 concurrent returns served by %d kembali processes; %d reads at %r"
+          % (len(pids), len(times), times))
+    assert_eq(len(results), 10)
+    for status, headers, body in results:
+        assert_eq(status, 200)
+        assert_eq(headers.get("kembali-status"), "checking")
+    assert len(pids) >= 5, "mod_fcgid ran one process per held request: %r\n%s" % (pids, log[-3000:])
+    assert_eq(len(times), 7, "one schedule's reads: %r" % times)
+    assert kit.min_gap(times) >= 1.45, times
+    assert "Sanitizer" not in log and "runtime error" not in log, log[-3000:]
+    ap.stop()
+
+
+def test_final_status_under_mod_fcgid(tmpdir):
+    sb, ap = setup(tmpdir, schedule=kit.FAST)
+    sb.put_tx("t2", [(0, "pending"), (1500, "succeeded")])
+    out = []
+    ts = [threading.Thread(target=lambda: out.append(ap.get("/kembali?id=t2"))) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert_eq([h.get("kembali-status") for _, h, _ in out], ["succeeded"] * 4)
+    times = kit.read_times(sb, "t2")
+    assert kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, times
+    assert len(times) <= 4, times
+    ap.stop()
+
+
+if __name__ == "__main__":
+    harness.run(globals())
