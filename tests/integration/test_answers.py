@@ -253,5 +253,43 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     assert time.monotonic() - t0 < 3, "answered promptly"
 
 
+def test_listen_tcp_and_user_drop(tmpdir):
+    port = harness.free_port()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    args = []
+    state = os.path.join(tmpdir, "state-tcp")
+    os.makedirs(state, mode=0o700)
+    if os.geteuid() == 0:
+        import pwd
+        pw = pwd.getpwnam("nobody")
+        os.chown(state, pw.pw_uid, pw.pw_gid)
+        os.chmod(tmpdir, 0o755)  # nobody must reach its state_dir
+        args = ["--user", "nobody"]
+    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"))], state_dir=state),
+        keys={"a": kit.KEY}, listen="127.0.0.1:%d" % port, args=args, name="tcp")
+    k.start()
+    sb.put_tx("t1", "succeeded")
+    r = harness.get(("127.0.0.1", port), "id=t1")
+    assert_eq(r.header("kembali-status"), "succeeded")
+    if args:
+        uid = [l for l in open("/proc/%d/status" % k.pid) if l.startswith("Uid:")][0].split()[1:]
+        assert_eq(set(uid), {str(pw.pw_uid)}, "all uids dropped to nobody")
+        assert_eq(os.stat(os.path.join(state, "kembali.state")).st_uid, pw.pw_uid)
+
+
+def test_no_socket_is_a_clear_error(tmpdir):
+    k = harness.Kembali(tmpdir, config=None, listen=None, args=["--config", "/nonexistent.json"])
+    k.start()
+    assert_eq(k.wait(5), 1)
+    assert_in("/nonexistent.json", k.log_text())
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    k2 = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+                         keys={"a": kit.KEY}, listen=None, name="nolisten")
+    k2.start()
+    assert_eq(k2.wait(5), 1)
+    assert_in("not a listening socket", k2.log_text())
+
+
 if __name__ == "__main__":
     harness.run(globals())
