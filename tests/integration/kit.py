@@ -1,6 +1,8 @@
 """What the kembali integration tests share: starting a sandbox and kembali
 together with a short schedule, and reading the sandbox's read log."""
 
+import threading
+
 import harness
 
 KEY = harness.DEFAULT_KEY
@@ -9,24 +11,34 @@ FAST = [0, 1100, 1100, 1100]          # sum 3300 ms, held requests answered by 4
 FAST_HOLD = sum(FAST) / 1000 + 1.5
 
 
-def start(tmpdir, schedule=FAST, shops=None, sandbox_args=(), keys=None, top=None, **kw):
-    """A sandbox (keys KEY and KEY2) and a kembali with one shop "toko-a"
+def start(tmpdir, schedule=FAST, shops=None, sandbox_args=(), top=None):
+    """A sandbox (keys KEY and KEY2) and one kembali with the shop "toko-a"
     (hosts toko-a.test, key KEY) unless `shops` (a function of the Kembali,
     returning the list) says otherwise. Returns (sandbox, kembali), started."""
-    sb = harness.Sandbox(tmpdir, keys=(KEY, KEY2),
-                         args=["--key", KEY, "--key", KEY2] + list(sandbox_args))
-    keys = keys or {"a": KEY, "b": KEY2}
+    sb, ks = start_many(tmpdir, 1, schedule=schedule, shops=shops, sandbox_args=sandbox_args, top=top,
+                        name="kembali")
+    return sb, ks[0]
 
-    def config(k):
-        s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
-        extra = dict(top or {})
-        if schedule is not None:
-            extra["schedule_ms"] = schedule
-        return harness.make_config(sb, s, **extra)
 
-    k = harness.Kembali(tmpdir, config=config, keys=keys, **kw)
-    k.start()
-    return sb, k
+def parallel(fns, timeout=120):
+    """Run the callables in threads; their results in order (the first error is raised)."""
+    out = [None] * len(fns)
+    errs = []
+
+    def run(i, f):
+        try:
+            out[i] = f()
+        except Exception as e:  # noqa: BLE001 - raised below
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    if errs:
+        raise errs[0]
+    return out
 
 
 def read_times(sb, id):
@@ -49,7 +61,8 @@ def min_gap(times):
 ARRIVAL_MIN_GAP = 1.0
 
 
-def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, listen="unix", sb=None):
+def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, listen="unix", sb=None,
+               name=None):
     """A sandbox and n kembali processes sharing one state_dir, each on its
     own Unix socket (listen="unix"), or all on one listening socket handed
     over as fd 0 as spawn-fcgi -F does (listen="shared"). Returns (sandbox, [kembali])."""
@@ -66,7 +79,7 @@ def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, 
     shared = harness.unix_listen_socket(harness.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
     ks = []
     for i in range(n):
-        k = harness.Kembali(tmpdir, config=config, keys={"a": KEY, "b": KEY2}, name="k%d" % i,
+        k = harness.Kembali(tmpdir, config=config, keys={"a": KEY, "b": KEY2}, name=name or "k%d" % i,
                             listen=shared if shared is not None else listen)
         k.start()
         ks.append(k)

@@ -14,31 +14,11 @@ import kit
 from harness import assert_eq, assert_between, assert_in
 
 
-def parallel(fns):
-    out = [None] * len(fns)
-    errs = []
-
-    def run(i, f):
-        try:
-            out[i] = f()
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-
-    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    if errs:
-        raise errs[0]
-    return out
-
-
 @harness.timeout(100)
 def test_eight_processes_ten_requests_one_schedule(tmpdir):
     sb, ks = kit.start_many(tmpdir, 8, schedule=None)
     sb.put_tx("t1", "pending")
-    rs = parallel([lambda k=k: k.get("id=t1", timeout=60) for k in ks for _ in range(10)])
+    rs = kit.parallel([lambda k=k: k.get("id=t1", timeout=60) for k in ks for _ in range(10)])
     times = kit.read_times(sb, "t1")
     print("# 8 processes x 10 requests, one pending transaction: %d reads at %r, smallest gap %.3f s"
           % (len(times), times, kit.min_gap(times)))
@@ -57,7 +37,7 @@ def test_many_transactions_across_processes(tmpdir):
     sb.put_tx("alone", "pending")
     fns = [lambda k=k, t=t: k.get("id=" + t) for t in ids for k in ks]
     fns.append(lambda: ks[0].get("id=alone"))
-    parallel(fns)
+    kit.parallel(fns)
     one = len(sb.reads("alone"))
     for t in ids:
         times = kit.read_times(sb, t)
@@ -70,7 +50,7 @@ def test_budget_holds_across_processes(tmpdir):
                                                                             read_budget_per_minute=10)])
     for i in range(24):
         sb.put_tx("b%d" % i, "pending")
-    parallel([lambda i=i: ks[i % 4].get("id=b%d&format=json" % i) for i in range(24)])
+    kit.parallel([lambda i=i: ks[i % 4].get("id=b%d&format=json" % i) for i in range(24)])
     assert_eq(len(sb.reads()), 10, "10 reads per minute over every process")
 
 
@@ -104,7 +84,7 @@ def test_wake_latency_across_processes(tmpdir):
             r = k.get("id=" + t)
             ends[name] = (time.monotonic(), r.header("kembali-status"))
 
-        parallel([lambda: ask(a, "a", 0), lambda: ask(b, "b", 0.15)])
+        kit.parallel([lambda: ask(a, "a", 0), lambda: ask(b, "b", 0.15)])
         assert_eq(ends["a"][1], "succeeded")
         assert_eq(ends["b"][1], "succeeded")
         assert_eq(len(sb.reads(t)), 1, "b waited for a's read instead of reading")
@@ -239,7 +219,7 @@ def test_shared_socket_like_spawn_fcgi(tmpdir):
     sb.put_tx("t1", "pending")
     sb.put_tx("alone", "pending")
     addr = ks[0].addr
-    parallel([lambda: harness.get(addr, "id=t1") for _ in range(20)] + [lambda: harness.get(addr, "id=alone")])
+    kit.parallel([lambda: harness.get(addr, "id=t1") for _ in range(20)] + [lambda: harness.get(addr, "id=alone")])
     served = [len(k.find_log(event="request")) for k in ks]
     assert sum(served) == 21, served
     assert sum(1 for n in served if n) >= 2, "several processes served: %r" % served
@@ -251,7 +231,7 @@ def test_full_table_still_answers(tmpdir):
     ids = ["f%d" % i for i in range(24)]
     for t in ids:
         sb.put_tx(t, "pending")
-    rs = parallel([lambda t=t: a.get("id=" + t) for t in ids])
+    rs = kit.parallel([lambda t=t: a.get("id=" + t) for t in ids])
     assert all(r.status == 200 and r.header("kembali-status") == "checking" for r in rs)
     m = a.metrics()
     assert m.get("kembali_state_full_total", 0) >= 8, m

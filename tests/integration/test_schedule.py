@@ -13,27 +13,6 @@ from harness import assert_eq, assert_between
 DEFAULT_READS = [0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5]
 
 
-def in_parallel(fns):
-    """Run the callables in threads; return their results in order."""
-    out = [None] * len(fns)
-    errs = []
-
-    def run(i, f):
-        try:
-            out[i] = f()
-        except Exception as e:  # noqa: BLE001 - reported below
-            errs.append(e)
-
-    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    if errs:
-        raise errs[0]
-    return out
-
-
 def assert_times(got, want, slack=0.35, msg=""):
     assert_eq(len(got), len(want), "%s read count: got %r" % (msg, got))
     for g, w in zip(got, want):
@@ -60,7 +39,7 @@ def test_default_schedule_read_times(tmpdir):
 def test_final_status_answers_within_half_a_second(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", [(0, "pending"), (1500, "succeeded")])
-    rs = in_parallel([lambda: k.get("id=t1") for _ in range(20)])
+    rs = kit.parallel([lambda: k.get("id=t1") for _ in range(20)])
     times = kit.read_times(sb, "t1")
     assert_times(times, [0, 1.1, 2.2], msg="until succeeded")
     for r in rs:
@@ -72,7 +51,7 @@ def test_twenty_concurrent_cost_one_schedule(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("one", "pending")
     sb.put_tx("many", "pending")
-    in_parallel([lambda: k.get("id=one")] + [lambda: k.get("id=many") for _ in range(20)])
+    kit.parallel([lambda: k.get("id=one")] + [lambda: k.get("id=many") for _ in range(20)])
     one, many = kit.read_times(sb, "one"), kit.read_times(sb, "many")
     print("# reads for 1 request: %d, for 20 concurrent requests: %d" % (len(one), len(many)))
     assert_eq(len(many), len(one), "20 requests cost what one costs")
