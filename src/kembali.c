@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "app.h"
@@ -106,6 +107,18 @@ static void raise_fd_limit(void)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+/* Accepted connections inherit these from the listening socket (Linux
+ * clones the socket's options on accept): a web server that sends no
+ * parameters cannot hold an accept thread for more than a few seconds,
+ * and one that does not read its answer cannot block the resolver. */
+static void set_io_timeouts(int fd)
+{
+    struct timeval rcv = {.tv_sec = 5}, snd = {.tv_sec = 2};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd) != 0)
+        log_msg("warn", "start", "cannot set I/O timeouts on the listening socket");
 }
 
 static int is_listening_socket(int fd)
@@ -266,6 +279,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kembali: %s\n", err);
         return 1;
     }
+    set_io_timeouts(app.listen_fd);
     raise_fd_limit();
     if (user != NULL && drop_privileges(user, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);

@@ -291,5 +291,25 @@ def test_no_socket_is_a_clear_error(tmpdir):
     assert_in("not a listening socket", k2.log_text())
 
 
+def test_silent_clients_cannot_stall_accepting(tmpdir):
+    """Connections that never send their parameters are dropped after a few
+    seconds; meanwhile and after, requests are served."""
+    import socket as so
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    idle = []
+    for _ in range(8):  # more than the accept threads
+        s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        s.connect(k.addr)
+        idle.append(s)
+    r = k.get("id=t1", timeout=15)
+    assert_eq(r.header("kembali-status"), "succeeded")
+    assert r.elapsed < 12, r.elapsed
+    for s in idle:
+        s.settimeout(10)
+        assert_eq(s.recv(10), b"", "an idle connection is closed by kembali")
+        s.close()
+
+
 if __name__ == "__main__":
     harness.run(globals())
