@@ -4,6 +4,7 @@ ids, methods, CORS, metrics, and that the secret key never leaks."""
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 
@@ -309,6 +310,33 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
         s.settimeout(10)
         assert_eq(s.recv(10), b"", "an idle connection is closed by kembali")
         s.close()
+
+
+def test_systemd_socket_activation(tmpdir):
+    """LISTEN_PID/LISTEN_FDS with the socket on descriptor 3, as systemd does."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = harness.socket_path(tmpdir, "activated.sock")
+    lsock = harness.unix_listen_socket(sock_path)
+    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    cfg = os.path.join(tmpdir, "sd.json")
+    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)]))
+    log = open(os.path.join(tmpdir, "sd.log"), "wb")
+    # systemd sets LISTEN_PID to the service's own pid: a shell that execs keeps it
+    proc = harness.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" --config "$1"',
+                          harness.kembali_bin(), cfg], tmpdir, stdin=subprocess.DEVNULL, stdout=log,
+                         stderr=log, pass_fds=(3,), preexec_fn=lambda: os.dup2(lsock.fileno(), 3))
+    sb.put_tx("t1", "failed")
+    r = harness.wait_for(lambda: _try_get(sock_path, "id=t1"), 10)
+    assert_eq(r.header("kembali-status"), "failed")
+    proc.terminate()
+    assert_eq(proc.wait(10), 0)
+
+
+def _try_get(addr, q):
+    try:
+        return harness.get(addr, q)
+    except harness.FcgiError:
+        return None
 
 
 if __name__ == "__main__":
