@@ -91,7 +91,9 @@ void request_answer(const struct state_fact *f, int64_t now, struct answer *out)
         out->retry_after_s = seconds_until(f->known_until, now);
     } else {
         out->word = W_CHECKING;
-        out->retry_after_s = seconds_until(f->in_flight ? f->in_flight_until : f->next_read, now);
+        /* when the pace allows the next read; a read in flight does not
+         * change that (its lease only bounds how long it may take) */
+        out->retry_after_s = seconds_until(f->next_read, now);
     }
 }
 

@@ -244,16 +244,18 @@ static void test_answer_in_flight(void **unused)
     struct answer a = answer(&f, NOW);
     assert_int_equal(a.word, W_CHECKING);
     assert_false(a.final);
-    assert_int_equal(a.retry_after_s, 5);
+    /* the pace's next read, not the lease of the read in flight */
+    assert_int_equal(a.retry_after_s, 2);
 
-    /* nothing read yet */
+    /* nothing read yet: the first read is in flight */
     f = fact(TXS_NONE, "unknown");
     f.in_flight = true;
     f.in_flight_until = NOW + 6000;
+    f.next_read = NOW + 1100;
     a = answer(&f, NOW);
     assert_int_equal(a.word, W_CHECKING);
     assert_string_equal(a.json_status, "unknown");
-    assert_int_equal(a.retry_after_s, 6);
+    assert_int_equal(a.retry_after_s, 2);
 }
 
 static void test_answer_unknown_word(void **unused)
