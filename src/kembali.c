@@ -263,37 +263,39 @@ int main(int argc, char **argv)
 
     static char err[ERRBUF];
     static struct app app;
+    int rc = 1;
     pthread_mutex_init(&app.cfg_mu, NULL);
+    app.listen_fd = -1;
 
     struct config *cfg = config_load(config_path, err, sizeof err);
     if (cfg == NULL) {
         fprintf(stderr, "kembali: the configuration is not usable:\n%s", err);
-        return 1;
+        goto out;
     }
+    app.cfg = cfg; /* owned by app from here on */
     if (FCGX_Init() != 0) {
         fprintf(stderr, "kembali: FCGX_Init failed\n");
-        return 1;
+        goto out;
     }
     app.listen_fd = open_listener(listen_addr, err, sizeof err);
     if (app.listen_fd < 0) {
         fprintf(stderr, "kembali: %s\n", err);
-        return 1;
+        goto out;
     }
     set_io_timeouts(app.listen_fd);
     raise_fd_limit();
     if (user != NULL && drop_privileges(user, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);
-        return 1;
+        goto out;
     }
     /* after dropping privileges: the state file belongs to the serving user */
     struct state_opts so = {.tx_slots = cfg->state_slots, .read_timeout_ms = cfg->read_timeout_ms};
     app.state = state_open(cfg->state_dir, &so, err, sizeof err);
     if (app.state == NULL) {
         fprintf(stderr, "kembali: %s\n", err);
-        return 1;
+        goto out;
     }
     config_bind_state(cfg, app.state);
-    app.cfg = cfg;
 
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -306,10 +308,10 @@ int main(int argc, char **argv)
     app.resolver = resolver_new(&app, err, sizeof err);
     if (app.resolver == NULL) {
         fprintf(stderr, "kembali: %s\n", err);
-        return 1;
+        goto out;
     }
     if (resolver_start(app.resolver) != 0 || front_start(&app, ACCEPT_THREADS) != 0)
-        return 1;
+        goto out;
 
     struct log_line l;
     log_begin(&l, "info", "start");
@@ -330,13 +332,18 @@ int main(int argc, char **argv)
         }
         break;
     }
-
     log_msg("info", "stop", "stopping: answering the requests in hand");
+    rc = 0;
+out:
+    /* in reverse order of what was set up; each step copes with "not done" */
     front_stop(&app);
-    resolver_stop(app.resolver);
-    resolver_free(app.resolver);
+    if (app.resolver != NULL) {
+        resolver_stop(app.resolver);
+        resolver_free(app.resolver);
+    }
     app_set_config(&app, NULL);
     state_free(app.state);
-    log_msg("info", "stop", "stopped");
-    return 0;
+    if (rc == 0)
+        log_msg("info", "stop", "stopped");
+    return rc;
 }
