@@ -177,8 +177,9 @@ def test_final_status_under_mod_fcgid(tmpdir):
         t.join(30)
     assert_eq([h.get("kembali-status") for _, h, _ in out], ["succeeded"] * 4)
     times = kit.read_times(sb, "t2")
-    assert kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, times
-    assert len(times) <= 4, times
+    # one read if the processes started after the payment (slow builds), else a few
+    assert 1 <= len(times) <= 4, times
+    assert len(times) == 1 or kit.min_gap(times) >= kit.ARRIVAL_MIN_GAP, times
     ap.stop()
 
 
