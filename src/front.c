@@ -2,14 +2,12 @@
 #define NO_FCGI_DEFINES 1
 #include "front.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -109,14 +107,15 @@ static void free_req(struct req *r)
     free(r);
 }
 
-void front_respond(struct app *a, struct req *r, const struct answer *ans)
+/* Render and write `ans` with HTTP status `http` and optional extra
+ * header lines, count and log it, and release the request. */
+static void respond(struct app *a, struct req *r, const struct answer *ans, int http, const char *extra)
 {
     struct buf body = {0};
     const char *word = word_name(ans->word);
-    int http = word_http(ans->word);
     if (r->json) {
         render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
-        write_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, NULL, &body);
+        write_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, extra, &body);
     } else {
         const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
         char retry[STATE_ID_MAX + 40];
@@ -128,7 +127,7 @@ void front_respond(struct app *a, struct req *r, const struct answer *ans)
             .retry_url = retry,
         };
         render_html(t, ans->word, &v, &body);
-        write_response(r, http, word, "text/html; charset=utf-8", -1, NULL, &body);
+        write_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body);
     }
     buf_free(&body);
     atomic_fetch_add(&a->m.requests[ans->word], 1);
@@ -137,18 +136,17 @@ void front_respond(struct app *a, struct req *r, const struct answer *ans)
     free_req(r);
 }
 
+void front_respond(struct app *a, struct req *r, const struct answer *ans)
+{
+    respond(a, r, ans, word_http(ans->word), NULL);
+}
+
+/* Other methods: 405 with the invalid page (no word of its own). */
 static void respond_405(struct app *a, struct req *r)
 {
-    struct buf body = {0};
-    const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
-    struct page_vars v = {.shop_name = r->shop ? r->shop->name : "", .shop_url = r->shop ? r->shop->shop_url : ""};
-    render_html(t, W_INVALID, &v, &body);
-    write_response(r, 405, word_name(W_INVALID), "text/html; charset=utf-8", -1, "Allow: GET, HEAD\r\n", &body);
-    buf_free(&body);
+    struct answer ans = {.word = W_INVALID, .json_status = "unknown", .retry_after_s = -1};
     atomic_fetch_add(&a->m.method_not_allowed, 1);
-    log_request(r, 405, word_name(W_INVALID), false);
-    finish(r);
-    free_req(r);
+    respond(a, r, &ans, 405, "Allow: GET, HEAD\r\n");
 }
 
 static void respond_metrics(struct app *a, struct req *r)
