@@ -189,9 +189,15 @@ static char *read_secret(const char *path, char *why, size_t whylen)
     }
     char line[SECRET_MAX + 64];
     char *got = fgets(line, sizeof line, f);
+    bool whole = got != NULL && (strchr(line, '\n') != NULL || feof(f));
     fclose(f);
     if (got == NULL) {
         snprintf(why, whylen, "%s is empty", path);
+        return NULL;
+    }
+    if (!whole) { /* never use a cut-off key */
+        explicit_bzero(line, sizeof line);
+        snprintf(why, whylen, "the first line of %s is longer than a key can be", path);
         return NULL;
     }
     size_t n = strcspn(line, "\r\n");

@@ -372,6 +372,15 @@ static void test_key_file_problems(void **unused)
     expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", NULL);
     assert_null(strstr(g_err, "sk test"));
 
+    /* a first line longer than any key is refused, not cut to size */
+    char longkey[402];
+    memset(longkey, 'k', 400);
+    longkey[400] = '\n';
+    longkey[401] = '\0';
+    put_file("key_long", longkey);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_long\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", "longer than a key");
+
     /* both, or neither */
     snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"", g_dir);
     expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key", "exactly one");
