@@ -339,5 +339,44 @@ def _try_get(addr, q):
         return None
 
 
+def test_garbage_from_the_web_server_never_kills_kembali(tmpdir):
+    """Malformed FastCGI records, cut-off requests, huge parameters and
+    random bytes: each connection fails on its own; kembali keeps serving."""
+    import random
+    import socket as so
+    import struct
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    rnd = random.Random(1234)
+    begin = harness.fcgi_record(1, struct.pack(">HB5x", 1, 0))
+    samples = [
+        b"",
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        bytes(rnd.randrange(256) for _ in range(5000)),
+        begin,                                               # then silence and close
+        begin + harness.fcgi_record(4, b"\x7f"),             # a truncated name-value pair
+        begin + harness.fcgi_record(4, b"\xff\xff\xff\xff\x01a"),  # an absurd length
+        harness.fcgi_record(9, b"x" * 100),                  # an unknown record type first
+        begin + harness.fcgi_params_records({"QUERY_STRING": "id=" + "a" * 200000}) + harness.fcgi_record(5),
+    ]
+    for data in samples:
+        s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        s.connect(k.addr)
+        try:
+            s.sendall(data)
+            s.shutdown(so.SHUT_WR)
+            s.settimeout(10)
+            while s.recv(65536):
+                pass
+        except OSError:
+            pass
+        s.close()
+    assert k.running(), "kembali survived"
+    r = k.get("id=t1")
+    assert_eq(r.header("kembali-status"), "succeeded")
+    r = k.get("id=" + "a" * 100000)
+    assert_eq(r.header("kembali-status"), "invalid")
+
+
 if __name__ == "__main__":
     harness.run(globals())
