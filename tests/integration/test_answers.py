@@ -221,12 +221,21 @@ def test_start_refuses_broken_config(tmpdir):
 def test_sighup_reload_and_broken_reload(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded")
+    sb.put_tx("held", [(0, "pending"), (2500, "failed")])
     assert_in("Toko A", k.get("id=t1").text)
+    held = {}
+    th = threading.Thread(target=lambda: held.setdefault("r", k.get("id=held")))
+    th.start()
+    harness.wait_for(lambda: sb.reads("held"), 5)
     cfg = json.load(open(k.config_path))
     cfg["shops"][0]["name"] = "Toko Baru"
-    k.reload(cfg)
+    k.reload(cfg)  # while a request is held
     k.wait_log(5, event="reload")
     assert_in("Toko Baru", k.get("id=t1").text)
+    th.join(10)
+    r = held["r"]
+    assert_eq(r.header("kembali-status"), "failed", "the held request was not disturbed")
+    assert_in("Toko A", r.text, "it finishes with the configuration it started with")
     k.write_config("{broken")
     k.reload()
     k.wait_log(5, event="reload", level="error")
