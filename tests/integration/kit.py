@@ -87,3 +87,39 @@ def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, 
         for k in ks:
             k.wait_log(10, event="start")
     return sb, ks
+
+
+def read_starts(logs, id):
+    """Start times (s, relative to the first) of kembali's reads of id, from
+    its read log lines (end time minus duration, 1 ms resolution). `logs`:
+    Kembali objects and/or log texts (e.g. Apache's error log), merged."""
+    import datetime
+    starts = []
+    for src in logs:
+        lines = harness.parse_log(src) if isinstance(src, str) else src.log_lines()
+        for line in lines:
+            if line.get("event") == "read" and line.get("id") == id:
+                end = datetime.datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+                starts.append(end - int(line["ms"]) / 1000)
+    starts.sort()
+    return [round(t - starts[0], 3) for t in starts] if starts else []
+
+
+def check_pace(sb, logs, id, want=None, min_start_gap=None, slack=0.35):
+    """The pace of id's reads, as kembali started them and as the sandbox
+    received them: starts match `want` (never early, at most `slack` late)
+    or are at least `min_start_gap` apart; every read started was received;
+    arrivals keep Kasera's 1 s window. Returns (starts, arrivals)."""
+    starts, arrivals = read_starts(logs, id), read_times(sb, id)
+    harness.assert_eq(len(arrivals), len(starts), "reads started %r vs received %r" % (starts, arrivals))
+    if want is not None:
+        harness.assert_eq(len(starts), len(want), "read count: started at %r" % starts)
+        for s, w in zip(starts, want):
+            # 2 ms for the log's millisecond rounding of two timestamps
+            harness.assert_between(s, w - 0.002, w + slack, "read starts %r vs %r" % (starts, want))
+    if min_start_gap is not None and len(starts) > 1:
+        assert min_gap(starts) >= min_start_gap - 0.002, "read starts too close: %r" % starts
+    if len(arrivals) > 1:
+        assert min_gap(arrivals) >= ARRIVAL_MIN_GAP, "arrivals inside Kasera's window: %r" % arrivals
+    return starts, arrivals

@@ -13,12 +13,6 @@ from harness import assert_eq, assert_between
 DEFAULT_READS = [0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5]
 
 
-def assert_times(got, want, slack=0.35, msg=""):
-    assert_eq(len(got), len(want), "%s read count: got %r" % (msg, got))
-    for g, w in zip(got, want):
-        assert_between(g, w - 0.02, w + slack, "%s read at %r vs %r" % (msg, got, want))
-
-
 @harness.timeout(90)
 def test_default_schedule_read_times(tmpdir):
     """One buyer, a transaction that stays pending: the seed's schedule."""
@@ -28,9 +22,8 @@ def test_default_schedule_read_times(tmpdir):
     r = k.get("id=t-pend")
     took = time.monotonic() - t0
     assert_eq(r.header("kembali-status"), "checking")
-    times = kit.read_times(sb, "t-pend")
-    print("# default schedule read times:", times, "answered after %.2f s" % took)
-    assert_times(times, DEFAULT_READS, msg="default schedule")
+    starts, times = kit.check_pace(sb, [k], "t-pend", DEFAULT_READS)
+    print("# default schedule: reads started at %r, arrived at %r; answered after %.2f s" % (starts, times, took))
     # no read can start before the 34 s deadline after the one at 32.5 s: answered at once
     assert_between(took, 32.5, 34.0, "answer time")
     assert "pembayaran sedang diperiksa" in r.text.lower()
@@ -46,8 +39,7 @@ def test_final_status_answers_within_half_a_second(tmpdir):
         return r, time.monotonic() - t0
 
     out = kit.parallel([ask for _ in range(20)])
-    times = kit.read_times(sb, "t1")
-    assert_times(times, [0, 1.1, 2.2], msg="until succeeded")
+    kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2])
     ends = [end for _, end in out]
     for r, _ in out:
         assert_eq(r.header("kembali-status"), "succeeded")
@@ -64,7 +56,7 @@ def test_twenty_concurrent_cost_one_schedule(tmpdir):
     one, many = kit.read_times(sb, "one"), kit.read_times(sb, "many")
     print("# reads for 1 request: %d, for 20 concurrent requests: %d" % (len(one), len(many)))
     assert_eq(len(many), len(one), "20 requests cost what one costs")
-    assert kit.min_gap(many) >= kit.ARRIVAL_MIN_GAP, many
+    kit.check_pace(sb, [k], "many", min_start_gap=1.1)
     assert all(r["http"] == 200 for r in sb.reads("many")), "no read was rejected by Kasera"
 
 
@@ -76,9 +68,8 @@ def test_late_joiner_follows_the_pace(tmpdir):
     time.sleep(2.0)
     r = k.get("id=t1")
     first.join()
-    times = kit.read_times(sb, "t1")
     # one pace: 0, 1.1, 2.2, ... continuing for the joiner until its deadline (2.0 + 4.8)
-    assert_times(times, [0, 1.1, 2.2, 3.3, 4.4, 5.5, 6.6], msg="late joiner")
+    kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2, 3.3, 4.4, 5.5, 6.6])
     assert_eq(r.header("kembali-status"), "checking")
     # answered right after the read at 6.6 s (no read can start before its
     # deadline at 2.0 + 4.8 s): 4.6 s after it arrived, less thread start-up
@@ -98,10 +89,9 @@ def test_reload_every_second_default_schedule(tmpdir):
         time.sleep(1.0)
     for t in threads:
         t.join(60)
-    times = kit.read_times(sb, "t1")
-    print("# reads with a reload every second for 20 s:", times)
     # the last reload at ~19 s waits until ~53 s: reads at 32.5 and 45.5 too
-    assert_times(times, DEFAULT_READS + [45.5], msg="reloads")
+    starts, times = kit.check_pace(sb, [k], "t1", DEFAULT_READS + [45.5])
+    print("# reads with a reload every second for 20 s started at:", starts)
 
 
 @harness.timeout(100)
@@ -119,8 +109,8 @@ def test_json_polling_every_half_second(tmpdir):
         ra = int(r.header("retry-after"))
         assert_between(ra, 1, 13, "Retry-After")
         time.sleep(0.5)
-    times = kit.read_times(sb, "t1")
-    print("# JSON polled every 0.5 s for 60 s: %d answers, %d reads at %r" % (len(answers), len(times), times))
+    times, _ = kit.check_pace(sb, [k], "t1", min_start_gap=1.5)
+    print("# JSON polled every 0.5 s for 60 s: %d answers, %d reads started at %r" % (len(answers), len(times), times))
     # A read starts at the first poll after the pace allows one, so each
     # wait is the schedule's plus up to one polling interval (0.5 s), and
     # the lateness adds up: 9 reads in 60 s (8 if the polls came late).
