@@ -1072,10 +1072,13 @@ def key_path(tmpdir: str, name: str) -> str:
 
 
 def write_secret(path: str, secret: str) -> str:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write a key file, mode 0600, atomically (a running kembali may be
+    reading the same file: it sees the old or the new key, never an empty one)."""
+    tmp = "%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
-    os.chmod(path, 0o600)
+    os.replace(tmp, path)
     return path
 
 
