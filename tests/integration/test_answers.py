@@ -251,7 +251,8 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     for t in threads:
         t.start()
     harness.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 5)
-    time.sleep(0.3)  # let the requests park (they are held for ~11.5 s)
+    # all five parked with the resolver (they would be held for ~11.5 s)
+    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 5, 5)
     t0 = time.monotonic()
     rc = k.stop(timeout=10)
     for t in threads:

@@ -117,7 +117,7 @@ def test_sigkill_mid_read(tmpdir):
     out = {}
     tb = threading.Thread(target=lambda: out.setdefault("b", b.get("id=t1")))
     tb.start()
-    time.sleep(0.3)
+    harness.wait_for(lambda: b.metrics().get("kembali_held_requests") == 1, 5)  # b waits on a's read
     a.proc.send_signal(signal.SIGKILL)  # in the middle of its read
     a.proc.wait(5)
     tb.join(20)

@@ -168,8 +168,8 @@ def test_read_completes_when_its_requester_leaves(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 800}])
     s = harness.fcgi_send(k.addr, harness.cgi_params("id=t1"))
-    time.sleep(0.2)
-    s.close()  # the buyer closed the tab while the read was in flight
+    harness.wait_for(lambda: sb.reads("t1"), 5)  # the read it started is in flight
+    s.close()  # the buyer closed the tab
     r = k.get("id=t1")
     assert_eq(r.header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("t1")), 1, "the joiner waited for the read in flight")
