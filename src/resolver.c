@@ -174,7 +174,9 @@ static bool cannot_improve(const struct req *r, const struct state_fact *f, int6
 
 /* ---- reads ---- */
 
-static void log_read(const struct rread *rd, const struct outcome *oc, int64_t now)
+/* One line per read. `ms` is the time since the read started, taken as the
+ * line is stamped, so that ts minus ms is the read's start. */
+static void log_read(const struct rread *rd, const struct outcome *oc)
 {
     struct log_line l;
     log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? "info" : "warn", "read");
@@ -194,7 +196,7 @@ static void log_read(const struct rread *rd, const struct outcome *oc, int64_t n
         log_str(&l, "message", oc->message);
     if (rd->kr.http == 0)
         log_str(&l, "error", rd->kr.error);
-    log_int(&l, "ms", (long long)(now - rd->ticket.started));
+    log_int(&l, "ms", (long long)(mono_ms() - rd->ticket.started));
     log_int(&l, "new_connection", rd->kr.connects > 0);
     log_end(&l);
 }
@@ -267,7 +269,7 @@ static void read_finished(struct resolver *rs, struct rread *rd, int64_t now)
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, now, &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
-    log_read(rd, &oc, now);
+    log_read(rd, &oc);
     log_report(rd, &oc, &rep);
     read_release(rs, rd);
 }
@@ -289,7 +291,7 @@ static void read_start(struct resolver *rs, struct watch *w, const struct req *r
     rd->kr.started = t->started;
     if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, r->shop->secret, rd->cfg->read_timeout_ms) != 0) {
         int64_t now = mono_ms();
-        log_read(rd, &none, now);
+        log_read(rd, &none);
         state_finish(rs->app->state, t, r->shop->id, &none, now, &rep);
         config_unref(rd->cfg);
         free(rd);
