@@ -337,7 +337,9 @@ static void step(struct resolver *rs, struct watch *w, int64_t now)
     /* the newest request's configuration and shop decide schedule and budget */
     const struct req *lead = w->waiters;
     struct state_ticket t;
-    bool claimed = state_claim(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget, now, &t, &f);
+    /* a fresh clock for the claim: the start it records is what the pace counts from */
+    bool claimed = state_claim(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
+                               mono_ms(), &t, &f);
     if (f.final || f.not_found) {
         answer_where(rs, w, &f, now, all_done);
         watch_drop(rs, w);
