@@ -163,6 +163,7 @@ static void respond_metrics(struct app *a, struct req *r)
     buf_puts(&b, "# HELP kembali_api_reads_total Reads of the Kasera API by outcome.\n# TYPE kembali_api_reads_total counter\n");
     for (int k = 0; k <= OUT_NO_ANSWER; k++)
         buf_printf(&b, "kembali_api_reads_total{outcome=\"%s\"} %ld\n", kinds[k], atomic_load(&a->m.reads[k]));
+    buf_printf(&b, "# TYPE kembali_api_reads_started_total counter\nkembali_api_reads_started_total %ld\n", atomic_load(&a->m.reads_started));
     buf_printf(&b, "# TYPE kembali_api_connections_total counter\nkembali_api_connections_total %ld\n", atomic_load(&a->m.connections));
     buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
     buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));

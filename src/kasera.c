@@ -15,7 +15,6 @@
 
 struct kasera_client {
     CURLM *multi;
-    int active;
 };
 
 struct kasera_client *kasera_new(void)
@@ -188,7 +187,6 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
         util_copy(r->error, sizeof r->error, "curl_multi_add_handle failed");
         return -1;
     }
-    c->active++;
     return 0;
 }
 
@@ -233,7 +231,6 @@ struct kasera_read *kasera_next_done(struct kasera_client *c)
         curl_easy_cleanup(e);
         wipe_headers(r);
         r->easy = NULL;
-        c->active--;
         return r;
     }
     return NULL;
@@ -261,7 +258,6 @@ void kasera_abort(struct kasera_client *c, struct kasera_read *r)
     curl_easy_cleanup(r->easy);
     wipe_headers(r);
     r->easy = NULL;
-    c->active--;
 }
 
 void kasera_read_clear(struct kasera_read *r)
@@ -269,9 +265,4 @@ void kasera_read_clear(struct kasera_read *r)
     free(r->body);
     r->body = NULL;
     r->body_len = 0;
-}
-
-int kasera_active(const struct kasera_client *c)
-{
-    return c->active;
 }

@@ -26,7 +26,6 @@ struct kasera_client;
 /* One read in progress; owned by the client between start and done. */
 struct kasera_read {
     void *user;               /* the caller's context */
-    int64_t started;          /* monotonic ms */
     long http;                /* 0 when no HTTP answer */
     char *body;
     size_t body_len;
@@ -70,8 +69,5 @@ void kasera_abort(struct kasera_client *c, struct kasera_read *r);
 
 /* Free the body of a finished read. */
 void kasera_read_clear(struct kasera_read *r);
-
-/* Reads in flight. */
-int kasera_active(const struct kasera_client *c);
 
 #endif

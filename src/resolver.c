@@ -288,7 +288,6 @@ static void read_start(struct resolver *rs, struct watch *w, const struct req *r
     rd->cfg = config_ref(r->cfg);
     rd->shop = r->shop;
     rd->kr.user = rd;
-    rd->kr.started = t->started;
     if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, r->shop->secret, rd->cfg->read_timeout_ms) != 0) {
         int64_t now = mono_ms();
         log_read(rd, &none);

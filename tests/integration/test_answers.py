@@ -154,6 +154,7 @@ def test_metrics_only_for_admin(tmpdir):
     assert_eq(m.get('kembali_answers_total{status="succeeded"}'), 1.0)
     assert_eq(m.get('kembali_api_reads_total{outcome="status"}'), 1.0)
     assert_eq(m.get("kembali_api_connections_total"), 1.0)
+    assert_eq(m.get("kembali_api_reads_started_total"), 1.0)
 
 
 def test_secret_never_in_output_or_logs(tmpdir):
