@@ -155,6 +155,7 @@ def test_metrics_only_for_admin(tmpdir):
     assert_eq(m.get('kembali_api_reads_total{outcome="status"}'), 1.0)
     assert_eq(m.get("kembali_api_connections_total"), 1.0)
     assert_eq(m.get("kembali_api_reads_started_total"), 1.0)
+    assert_eq(m.get("kembali_state_recoveries_total"), 0.0)
 
 
 def test_secret_never_in_output_or_logs(tmpdir):
