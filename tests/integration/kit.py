@@ -89,19 +89,23 @@ def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, 
     return sb, ks
 
 
+def log_time(line):
+    """A kembali log line's ts as seconds since the epoch (1 ms resolution)."""
+    import datetime
+    return datetime.datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
 def read_starts(logs, id):
     """Start times (s, relative to the first) of kembali's reads of id, from
     its read log lines (end time minus duration, 1 ms resolution). `logs`:
     Kembali objects and/or log texts (e.g. Apache's error log), merged."""
-    import datetime
     starts = []
     for src in logs:
         lines = harness.parse_log(src) if isinstance(src, str) else src.log_lines()
         for line in lines:
             if line.get("event") == "read" and line.get("id") == id:
-                end = datetime.datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-                    tzinfo=datetime.timezone.utc).timestamp()
-                starts.append(end - int(line["ms"]) / 1000)
+                starts.append(log_time(line) - int(line["ms"]) / 1000)
     starts.sort()
     return [round(t - starts[0], 3) for t in starts] if starts else []
 

@@ -3,7 +3,6 @@ cache, pauses and the budget hold across processes; waiters in one process
 wake when another process's read ends; SIGKILL at any moment blocks nobody
 for longer than the read timeout plus 1 s; a restarted process joins."""
 
-import datetime
 import os
 import signal
 import statistics
@@ -70,12 +69,6 @@ def test_cache_and_pauses_are_shared(tmpdir):
     assert_eq(len(a.find_log(event="key_rejected")) + len(b.find_log(event="key_rejected")), 1)
 
 
-def log_time(line):
-    """A log line's ts as seconds since the epoch (millisecond resolution)."""
-    return datetime.datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
-
-
 def test_wake_latency_across_processes(tmpdir):
     """One process waits on a read made by the other: from the end of that
     read (the reader's read log line) to the waiter's answer (its request log line)."""
@@ -94,8 +87,8 @@ def test_wake_latency_across_processes(tmpdir):
         # a asks first; on a slow build b may still get there first: the
         # process that logged the read is the reader, the other the waiter
         reader, waiter = (a, b) if a.find_log(event="read", id=t) else (b, a)
-        read_end = log_time(reader.wait_log(5, event="read", id=t))
-        answered = log_time(waiter.wait_log(5, event="request", id=t))
+        read_end = kit.log_time(reader.wait_log(5, event="read", id=t))
+        answered = kit.log_time(waiter.wait_log(5, event="request", id=t))
         lat.append((answered - read_end) * 1000)
     print("# wake latency across processes, read end to answer (ms, log resolution 1 ms): "
           "median %.1f, max %.1f, all %r" % (statistics.median(lat), max(lat), [round(x) for x in lat]))
