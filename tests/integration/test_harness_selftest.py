@@ -541,8 +541,16 @@ def test_kembali_fd0_shared_socket(tmpdir):
             # The socket accepted before either process ran: wait until both serve.
             a.wait_log(event="started")
             b.wait_log(event="started")
-            pids = {a.get("id=x").header("x-pid") for _ in range(40)}
-            assert_eq(pids, {str(a.pid), str(b.pid)}, "both processes answer on the shared socket")
+            # Which process accepts is the kernel's choice; stop one, then
+            # the other, so each must be the one that answers.
+            served = []
+            for stopped in (a, b):
+                os.kill(stopped.pid, signal.SIGSTOP)
+                try:
+                    served.append(a.get("id=x", timeout=10).header("x-pid"))
+                finally:
+                    os.kill(stopped.pid, signal.SIGCONT)
+            assert_eq(served, [str(b.pid), str(a.pid)], "both processes answer on the shared socket")
 
 
 def test_kembali_start_failure_shows_log(tmpdir):
