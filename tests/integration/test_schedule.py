@@ -73,12 +73,21 @@ def test_late_joiner_follows_the_pace(tmpdir):
     time.sleep(2.0)
     r = k.get("id=t1")
     first.join()
-    # one pace: 0, 1.1, 2.2, ... continuing for the joiner until its deadline (2.0 + 4.8)
-    kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2, 3.3, 4.4, 5.5, 6.6])
+    # one pace (every wait 1.1 s) that goes on for the joiner until its own
+    # deadline, 4.8 s after it arrived; times from kembali's log
+    starts, _ = kit.check_pace(sb, [k], "t1", min_start_gap=1.1)
+    assert all(b - a <= 1.1 + 0.35 for a, b in zip(starts, starts[1:])), "no read later than needed: %r" % starts
+    reads = k.find_log(event="read", id="t1")
+    first_start = min(kit.log_time(l) - int(l["ms"]) / 1000 for l in reads)
+    joiner = max(k.find_log(event="request", id="t1"), key=kit.log_time)
+    deadline = kit.log_time(joiner) - int(joiner["ms"]) / 1000 + kit.FAST_HOLD - first_start
+    assert len(starts) >= 6, "the joiner kept the pace going past the first request's reads: %r" % starts
+    assert starts[-1] <= deadline + 0.003, (starts, deadline)
+    assert starts[-1] + 1.1 > deadline - 0.003, "a further read could have started: %r, %.3f" % (starts, deadline)
     assert_eq(r.header("kembali-status"), "checking")
-    # answered right after the read at 6.6 s (no read can start before its
-    # deadline at 2.0 + 4.8 s): 4.6 s after it arrived, less thread start-up
-    assert_between(r.elapsed, 4.3, 4.9, "the joiner waits its own deadline")
+    # answered after its last read (no read could start before its deadline):
+    # about 4.6 s after it arrived, never after the deadline
+    assert_between(r.elapsed, 3.5, 4.9, "the joiner waits its own deadline")
 
 
 @harness.timeout(110)
