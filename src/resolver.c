@@ -29,7 +29,6 @@ struct watch {
     struct state_key key;
     char id[STATE_ID_MAX + 1];
     struct req *waiters;
-    int nwaiters;
     struct rread *reading;      /* our read of it in flight, or NULL */
     int64_t next_step;          /* when to look at it again */
     struct watch *hnext, *prev, *next;
@@ -136,7 +135,6 @@ static void answer_where(struct resolver *rs, struct watch *w, const struct stat
         struct req *r = *pp;
         if (done(r, f, now)) {
             *pp = r->next;
-            w->nwaiters--;
             answer(rs, r, f, now);
         } else {
             pp = &r->next;
@@ -411,7 +409,6 @@ static void take_inbox(struct resolver *rs, int64_t now)
         r->wants_read = false;
         r->next = w->waiters; /* newest first: it leads */
         w->waiters = r;
-        w->nwaiters++;
         step(rs, w, now);
     }
 }
