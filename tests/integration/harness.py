@@ -857,7 +857,11 @@ class Kembali:
         return argv + self.args
 
     def start(self, timeout: float = 10.0) -> "Kembali":
-        """Launch and wait until the socket accepts a connection."""
+        """Launch and wait until it serves: its socket accepts a connection
+        and it has logged ``level=info event=start``, which it does once the
+        state is open and its threads run. The socket listens before that, so
+        a request sent on connect alone could wait in the backlog through a
+        slow (sanitizer) start and skew every time a test measures."""
         if not os.path.exists(self.bin):
             raise AssertionError("kembali binary %s does not exist (build it, or set KEMBALI_BIN)" % self.bin)
         stdin = subprocess.DEVNULL
@@ -867,6 +871,7 @@ class Kembali:
             stdin = self.listen_socket.fileno()
         elif isinstance(self.listen, socket.socket):
             stdin = self.listen.fileno()
+        starts_before = len(self.find_log(level="info", event="start")) if os.path.exists(self.log_path) else 0
         with open(self.log_path, "ab") as log:
             self.proc = spawn(self.argv(), self.tmpdir, stdin=stdin, stdout=log, stderr=log,
                               env=_merge_env(self.env))
@@ -877,19 +882,23 @@ class Kembali:
         if self.addr is None:
             return self
         deadline = time.monotonic() + timeout
+        accepting = False
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError("kembali exited with %s before accepting on %s; log:\n%s"
                                      % (self.proc.returncode, _addr_str(self.addr), _tail(self.log_path)))
-            try:
-                fcgi_connect(self.addr, timeout=1.0).close()
+            if not accepting:
+                try:
+                    fcgi_connect(self.addr, timeout=1.0).close()
+                    accepting = True
+                except FcgiError:
+                    pass
+            if accepting and len(self.find_log(level="info", event="start")) > starts_before:
                 return self
-            except FcgiError:
-                pass
             if time.monotonic() > deadline:
                 kill_process(self.proc)
-                raise AssertionError("kembali did not accept on %s within %.0f s; log:\n%s"
-                                     % (_addr_str(self.addr), timeout, _tail(self.log_path)))
+                raise AssertionError("kembali did not serve on %s within %.0f s (accepting, then its start "
+                                     "line); log:\n%s" % (_addr_str(self.addr), timeout, _tail(self.log_path)))
             time.sleep(0.02)
 
     SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",

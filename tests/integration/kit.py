@@ -20,6 +20,14 @@ def start(tmpdir, schedule=FAST, shops=None, sandbox_args=(), top=None):
     return sb, ks[0]
 
 
+def pending_then(sb, id, n, final):
+    """Script id so that its first n reads say pending and every later one
+    `final`: counted in reads, not in time since the PUT, which a slow start
+    (a sanitizer build on a busy machine) would shift."""
+    pending = {"http": 200, "body": {"id": id, "status": "pending", "amount": 150000, "currency": "IDR"}}
+    sb.put_tx(id, final, responses=[pending] * n)
+
+
 def parallel(fns, timeout=120):
     """Run the callables in threads; their results in order (the first error is raised)."""
     out = [None] * len(fns)

@@ -223,7 +223,7 @@ def test_start_refuses_broken_config(tmpdir):
 def test_sighup_reload_and_broken_reload(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded")
-    sb.put_tx("held", [(0, "pending"), (2500, "failed")])
+    kit.pending_then(sb, "held", 2, "failed")
     assert_in("Toko A", k.get("id=t1").text)
     held = {}
     th = threading.Thread(target=lambda: held.setdefault("r", k.get("id=held")))

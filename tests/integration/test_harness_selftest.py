@@ -513,7 +513,7 @@ def test_kembali_lifecycle(tmpdir):
             assert_eq(line["shop"], "toko-a")
             assert_eq(line["msg"], 'asked "abc"')
             assert_in("argv=", k.log_text())
-            assert_eq(k.find_log(event="started")[0]["listen"], k.addr)
+            assert_eq(k.find_log(event="start")[0]["listen"], k.addr)
             assert k.rss_kb() > 0
             assert k.peak_rss_kb() >= k.rss_kb() - 1000
             k.reload(dict(cfg, schedule_ms=[0, 1200]))
@@ -539,8 +539,8 @@ def test_kembali_fd0_shared_socket(tmpdir):
         with b:
             assert_eq(b.addr, a.addr)
             # The socket accepted before either process ran: wait until both serve.
-            a.wait_log(event="started")
-            b.wait_log(event="started")
+            a.wait_log(event="start")
+            b.wait_log(event="start")
             # Which process accepts is the kernel's choice; stop one, then
             # the other, so each must be the one that answers.
             served = []
@@ -712,7 +712,7 @@ def fake_kembali(argv):
         schedule = ",".join(str(x) for x in load().get("schedule_ms", []))
         _log(level="info", event="reload", schedule=schedule)
     signal.signal(signal.SIGHUP, hup)
-    _log(level="info", event="started", listen=opts.get("--listen", "fd0"), shops=len(config["shops"]))
+    _log(level="info", event="start", listen=opts.get("--listen", "fd0"), shops=len(config["shops"]))
 
     def serve(conn):
         with conn:

@@ -36,15 +36,21 @@ def test_final_page_through_nginx(tmpdir):
 
 def test_held_request_through_nginx(tmpdir):
     sb, k, ng = setup(tmpdir)
-    sb.put_tx("t1", [(0, "pending"), (2000, "failed")])
+    kit.pending_then(sb, "t1", 2, "failed")
     sb.put_tx("t2", "pending")
     out = {}
     th = threading.Thread(target=lambda: out.setdefault("t2", ng.http_get("/kembali?id=t2")))
     th.start()
     t0 = time.monotonic()
     status, headers, body = ng.http_get("/kembali?id=t1")
-    assert_between(time.monotonic() - t0, 2.1, 2.9)
+    took = time.monotonic() - t0
     assert_eq(headers.get("kembali-status"), "failed")
+    # held through nginx until the third read (2.2 s after the first) found
+    # it failed; kembali's log says how long it held the request
+    kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2])
+    held = int(k.wait_log(5, event="request", id="t1")["ms"]) / 1000
+    assert_between(held, 2.2 - 0.003, 2.2 + 0.5, "held by kembali")
+    assert took >= held, (took, held)
     th.join(20)
     assert_eq(out["t2"][1].get("kembali-status"), "checking")
     assert_in(b"Pembayaran sedang diperiksa", out["t2"][2])

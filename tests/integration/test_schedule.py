@@ -31,25 +31,21 @@ def test_default_schedule_read_times(tmpdir):
 
 def test_final_status_answers_within_half_a_second(tmpdir):
     sb, k = kit.start(tmpdir)
-    sb.put_tx("t1", [(0, "pending"), (1500, "succeeded")])
-    t0 = time.monotonic()
-
-    def ask():
-        r = k.get("id=t1")
-        return r, time.monotonic() - t0
-
-    out = kit.parallel([ask for _ in range(20)])
-    kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2])
-    ends = [end for _, end in out]
-    for r, _ in out:
+    kit.pending_then(sb, "t1", 2, "succeeded")
+    out = kit.parallel([lambda: k.get("id=t1") for _ in range(20)])
+    starts, _ = kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2])
+    for r in out:
         assert_eq(r.header("kembali-status"), "succeeded")
-    # the read that found it started 2.2 s after the first, which started after t0
-    assert_between(min(ends), 2.15, 2.2 + 0.5, "woken after the read that found it")
-    # every waiter answered within 0.5 s of the end of that read, by kembali's own log
+    assert_eq([r["status"] for r in sb.reads("t1")], ["pending", "pending", "succeeded"])
+    # every waiter answered within 0.5 s of the end of the read that found
+    # it, and none before: by kembali's own log
     found = k.wait_log(5, event="read", id="t1", status="succeeded")
     answered = [l for l in k.find_log(event="request", id="t1")]
     assert_eq(len(answered), 20)
     lag = [kit.log_time(l) - kit.log_time(found) for l in answered]
+    print("# 20 waiters answered %.3f to %.3f s after the read that found succeeded ended"
+          % (min(lag), max(lag)))
+    assert_between(min(lag), -0.002, 0.5, "answers after the read: %r" % lag)
     assert_between(max(lag), -0.002, 0.5, "answers after the read: %r" % lag)
 
 
@@ -70,24 +66,31 @@ def test_late_joiner_follows_the_pace(tmpdir):
     sb.put_tx("t1", "pending")
     first = threading.Thread(target=lambda: k.get("id=t1"))
     first.start()
-    time.sleep(2.0)
+    k.wait_log(5, event="read", id="t1")
+    time.sleep(1.6)
     r = k.get("id=t1")
     first.join()
     # one pace (every wait 1.1 s) that goes on for the joiner until its own
-    # deadline, 4.8 s after it arrived; times from kembali's log
+    # deadline, FAST_HOLD (4.8 s) after it arrived; every time from kembali's log
     starts, _ = kit.check_pace(sb, [k], "t1", min_start_gap=1.1)
     assert all(b - a <= 1.1 + 0.35 for a, b in zip(starts, starts[1:])), "no read later than needed: %r" % starts
     reads = k.find_log(event="read", id="t1")
     first_start = min(kit.log_time(l) - int(l["ms"]) / 1000 for l in reads)
-    joiner = max(k.find_log(event="request", id="t1"), key=kit.log_time)
-    deadline = kit.log_time(joiner) - int(joiner["ms"]) / 1000 + kit.FAST_HOLD - first_start
-    assert len(starts) >= 6, "the joiner kept the pace going past the first request's reads: %r" % starts
+    arrived = sorted((kit.log_time(l) - int(l["ms"]) / 1000 - first_start, l)
+                     for l in k.find_log(event="request", id="t1"))
+    assert_eq(len(arrived), 2)
+    (first_at, _), (joiner_at, joiner) = arrived
+    assert first_at <= 0.003, "the first request started the first read: %r" % (arrived,)
+    assert joiner_at >= 1.5, "the joiner came at least one wait after the first read: %.3f" % joiner_at
+    first_deadline, deadline = first_at + kit.FAST_HOLD, joiner_at + kit.FAST_HOLD
+    print("# late joiner at %.3f s: reads started at %r, its deadline %.3f s" % (joiner_at, starts, deadline))
+    assert starts[-1] > first_deadline, "the joiner kept the pace going past the first request's: %r" % starts
     assert starts[-1] <= deadline + 0.003, (starts, deadline)
     assert starts[-1] + 1.1 > deadline - 0.003, "a further read could have started: %r, %.3f" % (starts, deadline)
     assert_eq(r.header("kembali-status"), "checking")
-    # answered after its last read (no read could start before its deadline):
-    # about 4.6 s after it arrived, never after the deadline
-    assert_between(r.elapsed, 3.5, 4.9, "the joiner waits its own deadline")
+    # answered at the end of its last read (no read could start before its
+    # deadline): at least 3.7 s after it arrived, by its deadline
+    assert_between(int(joiner["ms"]) / 1000, 3.7 - 0.003, kit.FAST_HOLD + 0.1, "the joiner waits its own deadline")
 
 
 @harness.timeout(110)
@@ -133,8 +136,14 @@ def test_json_polling_every_half_second(tmpdir):
     assert_between(len(times), 8, 9, "reads while polling: %r" % times)
     for g, w in zip(gaps, waits):
         assert_between(g, w - 0.02, w + 0.5 + 0.35, "gaps %r vs waits %r" % (gaps, waits))
-    # every answer came fast: a JSON request never waits through the schedule
-    assert max(r.elapsed for r in answers) < 1.0
+    # every answer came fast: a JSON request never waits through the
+    # schedule, at most for one read; by kembali's log, which leaves out the
+    # test's own threads and connects
+    took = [int(l["ms"]) for l in k.find_log(event="request", id="t1")]
+    assert_eq(len(took), len(answers))
+    print("# slowest JSON answer %d ms by kembali's log, %.0f ms at the client"
+          % (max(took), 1000 * max(r.elapsed for r in answers)))
+    assert max(took) < 1000, "a JSON answer waited: %r ms" % max(took)
 
 
 def test_json_fresh_transaction_one_read(tmpdir):
