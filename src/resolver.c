@@ -172,10 +172,11 @@ static bool cannot_improve(const struct req *r, const struct state_fact *f, int6
 
 /* ---- reads ---- */
 
-/* One line per read. `ms` is the time since the read started, taken as the
- * line is stamped, so that ts minus ms is the read's start. */
+/* One line per read. `ms` is the time since the read started, read back to
+ * back with the line's stamp, so that ts minus ms is the read's start. */
 static void log_read(const struct rread *rd, const struct outcome *oc)
 {
+    long long ms = (long long)(mono_ms() - rd->ticket.started);
     struct log_line l;
     log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? "info" : "warn", "read");
     log_str(&l, "shop", rd->shop->id);
@@ -194,7 +195,7 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
         log_str(&l, "message", oc->message);
     if (rd->kr.http == 0)
         log_str(&l, "error", rd->kr.error);
-    log_int(&l, "ms", (long long)(mono_ms() - rd->ticket.started));
+    log_int(&l, "ms", ms);
     log_int(&l, "new_connection", rd->kr.connects > 0);
     log_end(&l);
 }

@@ -104,17 +104,23 @@ def log_time(line):
         tzinfo=datetime.timezone.utc).timestamp()
 
 
+DEFAULT_SCHEDULE = [0, 1500, 2000, 3000, 5000, 8000, 13000]
+
+
+def _lines(logs):
+    """Every log line of `logs` (Kembali objects and/or log texts), merged."""
+    out = []
+    for src in logs:
+        out += harness.parse_log(src) if isinstance(src, str) else src.log_lines()
+    return out
+
+
 def read_starts(logs, id):
     """Start times (s, relative to the first) of kembali's reads of id, from
     its read log lines (end time minus duration, 1 ms resolution). `logs`:
     Kembali objects and/or log texts (e.g. Apache's error log), merged."""
-    starts = []
-    for src in logs:
-        lines = harness.parse_log(src) if isinstance(src, str) else src.log_lines()
-        for line in lines:
-            if line.get("event") == "read" and line.get("id") == id:
-                starts.append(log_time(line) - int(line["ms"]) / 1000)
-    starts.sort()
+    starts = sorted(log_time(line) - int(line["ms"]) / 1000 for line in _lines(logs)
+                    if line.get("event") == "read" and line.get("id") == id)
     return [round(t - starts[0], 3) for t in starts] if starts else []
 
 
@@ -135,3 +141,37 @@ def check_pace(sb, logs, id, want=None, min_start_gap=None, slack=0.35):
     if len(arrivals) > 1:
         assert min_gap(arrivals) >= ARRIVAL_MIN_GAP, "arrivals inside Kasera's window: %r" % arrivals
     return starts, arrivals
+
+
+def check_one_pace(sb, logs, id, schedule=FAST, slack=0.35):
+    """Every request for id (a transaction that stays pending) was served by
+    one pace: each wait between read starts is the schedule's next one (at
+    most `slack` late), and the reads went on exactly until the latest
+    request's deadline (its arrival plus the schedule's sum plus 1.5 s) and
+    no further. Arrivals and starts come from kembali's logs, so the count
+    is right however the requests were spread by a busy machine: requests
+    that arrive together cost one request's reads, a late one extends the
+    same pace. Returns (starts, the last deadline), both in seconds from the
+    first read's start."""
+    ms = DEFAULT_SCHEDULE if schedule is None else schedule
+    waits = [w / 1000 for w in ms[1:]]
+    hold = sum(ms) / 1000 + 1.5
+    starts, _ = check_pace(sb, logs, id)
+    assert starts, "no read of %s" % id
+    lines = _lines(logs)
+    first = min(log_time(l) - int(l["ms"]) / 1000 for l in lines if l.get("event") == "read" and l.get("id") == id)
+    deadlines = [log_time(l) - int(l["ms"]) / 1000 + hold - first for l in lines
+                 if l.get("event") == "request" and l.get("id") == id]
+    assert deadlines, "no request for %s in the log" % id
+    last = max(deadlines)
+
+    def wait(i):  # the wait after the read i; the last one repeats
+        return waits[min(i, len(waits) - 1)]
+
+    for i, (a, b) in enumerate(zip(starts, starts[1:])):
+        harness.assert_between(b - a, wait(i) - 0.003, wait(i) + slack,
+                               "%s: wait %d between read starts %r" % (id, i + 1, starts))
+    assert starts[-1] <= last + 0.003, "%s: a read after every deadline: %r, %.3f" % (id, starts, last)
+    assert starts[-1] + wait(len(starts) - 1) > last - 0.003, \
+        "%s: a further read could have started before the last deadline: %r, %.3f" % (id, starts, last)
+    return starts, last

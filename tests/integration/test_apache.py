@@ -152,7 +152,7 @@ def test_ten_concurrent_returns_under_mod_fcgid(tmpdir):
         t.join(90)
     log = ap.log()
     pids = set(re.findall(r"event=start version=\S+ pid=(\d+)", log))
-    times, _ = kit.check_pace(sb, [log], "t1", min_start_gap=1.5)
+    times, last = kit.check_one_pace(sb, [log], "t1", schedule=None)
     print("# mod_fcgid: 10 concurrent returns served by %d kembali processes; %d reads started at %r"
           % (len(pids), len(times), times))
     assert_eq(len(results), 10)
@@ -160,7 +160,9 @@ def test_ten_concurrent_returns_under_mod_fcgid(tmpdir):
         assert_eq(status, 200)
         assert_eq(headers.get("kembali-status"), "checking")
     assert len(pids) >= 5, "mod_fcgid ran one process per held request: %r\n%s" % (pids, log[-3000:])
-    assert_eq(len(times), 7, "one schedule's reads: %r" % times)
+    # one schedule's 7 reads, unless a process started so late that its
+    # request came 1.5 s after the first: then the one pace goes on for it
+    assert_eq(len(times), 7 if last < 45.5 else 8, "one schedule's reads: %r" % times)
     assert "Sanitizer" not in log and "runtime error" not in log, log[-3000:]
     ap.stop()
 

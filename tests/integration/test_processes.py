@@ -19,12 +19,14 @@ def test_eight_processes_ten_requests_one_schedule(tmpdir):
     sb, ks = kit.start_many(tmpdir, 8, schedule=None)
     sb.put_tx("t1", "pending")
     rs = kit.parallel([lambda k=k: k.get("id=t1", timeout=60) for k in ks for _ in range(10)])
-    times, arrivals = kit.check_pace(sb, ks, "t1", min_start_gap=1.5)
+    times, last = kit.check_one_pace(sb, ks, "t1", schedule=None)
     print("# 8 processes x 10 requests, one pending transaction: %d reads started at %r, smallest gap %.3f s"
           % (len(times), times, kit.min_gap(times)))
     assert_eq(len(rs), 80)
     assert all(r.header("kembali-status") == "checking" for r in rs)
-    assert_eq(len(times), 7, "one schedule's reads: %r" % times)
+    # one schedule's 7 reads, unless a busy machine delayed a request past
+    # 1.5 s (34 s - 32.5 s): then the one pace goes on for it (13 s later)
+    assert_eq(len(times), 7 if last < 45.5 else 8, "one schedule's reads: %r" % times)
     assert all(r["http"] == 200 for r in sb.reads("t1")), "no read was rejected"
 
 
@@ -37,10 +39,10 @@ def test_many_transactions_across_processes(tmpdir):
     fns = [lambda k=k, t=t: k.get("id=" + t) for t in ids for k in ks]
     fns.append(lambda: ks[0].get("id=alone"))
     kit.parallel(fns)
-    one = len(sb.reads("alone"))
-    for t in ids:
-        times, _ = kit.check_pace(sb, ks, t, min_start_gap=1.1)
-        assert_eq(len(times), one, "%s: four processes cost what one request costs (%r)" % (t, times))
+    # each transaction: one pace across the four processes until its last
+    # request's deadline, i.e. what one request costs when they come together
+    counts = {t: len(kit.check_one_pace(sb, ks, t)[0]) for t in ids + ["alone"]}
+    print("# reads per transaction, 4 processes x 1 request each: %r" % counts)
 
 
 def test_budget_holds_across_processes(tmpdir):
@@ -72,7 +74,9 @@ def test_cache_and_pauses_are_shared(tmpdir):
 def test_wake_latency_across_processes(tmpdir):
     """One process waits on a read made by the other: from the end of that
     read (the reader's read log line) to the waiter's answer (its request log line)."""
-    sb, (a, b) = kit.start_many(tmpdir, 2)
+    # Without the wake the waiter answers only at its own next step, seconds
+    # later with this schedule (5.6 s, measured with the wake taken out).
+    sb, (a, b) = kit.start_many(tmpdir, 2, schedule=[0, 5000])
     lat = []
     for i in range(10):
         t = "w%d" % i
@@ -93,44 +97,45 @@ def test_wake_latency_across_processes(tmpdir):
     print("# wake latency across processes, read end to answer (ms, log resolution 1 ms): "
           "median %.1f, max %.1f, all %r" % (statistics.median(lat), max(lat), [round(x) for x in lat]))
     # The target is < 50 ms; idle, every wake takes about 1 ms. Under the full
-    # parallel suite on two cores a wake can wait for a CPU, so the bound on
-    # each one is looser: a wake that did not happen shows as seconds (the
-    # lease or the deadline), far above it.
+    # parallel suite on two cores a wake can wait for a CPU (up to a second
+    # seen on an overloaded machine), so the bound on each one is looser: a
+    # wake that did not happen shows as 5.6 s, far above it.
     assert statistics.median(lat) < 50, lat
-    assert max(lat) < 1000, lat
+    assert max(lat) < 2500, lat
 
 
 def test_sigkill_mid_read(tmpdir):
-    sb, (a, b) = kit.start_many(tmpdir, 2, top={"read_timeout_ms": 1000})
-    sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 5000}])
-    th = threading.Thread(target=lambda: _ignore(lambda: a.get("id=t1", timeout=10)))
+    # a's read hangs (the sandbox delays it 10 s) and would time out after
+    # 3 s; a is killed before that, while b waits on the read
+    sb, (a, b) = kit.start_many(tmpdir, 2, top={"read_timeout_ms": 3000})
+    lease = 3.0 + 1.0
+    sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 10000}])
+    th = threading.Thread(target=lambda: _ignore(lambda: a.get("id=t1", timeout=15)))
     th.start()
     harness.wait_for(lambda: sb.reads("t1"), 5)
-    t_read = time.monotonic()
     out = {}
     tb = threading.Thread(target=lambda: out.setdefault("b", b.get("id=t1")))
     tb.start()
     harness.wait_for(lambda: b.metrics().get("kembali_held_requests") == 1, 5)  # b waits on a's read
     a.proc.send_signal(signal.SIGKILL)  # in the middle of its read
     a.proc.wait(5)
+    assert not a.find_log(event="read", id="t1"), "a was killed before its read ended"
     tb.join(20)
     th.join(20)
     r = out["b"]
-    since_read = r.elapsed + 0.0
     assert_eq(r.header("kembali-status"), "succeeded")
     times = kit.read_times(sb, "t1")
     print("# SIGKILL mid-read: the waiting process read again %.2f s after the dead read began, "
           "answered after %.2f s" % (times[1], r.elapsed))
     assert_eq(len(times), 2, times)
-    # the dead process's lease: read_timeout_ms 1 s + 1 s
-    assert_between(times[1], 1.9, 2.0 + 1.0, "blocked no longer than the read timeout plus 1 s")
-    assert since_read < 3.0
+    # the dead process's lease: read_timeout_ms 3 s + 1 s from the read's start
+    assert_between(times[1], lease - 0.1, lease + 1.0, "blocked no longer than the read timeout plus 1 s")
+    assert int(b.wait_log(5, event="request", id="t1")["ms"]) / 1000 < lease + 0.5
     # a process started after the crash joins cleanly and shares the cache
     c = harness.Kembali(tmpdir, config=lambda k: open(b.config_path).read(), keys={"a": kit.KEY}, name="k9")
     c.start()
     assert_eq(c.get("id=t1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("t1")), 2)
-    del t_read
 
 
 def _ignore(fn):
@@ -231,7 +236,8 @@ def test_shared_socket_like_spawn_fcgi(tmpdir):
     # them all); together they answer every request and keep one pace
     print("# one socket shared by 4 processes: requests served per process %r" % served)
     assert sum(served) == 21, served
-    assert_eq(len(sb.reads("t1")), len(sb.reads("alone")))
+    for t in ("t1", "alone"):
+        kit.check_one_pace(sb, ks, t)
 
 
 def test_full_table_still_answers(tmpdir):
