@@ -28,6 +28,17 @@ def pending_then(sb, id, n, final):
     sb.put_tx(id, final, responses=[pending] * n)
 
 
+def answered_in(k, id, n=1):
+    """How long kembali held its requests for id (seconds, from its request
+    log lines, in log order), once there are at least n: a measure that
+    leaves out the test's own threads and connects, which a busy machine
+    can slow by a second."""
+    def lines():
+        found = k.find_log(event="request", id=id)
+        return found if len(found) >= n else None
+    return [int(l["ms"]) / 1000 for l in harness.wait_for(lines, 5, msg="%d request lines for %s" % (n, id))]
+
+
 def parallel(fns, timeout=120):
     """Run the callables in threads; their results in order (the first error is raised)."""
     out = [None] * len(fns)
