@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,43 +255,121 @@ static void handle(struct app *a, struct req *r)
 
 /* ---- accept threads ---- */
 
+/* Connections accepted but not yet readable, per accept thread. A web server
+ * sends its request as soon as it connects; one that sends nothing within
+ * FIRST_BYTES_MS is closed. Waiting for the first bytes in poll() rather
+ * than in a blocking read keeps silent connections from holding a thread. */
+#define PENDING_MAX 256
+#define FIRST_BYTES_MS 5000
+
+struct pending {
+    int fd;
+    int64_t since;
+};
+
+/* Parses the request on a connection that has bytes to read, and handles
+ * it. The reads are blocking, bounded by the SO_RCVTIMEO inherited from the
+ * listening socket: a client that stalls in the middle of its request holds
+ * this thread that long (libfcgi has no non-blocking parser). */
+static void serve_connection(struct app *a, int fd)
+{
+    struct req *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        close(fd);
+        return;
+    }
+    /* With ipcFd set and keepConnection on, FCGX_Accept_r skips its own
+     * accept (which would drop a Unix-socket connection not readable within
+     * 2 s, holding the thread meanwhile) and parses this connection. With no
+     * listening socket it cannot accept another either: a connection that
+     * closes or sends a malformed request is closed, and it returns an error. */
+    FCGX_InitRequest(&r->fcgx, -1, 0);
+    r->fcgx.ipcFd = fd;
+    r->fcgx.keepConnection = 1;
+    if (FCGX_Accept_r(&r->fcgx) < 0) {
+        FCGX_Free(&r->fcgx, 1);
+        free(r);
+        return;
+    }
+    handle(a, r);
+}
+
+/* Accepts one connection into the pending set; false when it should pause
+ * (out of descriptors or memory). */
+static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *emfile_logged)
+{
+    int fd = accept4(a->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            if (!*emfile_logged)
+                log_msg("warn", "accept", "out of file descriptors; pausing accepts");
+            *emfile_logged = true;
+            return false;
+        }
+        return true; /* EAGAIN: another thread or process took it */
+    }
+    *emfile_logged = false;
+    /* as libfcgi's own accept does: the answer may go out in several writes,
+     * with no Nagle delay between them on TCP (on a Unix socket this fails,
+     * harmlessly) */
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pend[*npend].fd = fd;
+    pend[*npend].since = mono_ms();
+    (*npend)++;
+    return true;
+}
+
 static void *accept_main(void *arg)
 {
     struct app *a = arg;
+    struct pending pend[PENDING_MAX];
+    struct pollfd p[2 + PENDING_MAX];
+    int npend = 0;
     bool emfile_logged = false;
     while (!atomic_load(&a->stopping)) {
-        struct pollfd p[2] = {{.fd = a->listen_fd, .events = POLLIN}, {.fd = wake_pipe[0], .events = POLLIN}};
-        if (poll(p, 2, -1) < 0) {
+        /* close the connections that sent nothing in time; the next expiry
+         * bounds the wait */
+        int64_t now = mono_ms();
+        int timeout = -1;
+        for (int i = 0; i < npend;) {
+            int64_t left = pend[i].since + FIRST_BYTES_MS - now;
+            if (left <= 0) {
+                close(pend[i].fd);
+                pend[i] = pend[--npend];
+                continue;
+            }
+            if (timeout < 0 || left < timeout)
+                timeout = (int)left;
+            i++;
+        }
+        /* a full pending set stops accepting here; the backlog and the other
+         * threads take the rest */
+        p[0] = (struct pollfd){.fd = npend < PENDING_MAX ? a->listen_fd : -1, .events = POLLIN};
+        p[1] = (struct pollfd){.fd = wake_pipe[0], .events = POLLIN};
+        for (int i = 0; i < npend; i++)
+            p[2 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        if (poll(p, (nfds_t)(2 + npend), timeout) < 0) {
             if (errno != EINTR)
                 log_msg("error", "accept", strerror(errno));
             continue;
         }
         if (atomic_load(&a->stopping) || (p[1].revents & POLLIN))
             break;
-        if (!(p[0].revents & (POLLIN | POLLERR | POLLHUP)))
-            continue;
-        struct req *r = calloc(1, sizeof *r);
-        if (r == NULL) {
-            usleep(100 * 1000);
-            continue;
+        /* downwards, so that the entry moved into a freed slot (the last
+         * one) was already looked at */
+        for (int i = npend - 1; i >= 0; i--) {
+            if (p[2 + i].revents == 0)
+                continue;
+            int fd = pend[i].fd;
+            pend[i] = pend[--npend];
+            serve_connection(a, fd);
         }
-        FCGX_InitRequest(&r->fcgx, a->listen_fd, 0);
-        int rc = FCGX_Accept_r(&r->fcgx);
-        if (rc < 0) {
-            FCGX_Free(&r->fcgx, 1);
-            free(r);
-            if (rc == -EMFILE || rc == -ENFILE || rc == -ENOBUFS || rc == -ENOMEM) {
-                /* out of descriptors: stop accepting for a moment, do not spin */
-                if (!emfile_logged)
-                    log_msg("warn", "accept", "out of file descriptors; pausing accepts");
-                emfile_logged = true;
-                usleep(100 * 1000);
-            }
-            continue; /* EAGAIN: another thread took it */
-        }
-        emfile_logged = false;
-        handle(a, r);
+        if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) && !accept_one(a, pend, &npend, &emfile_logged))
+            usleep(100 * 1000); /* out of descriptors: do not spin */
     }
+    for (int i = 0; i < npend; i++)
+        close(pend[i].fd);
     return NULL;
 }
 
