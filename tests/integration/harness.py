@@ -63,6 +63,7 @@ import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -288,7 +289,10 @@ class Response:
             self.status, self.headers, body, self.elapsed, self.app_status, extra)
 
 
-_send_errors: dict = {}  # fd -> the OSError from sending, for fcgi_receive's message
+# socket -> the OSError from sending it, for fcgi_receive's message (weak
+# keys: keyed by the socket object, not its descriptor number, which another
+# thread's new socket may reuse)
+_send_errors = weakref.WeakKeyDictionary()
 
 
 def fcgi_send(addr, params: dict, stdin: bytes = b"", timeout: float = 60.0,
@@ -305,20 +309,21 @@ def fcgi_send(addr, params: dict, stdin: bytes = b"", timeout: float = 60.0,
     except OSError as e:
         # The application may have answered and closed early; let
         # fcgi_receive read what it sent.
-        _send_errors[s.fileno()] = e
+        _send_errors[s] = e
     return s
 
 
 def fcgi_receive(s: socket.socket, timeout: float = 60.0, started: float | None = None,
                  request_id: int = 1, close: bool = True) -> Response:
     """Read records until FCGI_END_REQUEST; raise FcgiError if the connection
-    closes first, FcgiTimeout if ``timeout`` passes first."""
+    closes first, FcgiTimeout if ``timeout`` passes first (counted from
+    ``started``, by default now)."""
     if started is None:
         started = time.monotonic()
-    deadline = time.monotonic() + timeout
+    deadline = started + timeout
     stdout, stderr = [], []
     buf = b""
-    send_err = _send_errors.pop(s.fileno(), None)
+    send_err = _send_errors.pop(s, None)
 
     def fail(msg, cls=FcgiError):
         got = b"".join(stdout)
@@ -372,7 +377,7 @@ def fcgi_request(addr, params: dict, stdin: bytes = b"", timeout: float = 60.0) 
     """One FastCGI responder request (request id 1, no keep-conn)."""
     started = time.monotonic()
     s = fcgi_send(addr, params, stdin, timeout)
-    return fcgi_receive(s, timeout - (time.monotonic() - started), started)
+    return fcgi_receive(s, timeout, started)
 
 
 def cgi_params(query: str = "", method: str = "GET", accept: str | None = None,
