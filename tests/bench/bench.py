@@ -9,6 +9,8 @@ then measures:
     (kembali's own gauge), peak RSS, reads made, time until all answered;
   - reads for 20 concurrent requests on a fresh pending transaction;
   - connections opened for 10 sequential reads;
+  - cross-process wake latency: two processes on one state_dir, one waiting
+    on the other's read (20 samples);
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
 Figures, not pass/fail: the tests assert behaviour, this prints numbers."""
 
@@ -118,6 +120,21 @@ def polling(k, sb):
     print("JSON polled every 0.5 s for 60 s: %d answers, %d reads at %r" % (n, len(times), times))
 
 
+def wake(tmp):
+    """Two processes on one state_dir: from the end of one's read to the
+    other's answer, which waited on it."""
+    import statistics
+    os.makedirs(os.path.join(tmp, "wake"))
+    sb, (a, b) = kit.start_many(os.path.join(tmp, "wake"), 2)
+    try:
+        lat = sorted(kit.wake_latencies(sb, a, b, 20))
+        print("wake latency across processes, read end to the waiter's answer (20 samples, 1 ms log "
+              "resolution): median %.0f ms, max %.0f ms" % (statistics.median(lat), max(lat)))
+    finally:
+        for p in (a, b, sb):
+            p.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--held", type=int, default=2000)
@@ -131,6 +148,7 @@ def main():
         sequential(k, sb)
         twenty(k, sb)
         held(k, sb, a.held)
+        wake(tmp)
         if a.long:
             polling(k, sb)
     finally:

@@ -186,3 +186,29 @@ def check_one_pace(sb, logs, id, schedule=FAST, slack=0.35):
     assert starts[-1] + wait(len(starts) - 1) > last - 0.003, \
         "%s: a further read could have started before the last deadline: %r, %.3f" % (id, starts, last)
     return starts, last
+
+
+def wake_latencies(sb, a, b, n, prefix="w"):
+    """n samples (ms) of cross-process wake latency: a asks for a fresh
+    transaction whose read takes 0.4 s, b asks 0.15 s later and waits on
+    a's read; from the end of the read (the reader's log) to the waiter's
+    answer (its log). Asserts that only one read was made each time."""
+    import time
+    lat = []
+    for i in range(n):
+        t = "%s%d" % (prefix, i)
+        sb.put_tx(t, "succeeded", responses=[{"delay_ms": 400}])
+
+        def ask(k, delay):
+            time.sleep(delay)
+            return k.get("id=" + t).header("kembali-status")
+
+        harness.assert_eq(parallel([lambda: ask(a, 0), lambda: ask(b, 0.15)]), ["succeeded", "succeeded"])
+        harness.assert_eq(len(sb.reads(t)), 1, "one process waited for the other's read instead of reading")
+        # a asks first; on a slow build b may still get there first: the
+        # process that logged the read is the reader, the other the waiter
+        reader, waiter = (a, b) if a.find_log(event="read", id=t) else (b, a)
+        read_end = log_time(reader.wait_log(5, event="read", id=t))
+        answered = log_time(waiter.wait_log(5, event="request", id=t))
+        lat.append((answered - read_end) * 1000)
+    return lat
