@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -294,11 +295,40 @@ static void serve_connection(struct app *a, int fd)
     handle(a, r);
 }
 
+/* FCGI_WEB_SERVER_ADDRS, as libfcgi's own accept honours it: when set, a
+ * TCP peer whose address is not in the comma-separated list is refused.
+ * Read once at start (front_start). */
+static char *web_server_addrs;
+
+static bool peer_allowed(const struct sockaddr_storage *sa)
+{
+    if (web_server_addrs == NULL)
+        return true;
+    char ip[INET6_ADDRSTRLEN];
+    if (sa->ss_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, ip, sizeof ip);
+    else if (sa->ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, ip, sizeof ip);
+    else
+        return true; /* a Unix socket: its file's permissions decide */
+    size_t n = strlen(ip);
+    for (const char *p = web_server_addrs; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && memcmp(p, ip, n) == 0)
+            return true;
+        p += len + (end != NULL);
+    }
+    return false;
+}
+
 /* Accepts one connection into the pending set; false when it should pause
  * (out of descriptors or memory). */
 static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *emfile_logged)
 {
-    int fd = accept4(a->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    int fd = accept4(a->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             if (!*emfile_logged)
@@ -309,6 +339,10 @@ static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *em
         return true; /* EAGAIN: another thread or process took it */
     }
     *emfile_logged = false;
+    if (!peer_allowed(&sa)) {
+        close(fd);
+        return true;
+    }
     /* as libfcgi's own accept does: the answer may go out in several writes,
      * with no Nagle delay between them on TCP (on a Unix socket this fails,
      * harmlessly) */
@@ -375,6 +409,20 @@ static void *accept_main(void *arg)
 
 int front_start(struct app *a, int n)
 {
+    const char *addrs = getenv("FCGI_WEB_SERVER_ADDRS");
+    free(web_server_addrs);
+    web_server_addrs = NULL;
+    if (addrs != NULL && *addrs != '\0') {
+        /* without spaces, as libfcgi compares them */
+        web_server_addrs = malloc(strlen(addrs) + 1);
+        if (web_server_addrs == NULL)
+            return -1;
+        char *w = web_server_addrs;
+        for (const char *p = addrs; *p; p++)
+            if (*p != ' ' && *p != '\t')
+                *w++ = *p;
+        *w = '\0';
+    }
     if (pipe2(wake_pipe, O_CLOEXEC) != 0) {
         log_msg("error", "start", strerror(errno));
         return -1;
@@ -406,4 +454,6 @@ void front_stop(struct app *a)
     for (int i = 0; i < nthreads_started; i++)
         pthread_join(threads[i], NULL);
     nthreads_started = 0;
+    free(web_server_addrs);
+    web_server_addrs = NULL;
 }

@@ -304,6 +304,35 @@ def test_no_socket_is_a_clear_error(tmpdir):
     assert_in("not a listening socket", k2.log_text())
 
 
+def test_fcgi_web_server_addrs(tmpdir):
+    """FCGI_WEB_SERVER_ADDRS, as libfcgi defines it: TCP peers not in the
+    list are refused."""
+    import socket as so
+    port = harness.free_port()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+                        keys={"a": kit.KEY}, listen="127.0.0.1:%d" % port, name="tcp",
+                        env={"FCGI_WEB_SERVER_ADDRS": "10.9.8.7, 127.0.0.1"})
+    k.start()
+    sb.put_tx("t1", "succeeded")
+    assert_eq(harness.get(("127.0.0.1", port), "id=t1").header("kembali-status"), "succeeded")
+    s = so.socket(so.AF_INET, so.SOCK_STREAM)
+    s.bind(("127.0.0.2", 0))  # loopback too, but not in the list
+    s.connect(("127.0.0.1", port))
+    s.settimeout(5)
+    try:
+        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
+    except OSError:
+        pass
+    try:
+        got = s.recv(100)
+    except ConnectionResetError:
+        got = b""
+    assert_eq(got, b"", "a peer not in FCGI_WEB_SERVER_ADDRS gets no answer")
+    s.close()
+    assert_eq(len(k.find_log(event="request")), 1)
+
+
 def test_silent_clients_cannot_stall_accepting(tmpdir):
     """Connections that never send their request do not hold the accept
     threads: requests are served at once meanwhile, and the silent ones are
