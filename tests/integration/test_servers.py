@@ -1,0 +1,165 @@
+"""The process managers the README names, run for real: spawn-fcgi forking
+four children on one socket (the README's command line), and lighttpd
+spawning them with max-procs. Several processes, one state_dir: they must
+answer every request and keep one pace per transaction."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_in
+
+SPAWN_FCGI = "/usr/bin/spawn-fcgi"
+LIGHTTPD = "/usr/sbin/lighttpd"
+
+
+def require(path):
+    if os.path.exists(path):
+        return path
+    if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
+        raise AssertionError("%s is missing and KEMBALI_REQUIRE_SERVERS=1" % path)
+    raise harness.Skip("%s is not installed" % path)
+
+
+def config_file(tmpdir, sb):
+    """A configuration (schedule kit.FAST) and its key file, readable by
+    root only: these processes run as the test's user."""
+    keyf = harness.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
+    state = os.path.join(tmpdir, "state")
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    cfg = harness.make_config(sb, [harness.make_shop("toko-a", keyf)], state_dir=state, schedule_ms=kit.FAST)
+    path = os.path.join(tmpdir, "kembali.json")
+    harness.write_config_file(path, cfg)
+    return path
+
+
+def stop_pids(pids, timeout=15):
+    """SIGTERM processes that are not our children; wait until they are gone."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if os.path.exists("/proc/%d" % p) and
+                 open("/proc/%d/stat" % p).read().split(") ")[-1][0] != "Z"]
+        time.sleep(0.05)
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, "still running %.0f s after SIGTERM: %r" % (timeout, alive)
+
+
+def check_log(text):
+    for mark in harness.Kembali.SANITIZER_MARKS:
+        assert mark not in text, "sanitizer report:\n" + text[-3000:]
+
+
+@harness.timeout(60)
+def test_spawn_fcgi_four_children(tmpdir):
+    """The README's line: spawn-fcgi -s SOCKET -F 4 -- ... The children get
+    the socket on fd 0 and stdout/stderr on /dev/null, so the README wraps
+    kembali in sh to keep its log; this runs that wrapper."""
+    spawn = require(SPAWN_FCGI)
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = config_file(tmpdir, sb)
+    sock = harness.socket_path(tmpdir, "kembali.sock")
+    log = os.path.join(tmpdir, "kembali.log")
+    pidfile = os.path.join(tmpdir, "kembali.pids")
+    out = subprocess.run([spawn, "-s", sock, "-F", "4", "-P", pidfile, "--",
+                          "/bin/sh", "-c", 'exec "$0" --config "$1" 2>>"$2"', harness.kembali_bin(), cfg, log],
+                         capture_output=True, text=True, timeout=20)
+    assert_eq(out.returncode, 0, out.stderr)
+    pids = [int(x) for x in open(pidfile).read().split()]
+    try:
+        assert_eq(len(pids), 4, out.stderr)
+        text = lambda: open(log).read() if os.path.exists(log) else ""  # noqa: E731
+        harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("event") == "start"
+                                      and l.get("level") == "info"]) == 4, 20, msg="four start lines")
+        started = {int(l["pid"]) for l in harness.parse_log(text()) if l.get("event") == "start" and "pid" in l}
+        assert_eq(started, set(pids), "the children spawn-fcgi reported are the ones serving")
+        sb.put_tx("t1", "pending")
+        sb.put_tx("done", "succeeded")
+        rs = kit.parallel([lambda: harness.get(sock, "id=t1") for _ in range(20)] +
+                          [lambda: harness.get(sock, "id=done")])
+        assert_eq([r.header("kembali-status") for r in rs], ["checking"] * 20 + ["succeeded"])
+        kit.check_one_pace(sb, [text()], "t1")
+        assert_eq(len([l for l in harness.parse_log(text()) if l.get("event") == "request"]), 21)
+    finally:
+        stop_pids(pids)
+    stopped = [l for l in harness.parse_log(open(log).read()) if l.get("event") == "stop" and l.get("msg") == "stopped"]
+    assert_eq(len(stopped), 4, "each child stopped cleanly on SIGTERM")
+    check_log(open(log).read())
+
+
+def http_get(port, path, timeout=30):
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Host": "toko-a.test"})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+@harness.timeout(60)
+def test_lighttpd_max_procs(tmpdir):
+    """The README's lighttpd fastcgi.server (bin-path, max-procs 4): lighttpd
+    starts four kembali processes on one socket; ten buyers waiting on one
+    pending transaction cost one pace, a final status is answered at once."""
+    lighttpd = require(LIGHTTPD)
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = config_file(tmpdir, sb)
+    port = harness.free_port()
+    docs = os.path.join(tmpdir, "docs")
+    os.makedirs(docs)
+    conf = os.path.join(tmpdir, "lighttpd.conf")
+    with open(conf, "w") as f:
+        f.write('''server.modules = ("mod_fastcgi")
+server.document-root = "%(docs)s"
+server.bind = "127.0.0.1"
+server.port = %(port)d
+server.errorlog = "%(tmp)s/lighttpd-error.log"
+server.pid-file = "%(tmp)s/lighttpd.pid"
+fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
+  "bin-path" => "%(bin)s", "bin-environment" => ("KEMBALI_CONFIG" => "%(cfg)s"),
+  "max-procs" => 4, "check-local" => "disable" )))
+''' % {"docs": docs, "port": port, "tmp": tmpdir, "sock": harness.socket_path(tmpdir, "kembali.sock"),
+       "bin": harness.kembali_bin(), "cfg": cfg})
+    out_path = os.path.join(tmpdir, "lighttpd.out")  # the kembali processes' stderr: their log
+    with open(out_path, "wb") as out:
+        proc = harness.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
+    text = lambda: open(out_path).read()  # noqa: E731
+    try:
+        harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("event") == "start"
+                                      and l.get("level") == "info"]) == 4, 20,
+                         msg="four kembali processes started by lighttpd")
+        harness.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 10, msg="lighttpd serving")
+        sb.put_tx("t1", "pending")
+        sb.put_tx("done", "succeeded")
+        rs = kit.parallel([lambda: http_get(port, "/kembali?id=t1") for _ in range(10)])
+        assert_eq([(st, h.get("kembali-status")) for st, h, _ in rs], [(200, "checking")] * 10)
+        assert_in(b"Pembayaran sedang diperiksa", rs[0][2])
+        status, headers, body = http_get(port, "/kembali?id=done&format=json")
+        assert_eq((status, headers.get("kembali-status")), (200, "succeeded"))
+        assert_eq(body.strip(), b'{"id":"done","status":"succeeded","final":true}')
+        starts, _ = kit.check_one_pace(sb, [text()], "t1")
+        served = {l["pid"] for l in harness.parse_log(text()) if l.get("event") == "start" and "pid" in l}
+        print("# lighttpd max-procs 4: %d kembali processes; 10 held requests cost %d reads at %r"
+              % (len(served), len(starts), starts))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+    harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("msg") == "stopped"]) == 4, 15,
+                     msg="each kembali process stopped when lighttpd did")
+    check_log(text())
+
+
+if __name__ == "__main__":
+    harness.run(globals())
