@@ -1055,6 +1055,24 @@ class _LazyTail:
 _short_dirs: dict[str, str] = {}
 
 
+def http_get(port: int, path: str, headers: dict | None = None, method: str = "GET",
+             timeout: float = 60.0):
+    """One HTTP request to 127.0.0.1:port: (status, {lowercase name: value},
+    body). Repeated headers are joined with ", "."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read()
+        out: dict[str, str] = {}
+        for name, value in resp.getheaders():
+            n = name.lower()
+            out[n] = out[n] + ", " + value if n in out else value
+        return resp.status, out, body
+    finally:
+        conn.close()
+
+
 def socket_path(tmpdir: str, filename: str) -> str:
     """``<tmpdir>/<filename>``, or, when that is too long for a Unix socket
     (a long $TMPDIR), the same name in a short directory under /tmp that is
@@ -1272,22 +1290,8 @@ http {{
 
     def http_get(self, path: str, headers: dict | None = None, method: str = "GET",
                  timeout: float = 60.0):
-        """(status, {lowercase name: value}, body); Host defaults to server_name.
-        Repeated headers are joined with ", "."""
-        h = {"Host": self.server_name}
-        h.update(headers or {})
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, headers=h)
-            resp = conn.getresponse()
-            body = resp.read()
-            out: dict[str, str] = {}
-            for name, value in resp.getheaders():
-                n = name.lower()
-                out[n] = out[n] + ", " + value if n in out else value
-            return resp.status, out, body
-        finally:
-            conn.close()
+        """(status, {lowercase name: value}, body); Host defaults to server_name."""
+        return http_get(self.port, path, dict({"Host": self.server_name}, **(headers or {})), method, timeout)
 
     def error_log_text(self) -> str:
         return _tail(self.error_log, 1 << 30)

@@ -87,14 +87,7 @@ ScriptAlias /kembali {binary}
             return False
 
     def get(self, path, timeout=60):
-        import http.client
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            c.request("GET", path, headers={"Host": "shop.test"})
-            r = c.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        finally:
-            c.close()
+        return harness.http_get(self.port, path, {"Host": "shop.test"}, timeout=timeout)
 
     def log(self):
         return open(self.error_log, errors="replace").read() if os.path.exists(self.error_log) else ""

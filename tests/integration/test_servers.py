@@ -97,15 +97,8 @@ def test_spawn_fcgi_four_children(tmpdir):
     check_log(open(log).read())
 
 
-def http_get(port, path, timeout=30):
-    import http.client
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path, headers={"Host": "toko-a.test"})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
+def http_get(port, path):
+    return harness.http_get(port, path, {"Host": "toko-a.test"}, timeout=30)
 
 
 @harness.timeout(60)
