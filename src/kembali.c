@@ -65,7 +65,8 @@ static void usage(FILE *f)
             "\n"
             "Signals: SIGTERM answers the requests in hand and exits 0; SIGHUP reloads\n"
             "the configuration (a broken one is refused and the old one kept).\n"
-            "Logs: one key=value line per event on standard error.\n");
+            "Logs: one key=value line per event on standard error.\n"
+            "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
 }
 
 struct config *app_config(struct app *a)

@@ -304,6 +304,28 @@ def test_no_socket_is_a_clear_error(tmpdir):
     assert_in("not a listening socket", k2.log_text())
 
 
+def test_command_line(tmpdir):
+    """--help lists interface.md's options and exits 0; --version; a bad
+    option or a missing argument exits 2 and says which."""
+    def run(*args):
+        p = subprocess.run([harness.kembali_bin()] + list(args), capture_output=True, text=True, timeout=10)
+        return p.returncode, p.stdout, p.stderr
+    rc, out, _ = run("--help")
+    assert_eq(rc, 0)
+    for opt in ("--config FILE", "--listen ADDRESS", "--user NAME", "--check-config", "--version", "--help",
+                "SIGTERM", "SIGHUP", "FCGI_WEB_SERVER_ADDRS"):
+        assert_in(opt, out)
+    rc, out, _ = run("--version")
+    assert_eq(rc, 0)
+    assert re.fullmatch(r"kembali \d+\.\d+\.\d+\n", out), out
+    rc, _, err = run("--bogus")
+    assert_eq(rc, 2)
+    assert_in("'--bogus'", err)
+    rc, _, err = run("--config")
+    assert_eq(rc, 2)
+    assert_in("requires an argument", err)
+
+
 def test_fcgi_web_server_addrs(tmpdir):
     """FCGI_WEB_SERVER_ADDRS, as libfcgi defines it: TCP peers not in the
     list are refused."""
