@@ -1,6 +1,6 @@
 """The process managers the README names, run for real: spawn-fcgi forking
-four children on one socket (the README's command line), and lighttpd
-spawning them with max-procs. Several processes, one state_dir: they must
+four children on one socket (the README's command line), lighttpd spawning
+them with max-procs, and systemd's check of contrib's units. Several processes, one state_dir: they must
 answer every request and keep one pace per transaction."""
 
 import os
@@ -152,6 +152,25 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
     harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("msg") == "stopped"]) == 4, 15,
                      msg="each kembali process stopped when lighttpd did")
     check_log(text())
+
+
+def test_systemd_units_verify(tmpdir):
+    """contrib's socket and service units pass systemd-analyze verify (with
+    ExecStart pointing at the built binary). Socket activation itself, the
+    LISTEN_FDS hand-over, is tested in test_answers."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        raise harness.Skip("systemd-analyze is not installed")
+    contrib = os.path.join(harness.top_srcdir(), "contrib")
+    with open(os.path.join(contrib, "kembali.service")) as f:
+        service = f.read()
+    assert_in("ExecStart=/usr/local/bin/kembali ", service)
+    with open(os.path.join(tmpdir, "kembali.service"), "w") as f:
+        f.write(service.replace("/usr/local/bin/kembali", harness.kembali_bin()))
+    shutil.copy(os.path.join(contrib, "kembali.socket"), tmpdir)
+    p = subprocess.run([analyze, "verify", os.path.join(tmpdir, "kembali.socket"),
+                        os.path.join(tmpdir, "kembali.service")], capture_output=True, text=True, timeout=60)
+    assert_eq((p.returncode, p.stdout + p.stderr), (0, ""))
 
 
 if __name__ == "__main__":
