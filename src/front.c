@@ -2,9 +2,9 @@
 #define NO_FCGI_DEFINES 1
 #include "front.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -305,12 +305,17 @@ static bool peer_allowed(const struct sockaddr_storage *sa)
     if (web_server_addrs == NULL)
         return true;
     char ip[INET6_ADDRSTRLEN];
-    if (sa->ss_family == AF_INET)
+    if (sa->ss_family == AF_INET) {
         inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, ip, sizeof ip);
-    else if (sa->ss_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, ip, sizeof ip);
-    else
+    } else if (sa->ss_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(a6)) /* an IPv4 peer on a dual-stack socket */
+            inet_ntop(AF_INET, &a6->s6_addr[12], ip, sizeof ip);
+        else
+            inet_ntop(AF_INET6, a6, ip, sizeof ip);
+    } else {
         return true; /* a Unix socket: its file's permissions decide */
+    }
     size_t n = strlen(ip);
     for (const char *p = web_server_addrs; *p;) {
         const char *end = strchr(p, ',');
@@ -322,8 +327,12 @@ static bool peer_allowed(const struct sockaddr_storage *sa)
     return false;
 }
 
-/* Accepts one connection into the pending set; false when it should pause
- * (out of descriptors or memory). */
+/* Accepts one connection: served at once when its request is already
+ * there (the usual case: the web server writes as soon as it connects),
+ * else kept in the pending set. A pending connection is served by the
+ * thread that accepted it, so serving at once also keeps it from waiting
+ * behind a client that stalls this thread. Returns false when accepting
+ * should pause (out of descriptors or memory). */
 static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *emfile_logged)
 {
     struct sockaddr_storage sa;
@@ -348,6 +357,11 @@ static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *em
      * harmlessly) */
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct pollfd ready = {.fd = fd, .events = POLLIN};
+    if (poll(&ready, 1, 0) == 1) {
+        serve_connection(a, fd);
+        return true;
+    }
     pend[*npend].fd = fd;
     pend[*npend].since = mono_ms();
     (*npend)++;

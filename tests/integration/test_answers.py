@@ -353,6 +353,29 @@ def test_fcgi_web_server_addrs(tmpdir):
     assert_eq(got, b"", "a peer not in FCGI_WEB_SERVER_ADDRS gets no answer")
     s.close()
     assert_eq(len(k.find_log(event="request")), 1)
+    # a dual-stack IPv6 socket (systemd's ListenStream=[::]:PORT, say) sees
+    # IPv4 peers as ::ffff:a.b.c.d; the list names them as IPv4
+    ls = so.socket(so.AF_INET6, so.SOCK_STREAM)
+    ls.setsockopt(so.IPPROTO_IPV6, so.IPV6_V6ONLY, 0)
+    ls.bind(("::", 0))
+    ls.listen(16)
+    k6 = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+                         keys={"a": kit.KEY}, listen=ls, name="dual",
+                         env={"FCGI_WEB_SERVER_ADDRS": "127.0.0.1"})
+    k6.addr = ("127.0.0.1", ls.getsockname()[1])
+    k6.start()
+    assert_eq(harness.get(k6.addr, "id=t1").header("kembali-status"), "succeeded")
+    s = so.socket(so.AF_INET, so.SOCK_STREAM)
+    s.bind(("127.0.0.2", 0))
+    s.connect(k6.addr)
+    s.settimeout(5)
+    try:
+        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
+        got = s.recv(100)
+    except OSError:
+        got = b""
+    assert_eq(got, b"", "refused on the dual-stack socket too")
+    s.close()
 
 
 def test_silent_clients_cannot_stall_accepting(tmpdir):
