@@ -35,12 +35,17 @@ class Apache:
             uid = pwd.getpwnam(user).pw_uid
             gid = pwd.getpwnam(user).pw_gid
             os.chown(os.path.join(tmpdir, "fcgid"), uid, gid)
+        # mod_fcgid's locks with flock, not the default fcntl: between the
+        # threads of an event MPM child, fcntl's deadlock detection can fail
+        # a lock (EDEADLK), and mod_fcgid then exits the child, dropping its
+        # requests (seen here: four of ten). The README gives the same line.
         conf = f"""ServerRoot {tmpdir}
 ServerName shop.test
 Listen 127.0.0.1:{self.port}
 PidFile {tmpdir}/run/httpd.pid
 DefaultRuntimeDir {tmpdir}/run
 Mutex file:{tmpdir}/run default
+Mutex flock:{tmpdir}/run fcgid-proctbl fcgid-pipe
 ErrorLog {self.error_log}
 LogLevel warn
 {user_lines}LoadModule mpm_event_module {MODULES}/mod_mpm_event.so
@@ -157,6 +162,7 @@ def test_ten_concurrent_returns_under_mod_fcgid(tmpdir):
     # request came 1.5 s after the first: then the one pace goes on for it
     assert_eq(len(times), 7 if last < 45.5 else 8, "one schedule's reads: %r" % times)
     assert "Sanitizer" not in log and "runtime error" not in log, log[-3000:]
+    assert ":emerg]" not in log, log[-3000:]
     ap.stop()
 
 
