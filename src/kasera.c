@@ -112,6 +112,7 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
         util_copy(r->error, sizeof r->error, "connection lost before any answer; not resent");
         return CURL_PREREQFUNC_ABORT;
     }
+    r->sent = mono_ms();
     return CURL_PREREQFUNC_OK;
 }
 
@@ -135,6 +136,7 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
     r->rl_sf[0] = r->rl_policy[0] = '\0';
     r->connects = 0;
     r->sends = 0;
+    r->sent = 0;
     r->headers = NULL;
 
     if ((size_t)snprintf(url, sizeof url, "%s/v1/transactions/%s", api_base, id) >= sizeof url) {

@@ -35,6 +35,7 @@ struct kasera_read {
     char error[256];          /* libcurl's reason when http == 0 */
     long connects;            /* new connections this read opened (0 when reused) */
     int sends;                /* times the request was about to be sent */
+    int64_t sent;             /* mono_ms() when it was sent (connected), 0 if never */
     /* private */
     void *easy;
     void *headers;

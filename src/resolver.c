@@ -265,6 +265,7 @@ static void read_finished(struct resolver *rs, struct rread *rd, int64_t now)
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
     classify(&resp, wall_s(), &oc);
+    rd->ticket.sent = rd->kr.sent;
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, now, &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
@@ -478,6 +479,7 @@ static void *resolver_main(void *arg)
         struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
         struct state_report rep;
         kasera_abort(rs->api, &rd->kr);
+        rd->ticket.sent = rd->kr.sent;
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
         read_release(rs, rd);
     }

@@ -731,6 +731,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
     ticket->started = now;
+    ticket->sent = 0;
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
     claimed = true;
@@ -753,8 +754,14 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     struct st_tx *e = tx_find(st, &t->key, t->id);
     struct st_keyent *k = key_get(st, &t->key, now, true);
     if (e != NULL) {
-        if (e->inflight_serial == t->serial)
+        if (e->inflight_serial == t->serial) {
             e->inflight_until = 0;
+            /* Kasera's window runs from the request's arrival, which a
+             * new connection (TCP, TLS) delays after the claim: the pace
+             * counts from when the request went out */
+            if (t->sent > e->last_start && t->sent <= now)
+                e->last_start = t->sent;
+        }
         e->last_used = now;
     }
     switch (oc->kind) {

@@ -73,6 +73,7 @@ struct state_ticket {
     char id[STATE_ID_MAX + 1];
     uint64_t serial;
     int64_t started;
+    int64_t sent; /* set by the reader: when the request went out (0: never) */
 };
 
 /* What state_finish() changed that the caller should log once. */

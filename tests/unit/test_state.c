@@ -163,6 +163,49 @@ static void test_pending_next_read(void **unused)
     state_free(st);
 }
 
+/* The pace counts from when the request went out: a read that spent 250 ms
+ * connecting moves the next one 250 ms later. A ticket whose lease another
+ * reader has taken over moves nothing, and a send time never moves it back. */
+static void test_pace_counts_from_send(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, &f));
+    assert_int_equal(t.sent, 0);
+    t.sent = T0 + 250;
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    f = lookup(st, &k, "T1", T0 + 300);
+    assert_int_equal(f.next_read, T0 + 250 + 1500);
+    assert_false(claim(st, &k, "T1", T0 + 1500, &t, &f));
+    assert_int_equal(f.next_read, T0 + 1750);
+
+    /* never sent (no connection): counted from the claim */
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 5000);
+    assert_int_equal(lookup(st, &k, "T2", T0 + 5000).next_read, T0 + 5000);
+
+    /* a stale ticket (its lease ran out and another reader claimed): T3's
+     * stale reader reports a late send, T4's none; the same pace follows */
+    int64_t lease = TIMEOUT + 1000;
+    const char *ids[2] = {"T3", "T4"};
+    int64_t next[2];
+    for (int i = 0; i < 2; i++) {
+        struct state_ticket stale, fresh;
+        assert_true(claim(st, &k, ids[i], T0, &stale, NULL));
+        assert_true(claim(st, &k, ids[i], T0 + lease + 1, &fresh, NULL));
+        stale.sent = i == 0 ? T0 + lease + 500 : 0;
+        finish(st, &stale, "toko-a", oc_status(TXS_PENDING, NULL), T0 + lease + 600);
+        finish(st, &fresh, "toko-a", oc_status(TXS_PENDING, NULL), T0 + lease + 700);
+        next[i] = lookup(st, &k, ids[i], T0 + lease + 700).next_read;
+    }
+    assert_int_equal(next[0], next[1]);
+    assert_int_equal(next[0], T0 + lease + 1 + 2000); /* the fresh read's claim + the schedule's third wait */
+    state_free(st);
+}
+
 /* A held request on a fresh transaction: reads at 0, 1.5, 3.5, 6.5, 11.5,
  * 19.5 and 32.5 s, then every 13 s. */
 static void test_default_schedule_exact(void **unused)
@@ -934,6 +977,7 @@ int main(void)
         cmocka_unit_test(test_claim_fresh),
         cmocka_unit_test(test_claim_while_in_flight),
         cmocka_unit_test(test_pending_next_read),
+        cmocka_unit_test(test_pace_counts_from_send),
         cmocka_unit_test(test_default_schedule_exact),
         cmocka_unit_test(test_min_gap_random),
         cmocka_unit_test(test_cache_final_statuses),
