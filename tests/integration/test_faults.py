@@ -144,7 +144,7 @@ def test_unverified_caps_and_other_4xx_are_not_retried(tmpdir):
 def test_reads_without_answer_keep_the_pace(tmpdir):
     # Waits of 1.5 s (the default schedule's shortest), not the 1.1 s of the
     # other tests: most of these reads end their connection, and on a busy
-    # machine the next one's connect reached the sandbox 190 ms late, 0.91 s
+    # machine one reached the sandbox 190 ms after kembali started it, 0.91 s
     # after the previous arrival, inside Kasera's 1 s window (a 429, handled,
     # but not what this test is about).
     sb, k = kit.start(tmpdir, schedule=[0] + [1500] * 6, top={"read_timeout_ms": 500})
