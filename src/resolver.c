@@ -196,6 +196,8 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
     if (rd->kr.http == 0)
         log_str(&l, "error", rd->kr.error);
     log_int(&l, "ms", ms);
+    if (rd->kr.sent > 0) /* when the request went out (after connecting): the pace counts from there */
+        log_int(&l, "sent_ms", (long long)(rd->kr.sent - rd->ticket.started));
     log_int(&l, "new_connection", rd->kr.connects > 0);
     log_end(&l);
 }
