@@ -38,15 +38,20 @@ def test_final_status_answers_within_half_a_second(tmpdir):
         assert_eq(r.header("kembali-status"), "succeeded")
     assert_eq([r["status"] for r in sb.reads("t1")], ["pending", "pending", "succeeded"])
     # every waiter answered within 0.5 s of the end of the read that found
-    # it, and none before: by kembali's own log
-    found = k.wait_log(5, event="read", id="t1", status="succeeded")
+    # it, and none before; a request that a busy machine delayed past that
+    # read is answered from the cache at once. By kembali's own log.
+    found = kit.log_time(k.wait_log(5, event="read", id="t1", status="succeeded"))
     answered = [l for l in k.find_log(event="request", id="t1")]
     assert_eq(len(answered), 20)
-    lag = [kit.log_time(l) - kit.log_time(found) for l in answered]
-    print("# 20 waiters answered %.3f to %.3f s after the read that found succeeded ended"
-          % (min(lag), max(lag)))
+    waiters = [l for l in answered if kit.log_time(l) - int(l["ms"]) / 1000 < found]
+    late = [l for l in answered if l not in waiters]
+    lag = [kit.log_time(l) - found for l in waiters]
+    print("# %d waiters answered %.3f to %.3f s after the read that found succeeded ended; %d came later"
+          % (len(waiters), min(lag), max(lag), len(late)))
+    assert len(waiters) >= 1, "some request waited for the read"
     assert_between(min(lag), -0.002, 0.5, "answers after the read: %r" % lag)
     assert_between(max(lag), -0.002, 0.5, "answers after the read: %r" % lag)
+    assert all(int(l["ms"]) < 500 for l in late), "answered from the cache at once: %r" % [l["ms"] for l in late]
 
 
 def test_twenty_concurrent_cost_one_schedule(tmpdir):
