@@ -10,11 +10,10 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 
 import harness
 import kit
-from harness import assert_eq, assert_between
+from harness import assert_eq
 
 APACHE = "/usr/sbin/apache2"
 MODULES = "/usr/lib/apache2/modules"

@@ -6,7 +6,6 @@ No failure of the API ever produces a 5xx or a "failed" page."""
 
 import email.utils
 import json
-import threading
 import time
 
 import harness
