@@ -778,6 +778,11 @@ def _matches(d: dict, match: dict) -> bool:
     return all(k in d and d[k] == (v if isinstance(v, str) else str(v)) for k, v in match.items())
 
 
+def find_lines(text: str, **match) -> list[dict]:
+    """The log lines of ``text`` whose given keys have the given values."""
+    return [d for d in parse_log(text) if _matches(d, match)]
+
+
 # ---------------------------------------------------------------------------
 # kembali
 # ---------------------------------------------------------------------------
@@ -994,7 +999,7 @@ class Kembali:
 
     def find_log(self, **match) -> list[dict]:
         """Log lines whose given keys have the given values (compared as str)."""
-        return [d for d in self.log_lines() if _matches(d, match)]
+        return find_lines(self.log_text(), **match)
 
     def wait_log(self, timeout: float = 10.0, **match) -> dict:
         """The first log line matching ``match``, waiting up to ``timeout``."""

@@ -118,6 +118,12 @@ def log_time(line):
 DEFAULT_SCHEDULE = [0, 1500, 2000, 3000, 5000, 8000, 13000]
 
 
+def began(line):
+    """When a log line's event began: its ts minus its ms (a read's start,
+    a request's arrival), in seconds since the epoch."""
+    return log_time(line) - int(line["ms"]) / 1000
+
+
 def _lines(logs):
     """Every log line of `logs` (Kembali objects and/or log texts), merged."""
     out = []
@@ -130,7 +136,7 @@ def read_starts(logs, id):
     """Start times (s, relative to the first) of kembali's reads of id, from
     its read log lines (end time minus duration, 1 ms resolution). `logs`:
     Kembali objects and/or log texts (e.g. Apache's error log), merged."""
-    starts = sorted(log_time(line) - int(line["ms"]) / 1000 for line in _lines(logs)
+    starts = sorted(began(line) for line in _lines(logs)
                     if line.get("event") == "read" and line.get("id") == id)
     return [round(t - starts[0], 3) for t in starts] if starts else []
 
@@ -139,7 +145,7 @@ def read_sends(logs, id):
     """When each of kembali's reads of id went out (s, relative to the first
     read's start): its start plus the log line's sent_ms (the connect), or
     its start when it never went out. The pace counts from these."""
-    reads = sorted((log_time(l) - int(l["ms"]) / 1000, int(l.get("sent_ms", 0)) / 1000)
+    reads = sorted((began(l), int(l.get("sent_ms", 0)) / 1000)
                    for l in _lines(logs) if l.get("event") == "read" and l.get("id") == id)
     return [round(s - reads[0][0] + d, 3) for s, d in reads] if reads else []
 
@@ -180,8 +186,8 @@ def check_one_pace(sb, logs, id, schedule=FAST, slack=0.35):
     assert starts, "no read of %s" % id
     sends = read_sends(logs, id)  # each wait runs from the previous read's send
     lines = _lines(logs)
-    first = min(log_time(l) - int(l["ms"]) / 1000 for l in lines if l.get("event") == "read" and l.get("id") == id)
-    deadlines = [log_time(l) - int(l["ms"]) / 1000 + hold - first for l in lines
+    first = min(began(l) for l in lines if l.get("event") == "read" and l.get("id") == id)
+    deadlines = [began(l) + hold - first for l in lines
                  if l.get("event") == "request" and l.get("id") == id]
     assert deadlines, "no request for %s in the log" % id
     last = max(deadlines)

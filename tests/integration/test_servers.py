@@ -79,9 +79,9 @@ def test_spawn_fcgi_four_children(tmpdir):
     try:
         assert_eq(len(pids), 4, out.stderr)
         text = lambda: open(log).read() if os.path.exists(log) else ""  # noqa: E731
-        harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("event") == "start"
-                                      and l.get("level") == "info"]) == 4, 20, msg="four start lines")
-        started = {int(l["pid"]) for l in harness.parse_log(text()) if l.get("event") == "start" and "pid" in l}
+        harness.wait_for(lambda: len(harness.find_lines(text(), level="info", event="start")) == 4, 20,
+                         msg="four start lines")
+        started = {int(l["pid"]) for l in harness.find_lines(text(), level="info", event="start")}
         assert_eq(started, set(pids), "the children spawn-fcgi reported are the ones serving")
         sb.put_tx("t1", "pending")
         sb.put_tx("done", "succeeded")
@@ -89,10 +89,10 @@ def test_spawn_fcgi_four_children(tmpdir):
                           [lambda: harness.get(sock, "id=done")])
         assert_eq([r.header("kembali-status") for r in rs], ["checking"] * 20 + ["succeeded"])
         kit.check_one_pace(sb, [text()], "t1")
-        assert_eq(len([l for l in harness.parse_log(text()) if l.get("event") == "request"]), 21)
+        assert_eq(len(harness.find_lines(text(), event="request")), 21)
     finally:
         stop_pids(pids)
-    stopped = [l for l in harness.parse_log(open(log).read()) if l.get("event") == "stop" and l.get("msg") == "stopped"]
+    stopped = harness.find_lines(open(log).read(), event="stop", msg="stopped")
     assert_eq(len(stopped), 4, "each child stopped cleanly on SIGTERM")
     check_log(open(log).read())
 
@@ -130,8 +130,7 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
         proc = harness.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
     text = lambda: open(out_path).read()  # noqa: E731
     try:
-        harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("event") == "start"
-                                      and l.get("level") == "info"]) == 4, 20,
+        harness.wait_for(lambda: len(harness.find_lines(text(), level="info", event="start")) == 4, 20,
                          msg="four kembali processes started by lighttpd")
         harness.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 10, msg="lighttpd serving")
         sb.put_tx("t1", "pending")
@@ -143,13 +142,13 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
         assert_eq((status, headers.get("kembali-status")), (200, "succeeded"))
         assert_eq(body.strip(), b'{"id":"done","status":"succeeded","final":true}')
         starts, _ = kit.check_one_pace(sb, [text()], "t1")
-        served = {l["pid"] for l in harness.parse_log(text()) if l.get("event") == "start" and "pid" in l}
+        served = {l["pid"] for l in harness.find_lines(text(), level="info", event="start")}
         print("# lighttpd max-procs 4: %d kembali processes; 10 held requests cost %d reads at %r"
               % (len(served), len(starts), starts))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
-    harness.wait_for(lambda: len([l for l in harness.parse_log(text()) if l.get("msg") == "stopped"]) == 4, 15,
+    harness.wait_for(lambda: len(harness.find_lines(text(), event="stop", msg="stopped")) == 4, 15,
                      msg="each kembali process stopped when lighttpd did")
     check_log(text())
 

@@ -164,8 +164,9 @@ static void test_pending_next_read(void **unused)
 }
 
 /* The pace counts from when the request went out: a read that spent 250 ms
- * connecting moves the next one 250 ms later. A ticket whose lease another
- * reader has taken over moves nothing, and a send time never moves it back. */
+ * connecting moves the next one 250 ms later. A read never sent counts from
+ * its claim, and a ticket whose lease another reader has taken over moves
+ * nothing. */
 static void test_pace_counts_from_send(void **unused)
 {
     (void)unused;
