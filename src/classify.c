@@ -30,7 +30,7 @@ int tx_status_final(enum tx_status s)
     return s == TXS_SUCCEEDED || s == TXS_FAILED || s == TXS_CANCELED || s == TXS_EXPIRED;
 }
 
-const char *outcome_kind_name(enum outcome_kind k)
+const char *classify_outcome_name(enum outcome_kind k)
 {
     static const char *const names[] = {
         [OUT_STATUS] = "status", [OUT_NOT_FOUND] = "not_found", [OUT_TX_LIMITED] = "tx_limited",
@@ -61,7 +61,7 @@ static int is_word(const char *s)
     return 1;
 }
 
-void classify(const struct api_response *resp, int64_t now_wall, struct outcome *out)
+void classify_response(const struct api_response *resp, int64_t now_wall, struct outcome *out)
 {
     memset(out, 0, sizeof *out);
     out->kind = OUT_NO_ANSWER;

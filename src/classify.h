@@ -1,6 +1,6 @@
 /* classify.h - what one answer of GET /v1/transactions/:id means.
  *
- * classify() is a pure function over (HTTP status, headers, body): it does
+ * classify_response() is a pure function over (HTTP status, headers, body): it does
  * no I/O and reads no clock (the caller passes the wall-clock time, used
  * only for HTTP-date Retry-After values). Every case of kasera-api.md maps
  * to one outcome kind; what to do about it is the state module's business. */
@@ -59,7 +59,7 @@ struct outcome {
 
 /* Classify one answer into *out. This function can't fail: anything it
  * does not understand becomes OUT_NO_ANSWER or, for 4xx, OUT_REJECTED. */
-void classify(const struct api_response *resp, int64_t now_wall, struct outcome *out);
+void classify_response(const struct api_response *resp, int64_t now_wall, struct outcome *out);
 
 /* The word of a status ("pending", ..., "unknown"); never NULL. */
 const char *tx_status_word(enum tx_status s);
@@ -68,6 +68,6 @@ enum tx_status tx_status_parse(const char *word);
 /* True for the statuses that end the schedule. */
 int tx_status_final(enum tx_status s);
 /* Name of an outcome kind, for logs and metrics. */
-const char *outcome_kind_name(enum outcome_kind k);
+const char *classify_outcome_name(enum outcome_kind k);
 
 #endif

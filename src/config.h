@@ -40,7 +40,7 @@ struct config {
     char *api_base;
     char *state_dir;
     char *templates_dir;
-    struct schedule sched;
+    struct pace_schedule sched;
     long read_timeout_ms;
     int state_slots;
     struct shop *shops;

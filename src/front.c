@@ -92,7 +92,7 @@ static void write_response(struct req *r, int http, const char *word, const char
 static void log_request(struct req *r, int http, const char *word, bool held)
 {
     /* both clocks read back to back, so that ts minus ms is the arrival */
-    long long ms = (long long)(mono_ms() - r->arrived);
+    long long ms = (long long)(util_mono_ms() - r->arrived);
     struct log_line l;
     log_begin(&l, "info", "request");
     log_str(&l, "shop", r->shop ? r->shop->id : NULL);
@@ -203,7 +203,7 @@ static void handle(struct app *a, struct req *r)
     const char *admin = FCGX_GetParam("KEMBALI_ADMIN", env);
     char fmt[16] = "";
 
-    r->arrived = mono_ms();
+    r->arrived = util_mono_ms();
     r->cfg = app_config(a);
     drain_stdin(r);
     request_query_param(query, "format", fmt, sizeof fmt);
@@ -363,7 +363,7 @@ static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *em
         return true;
     }
     pend[*npend].fd = fd;
-    pend[*npend].since = mono_ms();
+    pend[*npend].since = util_mono_ms();
     (*npend)++;
     return true;
 }
@@ -378,7 +378,7 @@ static void *accept_main(void *arg)
     while (!atomic_load(&a->stopping)) {
         /* close the connections that sent nothing in time; the next expiry
          * bounds the wait */
-        int64_t now = mono_ms();
+        int64_t now = util_mono_ms();
         int timeout = -1;
         for (int i = 0; i < npend;) {
             int64_t left = pend[i].since + FIRST_BYTES_MS - now;

@@ -112,7 +112,7 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
         util_copy(r->error, sizeof r->error, "connection lost before any answer; not resent");
         return CURL_PREREQFUNC_ABORT;
     }
-    r->sent = mono_ms();
+    r->sent = util_mono_ms();
     return CURL_PREREQFUNC_OK;
 }
 

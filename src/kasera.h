@@ -35,7 +35,7 @@ struct kasera_read {
     char error[256];          /* libcurl's reason when http == 0 */
     long connects;            /* new connections this read opened (0 when reused) */
     int sends;                /* times the request was about to be sent */
-    int64_t sent;             /* mono_ms() when it was sent (connected), 0 if never */
+    int64_t sent;             /* util_mono_ms() when it was sent (connected), 0 if never */
     /* private */
     void *easy;
     void *headers;
@@ -61,7 +61,7 @@ void kasera_wakeup(struct kasera_client *c);
  * and its resources released except `body` (free with kasera_read_clear). */
 struct kasera_read *kasera_next_done(struct kasera_client *c);
 
-/* The answer of a finished read, as classify() wants it. */
+/* The answer of a finished read, as classify_response() wants it. */
 void kasera_response(const struct kasera_read *r, struct api_response *out);
 
 /* Abandon a read in flight (at shutdown); its resources are released

@@ -3,7 +3,7 @@
 
 #include "pace.h"
 
-void pace_default(struct schedule *s)
+void pace_default(struct pace_schedule *s)
 {
     static const int64_t def[] = {0, 1500, 2000, 3000, 5000, 8000, 13000};
     s->n = (int)(sizeof def / sizeof def[0]);
@@ -11,7 +11,7 @@ void pace_default(struct schedule *s)
         s->wait_ms[i] = def[i];
 }
 
-bool pace_valid(const struct schedule *s, char *err, size_t errlen)
+bool pace_valid(const struct pace_schedule *s, char *err, size_t errlen)
 {
     if (s->n < 1 || s->n > PACE_MAX_STEPS) {
         snprintf(err, errlen, "must list 1 to %d waits", PACE_MAX_STEPS);
@@ -33,7 +33,7 @@ bool pace_valid(const struct schedule *s, char *err, size_t errlen)
     return true;
 }
 
-int64_t pace_sum(const struct schedule *s)
+int64_t pace_sum(const struct pace_schedule *s)
 {
     int64_t sum = 0;
     for (int i = 0; i < s->n; i++)
@@ -41,7 +41,7 @@ int64_t pace_sum(const struct schedule *s)
     return sum;
 }
 
-int64_t pace_hold_ms(const struct schedule *s)
+int64_t pace_hold_ms(const struct pace_schedule *s)
 {
     return pace_sum(s) + PACE_GRACE_MS;
 }
@@ -51,7 +51,7 @@ bool pace_in_episode(int reads, int64_t last_start, int64_t now)
     return reads > 0 && now - last_start <= PACE_EPISODE_MS;
 }
 
-int64_t pace_next_read(const struct schedule *s, int reads, int64_t last_start, int64_t now)
+int64_t pace_next_read(const struct pace_schedule *s, int reads, int64_t last_start, int64_t now)
 {
     if (!pace_in_episode(reads, last_start, now))
         return now;

@@ -17,23 +17,23 @@
 #define PACE_MAX_WAIT_MS 30000
 #define PACE_GRACE_MS 1500      /* a held request's deadline is the schedule's sum plus this */
 
-struct schedule {
+struct pace_schedule {
     int n;
     int64_t wait_ms[PACE_MAX_STEPS];
 };
 
 /* The default schedule of the seed. This function can't fail. */
-void pace_default(struct schedule *s);
+void pace_default(struct pace_schedule *s);
 
 /* Check a schedule; on error writes a plain-words reason into err and
  * returns false. */
-bool pace_valid(const struct schedule *s, char *err, size_t errlen);
+bool pace_valid(const struct pace_schedule *s, char *err, size_t errlen);
 
 /* Sum of all waits (32500 by default). */
-int64_t pace_sum(const struct schedule *s);
+int64_t pace_sum(const struct pace_schedule *s);
 
 /* How long a held HTML request may wait: the sum plus PACE_GRACE_MS. */
-int64_t pace_hold_ms(const struct schedule *s);
+int64_t pace_hold_ms(const struct pace_schedule *s);
 
 /* True when a transaction whose last read started at last_start (reads > 0)
  * is still in the same episode at `now`. */
@@ -42,6 +42,6 @@ bool pace_in_episode(int reads, int64_t last_start, int64_t now);
 /* The earliest start of the next read, by the schedule alone, for an episode
  * in which `reads` reads were made, the last starting at last_start.
  * Returns `now` when no episode is running (reads == 0 or it has ended). */
-int64_t pace_next_read(const struct schedule *s, int reads, int64_t last_start, int64_t now);
+int64_t pace_next_read(const struct pace_schedule *s, int reads, int64_t last_start, int64_t now);
 
 #endif

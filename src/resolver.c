@@ -176,13 +176,13 @@ static bool cannot_improve(const struct req *r, const struct state_fact *f, int6
  * back with the line's stamp, so that ts minus ms is the read's start. */
 static void log_read(const struct rread *rd, const struct outcome *oc)
 {
-    long long ms = (long long)(mono_ms() - rd->ticket.started);
+    long long ms = (long long)(util_mono_ms() - rd->ticket.started);
     struct log_line l;
     log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? "info" : "warn", "read");
     log_str(&l, "shop", rd->shop->id);
     log_str(&l, "id", rd->ticket.id);
     log_int(&l, "http", rd->kr.http);
-    log_str(&l, "outcome", outcome_kind_name(oc->kind));
+    log_str(&l, "outcome", classify_outcome_name(oc->kind));
     if (oc->kind == OUT_STATUS)
         log_str(&l, "status", oc->status_word);
     if (oc->error_code[0])
@@ -266,7 +266,7 @@ static void read_finished(struct resolver *rs, struct rread *rd, int64_t now)
     struct outcome oc;
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
-    classify(&resp, wall_s(), &oc);
+    classify_response(&resp, util_wall_s(), &oc);
     rd->ticket.sent = rd->kr.sent;
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, now, &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
@@ -283,7 +283,7 @@ static void read_start(struct resolver *rs, struct watch *w, const struct req *r
     struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
     struct state_report rep;
     if (rd == NULL) {
-        state_finish(rs->app->state, t, r->shop->id, &none, mono_ms(), &rep);
+        state_finish(rs->app->state, t, r->shop->id, &none, util_mono_ms(), &rep);
         return;
     }
     rd->ticket = *t;
@@ -291,7 +291,7 @@ static void read_start(struct resolver *rs, struct watch *w, const struct req *r
     rd->shop = r->shop;
     rd->kr.user = rd;
     if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, r->shop->secret, rd->cfg->read_timeout_ms) != 0) {
-        int64_t now = mono_ms();
+        int64_t now = util_mono_ms();
         log_read(rd, &none);
         state_finish(rs->app->state, t, r->shop->id, &none, now, &rep);
         config_unref(rd->cfg);
@@ -340,7 +340,7 @@ static void step(struct resolver *rs, struct watch *w, int64_t now)
     struct state_ticket t;
     /* a fresh clock for the claim: the start it records is what the pace counts from */
     bool claimed = state_claim(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
-                               mono_ms(), &t, &f);
+                               util_mono_ms(), &t, &f);
     if (f.final || f.not_found) {
         answer_where(rs, w, &f, now, all_done);
         watch_drop(rs, w);
@@ -434,7 +434,7 @@ static void *resolver_main(void *arg)
 {
     struct resolver *rs = arg;
     for (;;) {
-        int64_t now = mono_ms();
+        int64_t now = util_mono_ms();
         pthread_mutex_lock(&rs->inbox_mu);
         bool stop = rs->stop;
         pthread_mutex_unlock(&rs->inbox_mu);
@@ -446,13 +446,13 @@ static void *resolver_main(void *arg)
         while ((kr = kasera_next_done(rs->api)) != NULL) {
             struct rread *rd = kr->user;
             struct watch *w = rd->w;
-            now = mono_ms();
+            now = util_mono_ms();
             read_finished(rs, rd, now);
             if (w != NULL)
                 after_read(rs, w, now);
         }
 
-        now = mono_ms();
+        now = util_mono_ms();
         int64_t next = now + LOOP_MAX_SLEEP_MS;
         /* A read ended somewhere (maybe in another process): every watch
          * not reading itself looks again; otherwise only those due. */
@@ -465,11 +465,11 @@ static void *resolver_main(void *arg)
         for (struct watch *w = rs->all; w; w = w->next)
             if (w->next_step < next)
                 next = w->next_step;
-        int64_t sleep = next - mono_ms();
+        int64_t sleep = next - util_mono_ms();
         kasera_poll(rs->api, sleep < 0 ? 0 : (int)sleep);
     }
     /* Stopping: answer all with what is known; abandon reads in flight. */
-    int64_t now = mono_ms();
+    int64_t now = util_mono_ms();
     answer_everything(rs, now);
     pthread_mutex_lock(&rs->inbox_mu);
     rs->stopped = true;
@@ -553,8 +553,8 @@ void resolver_park(struct resolver *rs, struct req *r)
     if (stopped) {
         struct state_fact f;
         struct answer ans;
-        state_lookup(rs->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, mono_ms(), &f);
-        request_answer(&f, mono_ms(), &ans);
+        state_lookup(rs->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
+        request_answer(&f, util_mono_ms(), &ans);
         atomic_fetch_sub(&rs->app->m.held, 1);
         front_respond(rs->app, r, &ans);
         return;

@@ -650,7 +650,7 @@ static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_
     }
 }
 
-static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct schedule *sched,
+static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct pace_schedule *sched,
                     int budget, int64_t now, struct state_fact *f)
 {
     memset(f, 0, sizeof *f);
@@ -685,7 +685,7 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
 }
 
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
-                  const struct schedule *sched, int budget, int64_t now, struct state_fact *out)
+                  const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out)
 {
     st_lock(st);
     compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out);
@@ -693,7 +693,7 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 }
 
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out)
 {
     bool claimed = false;

@@ -135,14 +135,14 @@ void state_key_id(const struct state *st, const char *secret, struct state_key *
 /* What is known about (key, id) at `now`, and when a read could next start
  * under `sched` and `budget` reads per minute. Never reads anything itself. */
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
-                  const struct schedule *sched, int budget, int64_t now, struct state_fact *out);
+                  const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out);
 
 /* As state_lookup(); in addition, when a read may start now (nothing final or
  * remembered, none in flight, fact.next_read <= now), records its start
  * (pace, budget), fills *ticket and returns true. The caller must then make
  * the read and call state_finish() exactly once with that ticket. */
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out);
 
 /* Record the outcome of the read of `ticket`, made for shop `shop_id`, at

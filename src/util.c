@@ -12,7 +12,7 @@ static uint64_t rng_next(void)
 {
     if (rng_state == 0) {
         if (getrandom(&rng_state, sizeof rng_state, 0) != sizeof rng_state)
-            rng_state = (uint64_t)mono_ms() ^ (uint64_t)(uintptr_t)&rng_state;
+            rng_state = (uint64_t)util_mono_ms() ^ (uint64_t)(uintptr_t)&rng_state;
         rng_state |= 1;
     }
     rng_state ^= rng_state >> 12;

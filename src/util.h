@@ -12,7 +12,7 @@
 #include <time.h>
 
 /* Milliseconds on the monotonic clock. This function can't fail. */
-static inline int64_t mono_ms(void)
+static inline int64_t util_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -20,7 +20,7 @@ static inline int64_t mono_ms(void)
 }
 
 /* Seconds since the epoch on the wall clock. This function can't fail. */
-static inline int64_t wall_s(void)
+static inline int64_t util_wall_s(void)
 {
     return (int64_t)time(NULL);
 }

@@ -28,7 +28,7 @@ static struct outcome run(const struct api_response *r)
 {
     struct outcome o;
     memset(&o, 0x5a, sizeof o); /* classify must reset everything */
-    classify(r, NOW_WALL, &o);
+    classify_response(r, NOW_WALL, &o);
     return o;
 }
 
@@ -393,15 +393,15 @@ static void test_status_words(void **unused)
 static void test_outcome_names(void **unused)
 {
     (void)unused;
-    assert_string_equal(outcome_kind_name(OUT_STATUS), "status");
-    assert_string_equal(outcome_kind_name(OUT_NOT_FOUND), "not_found");
-    assert_string_equal(outcome_kind_name(OUT_TX_LIMITED), "tx_limited");
-    assert_string_equal(outcome_kind_name(OUT_KEY_LIMITED), "key_limited");
-    assert_string_equal(outcome_kind_name(OUT_UNAUTHORIZED), "unauthorized");
-    assert_string_equal(outcome_kind_name(OUT_AUTH_BLOCKED), "auth_blocked");
-    assert_string_equal(outcome_kind_name(OUT_REJECTED), "rejected");
-    assert_string_equal(outcome_kind_name(OUT_NO_ANSWER), "no_answer");
-    assert_string_equal(outcome_kind_name((enum outcome_kind)42), "?");
+    assert_string_equal(classify_outcome_name(OUT_STATUS), "status");
+    assert_string_equal(classify_outcome_name(OUT_NOT_FOUND), "not_found");
+    assert_string_equal(classify_outcome_name(OUT_TX_LIMITED), "tx_limited");
+    assert_string_equal(classify_outcome_name(OUT_KEY_LIMITED), "key_limited");
+    assert_string_equal(classify_outcome_name(OUT_UNAUTHORIZED), "unauthorized");
+    assert_string_equal(classify_outcome_name(OUT_AUTH_BLOCKED), "auth_blocked");
+    assert_string_equal(classify_outcome_name(OUT_REJECTED), "rejected");
+    assert_string_equal(classify_outcome_name(OUT_NO_ANSWER), "no_answer");
+    assert_string_equal(classify_outcome_name((enum outcome_kind)42), "?");
 }
 
 int main(void)

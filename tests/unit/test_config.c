@@ -183,7 +183,7 @@ static void test_defaults(void **unused)
     (void)unused;
     struct config *c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"s\", \"secret_key_file\": \"%s/key_b\"}]}", g_dir));
     assert_string_equal(c->api_base, "https://pay.kasera.id");
-    struct schedule def;
+    struct pace_schedule def;
     pace_default(&def);
     assert_int_equal(c->sched.n, def.n);
     assert_memory_equal(c->sched.wait_ms, def.wait_ms, sizeof def.wait_ms[0] * (size_t)def.n);

@@ -14,7 +14,7 @@
 static void test_default_schedule(void **unused)
 {
     (void)unused;
-    struct schedule s;
+    struct pace_schedule s;
     memset(&s, 0xff, sizeof s);
     pace_default(&s);
     static const int64_t want[] = {0, 1500, 2000, 3000, 5000, 8000, 13000};
@@ -31,7 +31,7 @@ static void test_default_schedule(void **unused)
 static void test_reads_as_soon_as_allowed(void **unused)
 {
     (void)unused;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     static const int64_t want[] = {0,     1500,  3500,  6500,  11500, 19500, 32500,
                                    45500, 58500, 71500, 84500, 97500, 110500};
@@ -54,7 +54,7 @@ static void test_reads_as_soon_as_allowed(void **unused)
 static void test_first_read_is_now(void **unused)
 {
     (void)unused;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     assert_int_equal(pace_next_read(&s, 0, 0, T0), T0);
     assert_int_equal(pace_next_read(&s, 0, T0 - 10, T0), T0);
@@ -64,7 +64,7 @@ static void test_first_read_is_now(void **unused)
 static void test_episode_end(void **unused)
 {
     (void)unused;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     assert_false(pace_in_episode(0, T0, T0));
     assert_true(pace_in_episode(1, T0, T0));
@@ -83,7 +83,7 @@ static void test_episode_end(void **unused)
 static void test_restart_after_episode(void **unused)
 {
     (void)unused;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     /* a full episode, then a long silence, then the schedule starts over */
     int reads = 7;
@@ -99,7 +99,7 @@ static void test_restart_after_episode(void **unused)
 static void test_one_step_schedules(void **unused)
 {
     (void)unused;
-    struct schedule s = {.n = 1, .wait_ms = {0}};
+    struct pace_schedule s = {.n = 1, .wait_ms = {0}};
     char err[256];
     assert_true(pace_valid(&s, err, sizeof err));
     /* a one-step schedule repeats its first wait, never below the minimum */
@@ -114,7 +114,7 @@ static void test_one_step_schedules(void **unused)
 static void test_short_schedule(void **unused)
 {
     (void)unused;
-    struct schedule s = {.n = 3, .wait_ms = {0, 1100, 1200}};
+    struct pace_schedule s = {.n = 3, .wait_ms = {0, 1100, 1200}};
     char err[256];
     assert_true(pace_valid(&s, err, sizeof err));
     assert_int_equal(pace_sum(&s), 2300);
@@ -131,7 +131,7 @@ static void test_valid_schedules_keep_min_gap(void **unused)
     (void)unused;
     uint32_t rng = 12345;
     for (int round = 0; round < 500; round++) {
-        struct schedule s;
+        struct pace_schedule s;
         rng = rng * 1103515245u + 12345u;
         s.n = 1 + (int)(rng >> 16) % PACE_MAX_STEPS;
         for (int i = 0; i < s.n; i++) {
@@ -154,7 +154,7 @@ static void test_valid_rejects(void **unused)
 {
     (void)unused;
     char err[256];
-    struct schedule s;
+    struct pace_schedule s;
 
     pace_default(&s);
     s.wait_ms[1] = 1000;
@@ -202,7 +202,7 @@ static void test_valid_accepts(void **unused)
 {
     (void)unused;
     char err[256];
-    struct schedule s = {.n = 2, .wait_ms = {0, 1100}};
+    struct pace_schedule s = {.n = 2, .wait_ms = {0, 1100}};
     assert_true(pace_valid(&s, err, sizeof err));
     s.wait_ms[1] = 30000;
     assert_true(pace_valid(&s, err, sizeof err));

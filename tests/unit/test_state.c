@@ -16,9 +16,9 @@
 #define LEASE (TIMEOUT + 1000)
 #define BUDGET 120
 
-static struct schedule sched_default(void)
+static struct pace_schedule sched_default(void)
 {
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     return s;
 }
@@ -62,7 +62,7 @@ static struct state_key key_of(struct state *st, const char *secret)
 static bool claim(struct state *st, const struct state_key *k, const char *id, int64_t now,
                   struct state_ticket *t, struct state_fact *f)
 {
-    struct schedule s = sched_default();
+    struct pace_schedule s = sched_default();
     struct state_ticket dummy;
     struct state_fact fd;
     return state_claim(st, k, id, &s, BUDGET, now, t ? t : &dummy, f ? f : &fd);
@@ -70,7 +70,7 @@ static bool claim(struct state *st, const struct state_key *k, const char *id, i
 
 static struct state_fact lookup(struct state *st, const struct state_key *k, const char *id, int64_t now)
 {
-    struct schedule s = sched_default();
+    struct pace_schedule s = sched_default();
     struct state_fact f;
     memset(&f, 0x77, sizeof f);
     state_lookup(st, k, id, &s, BUDGET, now, &f);
@@ -238,10 +238,10 @@ static void test_default_schedule_exact(void **unused)
 static void test_min_gap_random(void **unused)
 {
     (void)unused;
-    struct schedule scheds[3];
+    struct pace_schedule scheds[3];
     scheds[0] = sched_default();
-    scheds[1] = (struct schedule){.n = 2, .wait_ms = {0, 1100}};
-    scheds[2] = (struct schedule){.n = 1, .wait_ms = {0}};
+    scheds[1] = (struct pace_schedule){.n = 2, .wait_ms = {0, 1100}};
+    scheds[2] = (struct pace_schedule){.n = 1, .wait_ms = {0}};
     const int64_t min_gap[3] = {1500, 1100, 1100};
     uint64_t rng = 0x9e3779b97f4a7c15ULL;
 #define RND() (rng = rng * 6364136223846793005ULL + 1442695040888963407ULL, (uint32_t)(rng >> 33))
@@ -682,7 +682,7 @@ static void test_budget(void **unused)
     (void)unused;
     struct state *st = mk(64);
     struct state_key k = key_of(st, "sk_test_a"), k2 = key_of(st, "sk_test_b");
-    struct schedule s = sched_default();
+    struct pace_schedule s = sched_default();
     struct state_ticket t;
     struct state_fact f;
     const int budget = 3;

@@ -95,7 +95,7 @@ static void test_creates_missing_dir_0700(void **ctx)
 static void test_two_mappings_share_everything(void **ctx)
 {
     (void)ctx;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     struct state *a = open_ok(), *b = open_ok();
     struct state_key ka, kb;
@@ -105,7 +105,7 @@ static void test_two_mappings_share_everything(void **ctx)
 
     struct state_ticket t;
     struct state_fact f;
-    int64_t now = mono_ms();
+    int64_t now = util_mono_ms();
     uint32_t gen = state_generation(b);
     assert_true(state_claim(a, &ka, "T1", &s, 120, now, &t, &f));
     assert_false(state_claim(b, &kb, "T1", &s, 120, now + 10, &t, &f));
@@ -125,7 +125,7 @@ static void test_two_mappings_share_everything(void **ctx)
 static void test_wake_across_processes(void **ctx)
 {
     (void)ctx;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     struct state *st = open_ok();
     struct state_key k;
@@ -140,15 +140,15 @@ static void test_wake_across_processes(void **ctx)
         struct state_fact f;
         struct state_report rep;
         struct outcome oc = status_outcome(TXS_PENDING);
-        if (c == NULL || !state_claim(c, &k, "T2", &s, 120, mono_ms(), &t, &f))
+        if (c == NULL || !state_claim(c, &k, "T2", &s, 120, util_mono_ms(), &t, &f))
             _exit(2);
         usleep(200 * 1000);
-        state_finish(c, &t, "toko-a", &oc, mono_ms(), &rep);
+        state_finish(c, &t, "toko-a", &oc, util_mono_ms(), &rep);
         _exit(0);
     }
-    int64_t t0 = mono_ms();
+    int64_t t0 = util_mono_ms();
     uint32_t now_gen = state_wait_change(st, gen, 5000);
-    int64_t waited = mono_ms() - t0;
+    int64_t waited = util_mono_ms() - t0;
     int wst;
     waitpid(pid, &wst, 0);
     assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
@@ -231,7 +231,7 @@ static void damage(void *base)
 static void test_dead_lock_holder_is_recovered(void **ctx)
 {
     (void)ctx;
-    struct schedule s;
+    struct pace_schedule s;
     pace_default(&s);
     struct state *st = open_ok();
     struct state_key k;
@@ -239,7 +239,7 @@ static void test_dead_lock_holder_is_recovered(void **ctx)
     struct state_ticket t;
     struct state_fact f;
     struct state_report rep;
-    int64_t now = mono_ms();
+    int64_t now = util_mono_ms();
     /* a cached final status that must survive the recovery */
     assert_true(state_claim(st, &k, "KEEP", &s, 120, now, &t, &f));
     struct outcome oc = status_outcome(TXS_FAILED);
