@@ -160,9 +160,9 @@ static const char *params_index(struct fcgi_parser *p)
     return NULL;
 }
 
-/* One content byte of a GET_VALUES record; `left` bytes of content follow it.
- * False when the pairs are malformed. */
-static bool gv_byte(struct fcgi_parser *p, uint8_t c, size_t left)
+/* One content byte of a GET_VALUES record. A pair running past the record
+ * is caught at its end (on_record): the scan is then not back at GV_NLEN. */
+static void gv_byte(struct fcgi_parser *p, uint8_t c)
 {
     if (p->gv.stage == GV_NLEN || p->gv.stage == GV_VLEN) {
         uint32_t v;
@@ -171,7 +171,7 @@ static bool gv_byte(struct fcgi_parser *p, uint8_t c, size_t left)
         } else {
             p->gv.lb[p->gv.lb_have++] = c;
             if (p->gv.lb_have < 4)
-                return true;
+                return;
             v = ((uint32_t)(p->gv.lb[0] & 0x7f) << 24) | ((uint32_t)p->gv.lb[1] << 16) |
                 ((uint32_t)p->gv.lb[2] << 8) | p->gv.lb[3];
             p->gv.lb_have = 0;
@@ -179,30 +179,27 @@ static bool gv_byte(struct fcgi_parser *p, uint8_t c, size_t left)
         if (p->gv.stage == GV_NLEN) {
             p->gv.nlen = v;
             p->gv.stage = GV_VLEN;
-            return true;
+            return;
         }
         p->gv.vlen = v;
-        if (p->gv.nlen > left || p->gv.vlen > left - p->gv.nlen)
-            return false;
         p->gv.nseen = p->gv.vseen = 0;
         p->gv.stage = p->gv.nlen ? GV_NAME : p->gv.vlen ? GV_VALUE : GV_NLEN;
-        return true;
+        return;
     }
     if (p->gv.stage == GV_NAME) {
         if (p->gv.nseen < sizeof p->gv.name)
             p->gv.name[p->gv.nseen] = (char)c;
         if (++p->gv.nseen < p->gv.nlen)
-            return true;
+            return;
         for (size_t i = 0; i < N_KNOWN; i++)
             if (p->gv.nlen == strlen(known_values[i].name) &&
                 memcmp(p->gv.name, known_values[i].name, p->gv.nlen) == 0)
                 p->gv.asked |= 1u << i;
         p->gv.stage = p->gv.vlen ? GV_VALUE : GV_NLEN;
-        return true;
+        return;
     }
     if (++p->gv.vseen == p->gv.vlen)
         p->gv.stage = GV_NLEN;
-    return true;
 }
 
 /* The GET_VALUES_RESULT for the names asked, as many as fit in ev->reply. */
@@ -337,8 +334,7 @@ static enum fcgi_ev on_content(struct fcgi_parser *p, const uint8_t *b, size_t n
     }
     case M_GET_VALUES:
         for (size_t i = 0; i < n; i++)
-            if (!gv_byte(p, b[i], p->clen - (p->cseen + i + 1)))
-                return fail(p, ev, "a GET_VALUES name-value pair runs past the end of the record");
+            gv_byte(p, b[i]);
         break;
     default:
         break;
