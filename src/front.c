@@ -1,5 +1,18 @@
-/* front.c - see front.h. */
-#define NO_FCGI_DEFINES 1
+/* front.c - see front.h.
+ *
+ * A connection is in one of three moods, and its one timer follows it:
+ *   reading a request   until the codec reports it whole (FRONT_REQUEST_MS)
+ *   holding it          the handler has it; no timer of ours (the handler
+ *                       answers by the request's deadline), but the socket
+ *                       is still read, for FCGI_ABORT_REQUEST and the close
+ *   idle (kept)         between requests (FRONT_IDLE_MS)
+ * and whenever bytes wait to be written, FRONT_WRITE_MS from when the socket
+ * stopped taking them. A peer that half-closes after its request still gets
+ * its answer; one that resets the connection or aborts loses its request.
+ *
+ * Callbacks of the handler may answer the very connection being read: a
+ * connection is never freed inside them, only marked, and freed by the
+ * outermost function working on it (conn_release). */
 #include "front.h"
 
 #include <arpa/inet.h>
@@ -7,302 +20,341 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include "fastcgi_codec.h"
 #include "log.h"
-#include "resolver.h"
 #include "util.h"
 
-#define FRONT_MAX_THREADS 16
+#define FRONT_READ_CHUNK (16 * 1024)
+#define FRONT_READS_PER_EVENT 4       /* then let other connections have a turn */
+#define FRONT_ACCEPTS_PER_EVENT 64
+#define FRONT_OUT_MAX (1024 * 1024)   /* replies a peer does not read: beyond this it is closed */
+#define FRONT_EMFILE_PAUSE_MS 100
 
-static pthread_t threads[FRONT_MAX_THREADS];
-static int nthreads_started;
-static int wake_pipe[2] = {-1, -1};
+struct front_conn;
 
-static const char csp[] =
-    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
-
-static void put_all(struct req *r, const char *s, size_t n)
-{
-    if (n > 0 && FCGX_PutStr(s, (int)n, r->fcgx.out) < 0)
-        errno = 0; /* the client went away; nothing to do */
-}
-
-/* Close the connection without libfcgi's lingering close, which may wait
- * two seconds for the peer: shut down our side and close. stdin was read
- * to its end when the request was parsed, so no RST is provoked. */
-static void finish(struct req *r)
-{
-    FCGX_FClose(r->fcgx.err);
-    FCGX_FClose(r->fcgx.out);
-    int fd = r->fcgx.ipcFd;
-    r->fcgx.ipcFd = -1;
-    FCGX_Free(&r->fcgx, 0);
-    if (fd >= 0) {
-        shutdown(fd, SHUT_WR);
-        close(fd);
-    }
-}
-
-static const char *http_reason(int code)
-{
-    switch (code) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    default: return "OK";
-    }
-}
-
-/* Write a complete response: the headers every answer carries, then body. */
-static void write_response(struct req *r, int http, const char *word, const char *ctype,
-                           long retry_after, const char *extra, const struct buf *body)
-{
-    struct buf h = {0};
-    buf_printf(&h, "Status: %d %s\r\n", http, http_reason(http));
-    buf_printf(&h, "Content-Type: %s\r\n", ctype);
-    if (word != NULL)
-        buf_printf(&h, "Kembali-Status: %s\r\n", word);
-    buf_puts(&h, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                 "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\n");
-    buf_printf(&h, "Content-Security-Policy: %s\r\n", csp);
-    if (retry_after >= 0)
-        buf_printf(&h, "Retry-After: %ld\r\n", retry_after);
-    if (r->origin != NULL) {
-        buf_puts(&h, "Access-Control-Allow-Origin: ");
-        buf_puts(&h, r->origin);
-        buf_puts(&h, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: Kembali-Status, Retry-After\r\n");
-    }
-    if (extra != NULL)
-        buf_puts(&h, extra);
-    buf_printf(&h, "Content-Length: %zu\r\n\r\n", body->len);
-    put_all(r, h.p, h.len);
-    if (!r->head)
-        put_all(r, body->p, body->len);
-    buf_free(&h);
-}
-
-static void log_request(struct req *r, int http, const char *word, bool held)
-{
-    /* both clocks read back to back, so that ts minus ms is the arrival */
-    long long ms = (long long)(util_mono_ms() - r->arrived);
-    struct log_line l;
-    log_begin(&l, "info", "request");
-    log_str(&l, "shop", r->shop ? r->shop->id : NULL);
-    log_str(&l, "id", r->id[0] ? r->id : NULL);
-    log_str(&l, "format", r->json ? "json" : "html");
-    log_str(&l, "word", word);
-    log_int(&l, "http", http);
-    log_int(&l, "ms", ms);
-    if (held)
-        log_str(&l, "held", "yes");
-    log_end(&l);
-}
-
-static void free_req(struct req *r)
-{
-    config_unref(r->cfg);
-    free(r);
-}
-
-/* Render and write `ans` with HTTP status `http` and optional extra
- * header lines, count and log it, and release the request. */
-static void respond(struct app *a, struct req *r, const struct answer *ans, int http, const char *extra)
-{
-    struct buf body = {0};
-    const char *word = word_name(ans->word);
-    if (r->json) {
-        render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
-        write_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, extra, &body);
-    } else {
-        const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
-        char retry[STATE_ID_MAX + 40];
-        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
-        struct page_vars v = {
-            .id = r->id,
-            .shop_name = r->shop ? r->shop->name : "",
-            .shop_url = r->shop ? r->shop->shop_url : "",
-            .retry_url = retry,
-        };
-        render_html(t, ans->word, &v, &body);
-        write_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body);
-    }
-    buf_free(&body);
-    atomic_fetch_add(&a->m.requests[ans->word], 1);
-    log_request(r, http, word, r->deadline != 0);
-    finish(r);
-    free_req(r);
-}
-
-void front_respond(struct app *a, struct req *r, const struct answer *ans)
-{
-    respond(a, r, ans, word_http(ans->word), NULL);
-}
-
-/* Other methods: 405 with the invalid page (no word of its own). */
-static void respond_405(struct app *a, struct req *r)
-{
-    struct answer ans = {.word = W_INVALID, .json_status = "unknown", .retry_after_s = -1};
-    atomic_fetch_add(&a->m.method_not_allowed, 1);
-    respond(a, r, &ans, 405, "Allow: GET, HEAD\r\n");
-}
-
-static void respond_metrics(struct app *a, struct req *r)
-{
-    static const char *const kinds[] = {"status", "not_found", "tx_limited", "key_limited",
-                                        "unauthorized", "auth_blocked", "rejected", "no_answer"};
-    struct buf b = {0};
-    struct state_metrics sm;
-    state_metrics(a->state, &sm);
-    buf_puts(&b, "# HELP kembali_answers_total Answers by status word.\n# TYPE kembali_answers_total counter\n");
-    for (int w = 0; w < W_COUNT; w++)
-        buf_printf(&b, "kembali_answers_total{status=\"%s\"} %ld\n", word_name((enum word)w), atomic_load(&a->m.requests[w]));
-    buf_printf(&b, "kembali_method_not_allowed_total %ld\n", atomic_load(&a->m.method_not_allowed));
-    buf_puts(&b, "# HELP kembali_api_reads_total Reads of the Kasera API by outcome.\n# TYPE kembali_api_reads_total counter\n");
-    for (int k = 0; k <= OUT_NO_ANSWER; k++)
-        buf_printf(&b, "kembali_api_reads_total{outcome=\"%s\"} %ld\n", kinds[k], atomic_load(&a->m.reads[k]));
-    buf_printf(&b, "# TYPE kembali_api_reads_started_total counter\nkembali_api_reads_started_total %ld\n", atomic_load(&a->m.reads_started));
-    buf_printf(&b, "# TYPE kembali_api_connections_total counter\nkembali_api_connections_total %ld\n", atomic_load(&a->m.connections));
-    buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
-    buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
-    buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
-    buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
-    buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
-    buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
-                   "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
-    write_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b);
-    buf_free(&b);
-    finish(r);
-    free_req(r);
-}
-
-/* ---- parsing a request ---- */
-
-static void drain_stdin(struct req *r)
-{
-    char tmp[4096];
-    size_t total = 0;
-    int n;
-    while (total < (1u << 20) && (n = FCGX_GetStr(tmp, sizeof tmp, r->fcgx.in)) > 0)
-        total += (size_t)n;
-}
-
-static void handle(struct app *a, struct req *r)
-{
-    char **env = r->fcgx.envp;
-    const char *method = FCGX_GetParam("REQUEST_METHOD", env);
-    const char *query = FCGX_GetParam("QUERY_STRING", env);
-    const char *host = FCGX_GetParam("HTTP_HOST", env);
-    const char *admin = FCGX_GetParam("KEMBALI_ADMIN", env);
-    char fmt[16] = "";
-
-    r->arrived = util_mono_ms();
-    r->cfg = app_config(a);
-    drain_stdin(r);
-    request_query_param(query, "format", fmt, sizeof fmt);
-    r->head = method != NULL && strcmp(method, "HEAD") == 0;
-
-    if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "metrics") == 0) {
-        respond_metrics(a, r);
-        return;
-    }
-    r->shop = config_pick_shop(r->cfg, FCGX_GetParam("KEMBALI_SHOP", env),
-                               host ? host : FCGX_GetParam("SERVER_NAME", env));
-    r->json = strcmp(fmt, "json") == 0 || request_wants_json(FCGX_GetParam("HTTP_ACCEPT", env));
-    if (r->shop != NULL) {
-        const char *origin = FCGX_GetParam("HTTP_ORIGIN", env);
-        for (int i = 0; origin && i < r->shop->norigins; i++)
-            if (strcmp(origin, r->shop->origins[i]) == 0)
-                r->origin = r->shop->origins[i];
-    }
-    if (method == NULL || (strcmp(method, "GET") != 0 && !r->head)) {
-        respond_405(a, r);
-        return;
-    }
-
-    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
-    if (r->shop == NULL) {
-        ans.word = W_UNKNOWN_SHOP;
-        front_respond(a, r, &ans);
-        return;
-    }
-    char id[STATE_ID_MAX + 2];
-    if (!request_query_param(query, r->shop->id_param, id, sizeof id) || !config_valid_id(id)) {
-        ans.word = W_INVALID; /* costs no read */
-        front_respond(a, r, &ans);
-        return;
-    }
-    util_copy(r->id, sizeof r->id, id);
-
-    /* The hot path: a cached final status or a remembered 404. */
-    struct state_fact f;
-    state_lookup(a->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, r->arrived, &f);
-    if (f.final || f.not_found) {
-        request_answer(&f, r->arrived, &ans);
-        atomic_fetch_add(&a->m.cache_answers, 1);
-        front_respond(a, r, &ans);
-        return;
-    }
-    r->deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS : pace_hold_ms(&r->cfg->sched));
-    resolver_park(a->resolver, r);
-}
-
-/* ---- accept threads ---- */
-
-/* Connections accepted but not yet readable, per accept thread. A web server
- * sends its request as soon as it connects; one that sends nothing within
- * FIRST_BYTES_MS is closed. Waiting for the first bytes in poll() rather
- * than in a blocking read keeps silent connections from holding a thread. */
-#define PENDING_MAX 256
-#define FIRST_BYTES_MS 5000
-
-struct pending {
-    int fd;
-    int64_t since;
+struct front_req {
+    struct front_conn *c;     /* NULL in CGI mode */
+    struct front *f;
+    void *user;
+    bool live;                /* handed to the handler, not answered yet */
 };
 
-/* Parses the request on a connection that has bytes to read, and handles
- * it. The reads are blocking, bounded by the SO_RCVTIMEO inherited from the
- * listening socket: a client that stalls in the middle of its request holds
- * this thread that long (libfcgi has no non-blocking parser). */
-static void serve_connection(struct app *a, int fd)
+struct front_conn {
+    struct front *f;
+    struct loop_io io;
+    struct loop_timer timer;
+    struct fcgi_parser p;
+    struct front_req req;
+    int64_t req_since;        /* a request is being read since (0: none) */
+    int64_t idle_since;       /* kept and idle since (0: not idle) */
+    int64_t out_since;        /* bytes wait to be written since (0: none) */
+    uint8_t *out;
+    size_t out_len, out_off;
+    bool eof;                 /* the peer will send nothing more */
+    bool close_after_write;
+    bool dead;                /* to be freed by the outermost caller */
+    int busy;                 /* nesting of functions working on it */
+    struct front_conn *prev, *next;
+};
+
+struct front {
+    struct loop *loop;
+    struct front_handler h;
+    int listen_fd;
+    struct loop_io listen_io;
+    struct loop_timer emfile_timer;
+    bool emfile_logged, stopping;
+    char *web_server_addrs;   /* FCGI_WEB_SERVER_ADDRS without blanks, or NULL */
+    struct front_conn *conns;
+    size_t nconns;
+    uint8_t scratch[FRONT_READ_CHUNK];
+    /* CGI mode */
+    bool cgi, cgi_answered;
+    struct front_req cgi_req;
+    struct loop_timer cgi_timer;
+    uint8_t *cgi_body;
+    size_t cgi_body_len;
+    bool cgi_body_truncated;
+};
+
+/* ---- connections ---- */
+
+static void conn_arm(struct front_conn *c);
+
+static void conn_free(struct front_conn *c)
 {
-    struct req *r = calloc(1, sizeof *r);
-    if (r == NULL) {
-        close(fd);
-        return;
-    }
-    /* With ipcFd set and keepConnection on, FCGX_Accept_r skips its own
-     * accept (which would drop a Unix-socket connection not readable within
-     * 2 s, holding the thread meanwhile) and parses this connection. With no
-     * listening socket it cannot accept another either: a connection that
-     * closes or sends a malformed request is closed, and it returns an error. */
-    FCGX_InitRequest(&r->fcgx, -1, 0);
-    r->fcgx.ipcFd = fd;
-    r->fcgx.keepConnection = 1;
-    if (FCGX_Accept_r(&r->fcgx) < 0) {
-        FCGX_Free(&r->fcgx, 1);
-        free(r);
-        return;
-    }
-    handle(a, r);
+    struct front *f = c->f;
+    loop_io_set(f->loop, &c->io, 0);
+    loop_timer_stop(f->loop, &c->timer);
+    shutdown(c->io.fd, SHUT_WR); /* no lingering close; the peer read what it wanted */
+    close(c->io.fd);
+    fcgi_parser_free(&c->p);
+    free(c->out);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        f->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    f->nconns--;
+    free(c);
 }
 
-/* FCGI_WEB_SERVER_ADDRS, as libfcgi's own accept honours it: when set, a
- * TCP peer whose address is not in the comma-separated list is refused.
- * Read once at start (front_start). */
-static char *web_server_addrs;
-
-static bool peer_allowed(const struct sockaddr_storage *sa)
+/* Close c: a request the handler keeps is forgotten (on_gone). Deferred
+ * while a function up the stack works on c. */
+static void conn_close(struct front_conn *c)
 {
-    if (web_server_addrs == NULL)
+    if (c->dead)
+        return;
+    c->dead = true;
+    if (c->req.live) {
+        c->req.live = false;
+        c->busy++;
+        c->f->h.on_gone(c->f->h.ctx, &c->req, c->req.user);
+        c->busy--;
+    }
+    if (c->busy == 0)
+        conn_free(c);
+}
+
+/* End of a function that worked on c: free it if it died meanwhile. */
+static void conn_release(struct front_conn *c)
+{
+    if (--c->busy == 0 && c->dead)
+        conn_free(c);
+}
+
+/* Write what is queued; returns false when the connection failed. */
+static bool conn_flush(struct front_conn *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t n = write(c->io.fd, c->out + c->out_off, c->out_len - c->out_off);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                break;
+            return false; /* EPIPE, ECONNRESET: the peer is gone */
+        }
+        c->out_off += (size_t)n;
+    }
+    if (c->out_off == c->out_len) {
+        free(c->out);
+        c->out = NULL;
+        c->out_len = c->out_off = 0;
+        c->out_since = 0;
+    } else if (c->out_since == 0) {
+        c->out_since = loop_now(c->f->loop);
+    }
+    return true;
+}
+
+/* Queue bytes (already framed) and write what the socket takes. */
+static bool conn_queue(struct front_conn *c, const uint8_t *b, size_t n)
+{
+    if (n == 0)
+        return true;
+    size_t pending = c->out_len - c->out_off;
+    if (pending + n > FRONT_OUT_MAX)
+        return false;
+    if (pending == 0) {
+        /* the common case: try the socket first, copy only what it leaves */
+        ssize_t w;
+        do
+            w = write(c->io.fd, b, n);
+        while (w < 0 && errno == EINTR);
+        if (w < 0 && errno != EAGAIN)
+            return false;
+        size_t done = w < 0 ? 0 : (size_t)w;
+        if (done == n)
+            return true;
+        b += done;
+        n -= done;
+        free(c->out);
+        c->out = malloc(n);
+        if (c->out == NULL)
+            return false;
+        memcpy(c->out, b, n);
+        c->out_len = n;
+        c->out_off = 0;
+        c->out_since = loop_now(c->f->loop);
+        return true;
+    }
+    if (c->out_off > 0) {
+        memmove(c->out, c->out + c->out_off, pending);
+        c->out_len = pending;
+        c->out_off = 0;
+    }
+    uint8_t *nb = realloc(c->out, pending + n);
+    if (nb == NULL)
+        return false;
+    c->out = nb;
+    memcpy(c->out + c->out_len, b, n);
+    c->out_len += n;
+    return true;
+}
+
+/* After output was queued or written: close, go idle, or wait for EPOLLOUT. */
+static void conn_after_output(struct front_conn *c)
+{
+    if (c->dead)
+        return;
+    bool pending = c->out_off < c->out_len;
+    if (!pending && c->close_after_write) {
+        conn_close(c);
+        return;
+    }
+    uint32_t ev = (c->eof ? 0 : EPOLLIN) | (pending ? EPOLLOUT : 0);
+    if (loop_io_set(c->f->loop, &c->io, ev) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (!pending && !c->req.live && c->req_since == 0 && c->idle_since == 0)
+        c->idle_since = loop_now(c->f->loop);
+    conn_arm(c);
+}
+
+static void on_conn_timer(struct loop *l, struct loop_timer *t)
+{
+    struct front_conn *c = t->data;
+    (void)l;
+    conn_close(c); /* too slow to send its request, to take its answer, or idle too long */
+}
+
+/* The one timer: the earliest limit that applies now. */
+static void conn_arm(struct front_conn *c)
+{
+    int64_t at = INT64_MAX;
+    if (c->out_since != 0 && c->out_since + FRONT_WRITE_MS < at)
+        at = c->out_since + FRONT_WRITE_MS;
+    if (c->req_since != 0 && !c->req.live && c->req_since + FRONT_REQUEST_MS < at)
+        at = c->req_since + FRONT_REQUEST_MS;
+    if (c->idle_since != 0 && c->idle_since + FRONT_IDLE_MS < at)
+        at = c->idle_since + FRONT_IDLE_MS;
+    if (at == INT64_MAX)
+        loop_timer_stop(c->f->loop, &c->timer);
+    else if (loop_timer_at(c->f->loop, &c->timer, at) != 0)
+        conn_close(c); /* no memory for a timer: a connection without limits is not kept */
+}
+
+/* A whole request: hand it over. */
+static void conn_request(struct front_conn *c)
+{
+    c->req.live = true;
+    c->req.user = NULL;
+    c->req_since = 0;
+    c->idle_since = 0;
+    loop_timer_stop(c->f->loop, &c->timer);
+    c->f->h.on_request(c->f->h.ctx, &c->req);
+    if (c->req.live) /* kept: its parameters were copied; free them */
+        fcgi_request_taken(&c->p);
+}
+
+/* Feed n bytes to the codec and act on its events. */
+static void conn_feed(struct front_conn *c, const uint8_t *b, size_t n)
+{
+    if (c->req_since == 0 && !c->req.live) {
+        c->req_since = loop_now(c->f->loop); /* a kept connection: the next request's first byte */
+        c->idle_since = 0;
+    }
+    while (n > 0 && !c->dead) {
+        struct fcgi_event ev;
+        size_t used = 0;
+        enum fcgi_ev t = fcgi_feed(&c->p, b, n, &used, &ev);
+        b += used;
+        n -= used;
+        if (ev.reply_len > 0 && !conn_queue(c, ev.reply, ev.reply_len)) {
+            conn_close(c);
+            return;
+        }
+        switch (t) {
+        case FCGI_EV_NONE:
+        case FCGI_EV_REPLY:
+            break;
+        case FCGI_EV_REQUEST:
+            conn_request(c);
+            break;
+        case FCGI_EV_ABORT: {
+            uint8_t end[16];
+            bool keep = fcgi_keep_conn(&c->p);
+            if (c->req.live) {
+                c->req.live = false;
+                c->f->h.on_gone(c->f->h.ctx, &c->req, c->req.user);
+            }
+            size_t e = fcgi_encode_end(end, sizeof end, ev.id, 0, FCGI_REQUEST_COMPLETE);
+            fcgi_request_done(&c->p);
+            c->req_since = 0;
+            if (!keep)
+                c->close_after_write = true;
+            if (!conn_queue(c, end, e)) {
+                conn_close(c);
+                return;
+            }
+            break;
+        }
+        case FCGI_EV_ERROR:
+            conn_close(c); /* a protocol error: nothing more can be understood */
+            return;
+        }
+    }
+}
+
+static void conn_read(struct front_conn *c)
+{
+    for (int i = 0; i < FRONT_READS_PER_EVENT && !c->dead && !c->eof; i++) {
+        ssize_t n = read(c->io.fd, c->f->scratch, sizeof c->f->scratch);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN)
+                conn_close(c); /* reset: the peer is gone */
+            return;
+        }
+        if (n == 0) {
+            c->eof = true;
+            /* a request in hand is still answered (the peer may have only
+             * shut down its side); anything else ends here */
+            if (!c->req.live && c->out_off == c->out_len)
+                conn_close(c);
+            else
+                c->close_after_write = true;
+            return;
+        }
+        conn_feed(c, c->f->scratch, (size_t)n);
+        if ((size_t)n < sizeof c->f->scratch)
+            return;
+    }
+}
+
+static void on_conn_event(struct loop *l, struct loop_io *io, uint32_t events)
+{
+    struct front_conn *c = io->data;
+    (void)l;
+    c->busy++;
+    if (events & EPOLLIN)
+        conn_read(c);
+    if (!c->dead && (events & (EPOLLERR | EPOLLHUP)))
+        conn_close(c); /* both directions closed (the peer is gone), or an error */
+    if (!c->dead && c->out_off < c->out_len && !conn_flush(c))
+        conn_close(c);
+    if (!c->dead)
+        conn_after_output(c);
+    conn_release(c);
+}
+
+/* ---- accepting ---- */
+
+static bool peer_allowed(const struct front *f, const struct sockaddr_storage *sa)
+{
+    if (f->web_server_addrs == NULL)
         return true;
     char ip[INET6_ADDRSTRLEN];
     if (sa->ss_family == AF_INET) {
@@ -317,7 +369,7 @@ static bool peer_allowed(const struct sockaddr_storage *sa)
         return true; /* a Unix socket: its file's permissions decide */
     }
     size_t n = strlen(ip);
-    for (const char *p = web_server_addrs; *p;) {
+    for (const char *p = f->web_server_addrs; *p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         if (len == n && memcmp(p, ip, n) == 0)
@@ -327,147 +379,288 @@ static bool peer_allowed(const struct sockaddr_storage *sa)
     return false;
 }
 
-/* Accepts one connection: served at once when its request is already
- * there (the usual case: the web server writes as soon as it connects),
- * else kept in the pending set. A pending connection is served by the
- * thread that accepted it, so serving at once also keeps it from waiting
- * behind a client that stalls this thread. Returns false when accepting
- * should pause (out of descriptors or memory). */
-static bool accept_one(struct app *a, struct pending *pend, int *npend, bool *emfile_logged)
+static void on_emfile_timer(struct loop *l, struct loop_timer *t)
 {
-    struct sockaddr_storage sa;
-    socklen_t salen = sizeof sa;
-    int fd = accept4(a->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC);
-    if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            if (!*emfile_logged)
-                log_msg("warn", "accept", "out of file descriptors; pausing accepts");
-            *emfile_logged = true;
-            return false;
-        }
-        return true; /* EAGAIN: another thread or process took it */
-    }
-    *emfile_logged = false;
-    if (!peer_allowed(&sa)) {
+    struct front *f = t->data;
+    if (!f->stopping)
+        loop_io_set(l, &f->listen_io, EPOLLIN);
+}
+
+static void accept_one(struct front *f, int fd, const struct sockaddr_storage *sa)
+{
+    if (!peer_allowed(f, sa)) {
         close(fd);
-        return true;
+        return;
     }
-    /* as libfcgi's own accept does: the answer may go out in several writes,
-     * with no Nagle delay between them on TCP (on a Unix socket this fails,
-     * harmlessly) */
+    struct front_conn *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    /* as libfcgi does: no Nagle delay (on a Unix socket this fails, harmlessly) */
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct pollfd ready = {.fd = fd, .events = POLLIN};
-    if (poll(&ready, 1, 0) == 1) {
-        serve_connection(a, fd);
-        return true;
+    c->f = f;
+    c->req.c = c;
+    c->req.f = f;
+    fcgi_parser_init(&c->p);
+    loop_io_init(&c->io, fd, on_conn_event, c);
+    loop_timer_init(&c->timer, on_conn_timer, c);
+    c->req_since = loop_now(f->loop);
+    c->next = f->conns;
+    if (f->conns)
+        f->conns->prev = c;
+    f->conns = c;
+    f->nconns++;
+    if (loop_io_set(f->loop, &c->io, EPOLLIN) != 0) {
+        conn_close(c);
+        return;
     }
-    pend[*npend].fd = fd;
-    pend[*npend].since = util_mono_ms();
-    (*npend)++;
-    return true;
+    /* the web server writes its request as soon as it connects: read it now */
+    c->busy++;
+    conn_read(c);
+    if (!c->dead)
+        conn_after_output(c);
+    conn_release(c);
 }
 
-static void *accept_main(void *arg)
+static void on_listen(struct loop *l, struct loop_io *io, uint32_t events)
 {
-    struct app *a = arg;
-    struct pending pend[PENDING_MAX];
-    struct pollfd p[2 + PENDING_MAX];
-    int npend = 0;
-    bool emfile_logged = false;
-    while (!atomic_load(&a->stopping)) {
-        /* close the connections that sent nothing in time; the next expiry
-         * bounds the wait */
-        int64_t now = util_mono_ms();
-        int timeout = -1;
-        for (int i = 0; i < npend;) {
-            int64_t left = pend[i].since + FIRST_BYTES_MS - now;
-            if (left <= 0) {
-                close(pend[i].fd);
-                pend[i] = pend[--npend];
-                continue;
+    struct front *f = io->data;
+    (void)events;
+    for (int i = 0; i < FRONT_ACCEPTS_PER_EVENT && !f->stopping; i++) {
+        struct sockaddr_storage sa;
+        socklen_t salen = sizeof sa;
+        int fd = accept4(f->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* out of descriptors: stop accepting for a moment instead of spinning */
+                if (!f->emfile_logged)
+                    log_msg("warn", "accept", "out of file descriptors; pausing accepts");
+                f->emfile_logged = true;
+                loop_io_set(l, &f->listen_io, 0);
+                loop_timer_at(l, &f->emfile_timer, loop_now(l) + FRONT_EMFILE_PAUSE_MS);
             }
-            if (timeout < 0 || left < timeout)
-                timeout = (int)left;
-            i++;
+            return; /* EAGAIN: nothing more, or another process took it */
         }
-        /* a full pending set stops accepting here; the backlog and the other
-         * threads take the rest */
-        p[0] = (struct pollfd){.fd = npend < PENDING_MAX ? a->listen_fd : -1, .events = POLLIN};
-        p[1] = (struct pollfd){.fd = wake_pipe[0], .events = POLLIN};
-        for (int i = 0; i < npend; i++)
-            p[2 + i] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
-        if (poll(p, (nfds_t)(2 + npend), timeout) < 0) {
-            if (errno != EINTR)
-                log_msg("error", "accept", strerror(errno));
-            continue;
-        }
-        if (atomic_load(&a->stopping) || (p[1].revents & POLLIN))
-            break;
-        /* downwards, so that the entry moved into a freed slot (the last
-         * one) was already looked at */
-        for (int i = npend - 1; i >= 0; i--) {
-            if (p[2 + i].revents == 0)
-                continue;
-            int fd = pend[i].fd;
-            pend[i] = pend[--npend];
-            serve_connection(a, fd);
-        }
-        if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) && !accept_one(a, pend, &npend, &emfile_logged))
-            usleep(100 * 1000); /* out of descriptors: do not spin */
+        f->emfile_logged = false;
+        accept_one(f, fd, &sa);
     }
-    for (int i = 0; i < npend; i++)
-        close(pend[i].fd);
-    return NULL;
 }
 
-int front_start(struct app *a, int n)
+/* ---- the interface ---- */
+
+static struct front *front_alloc(struct loop *l, const struct front_handler *h, char *err, size_t errlen)
 {
+    struct front *f = calloc(1, sizeof *f);
+    if (f == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    f->loop = l;
+    f->h = *h;
+    f->listen_fd = -1;
+    loop_timer_init(&f->emfile_timer, on_emfile_timer, f);
+    return f;
+}
+
+struct front *front_new(struct loop *l, int listen_fd, const struct front_handler *h, char *err, size_t errlen)
+{
+    struct front *f = front_alloc(l, h, err, errlen);
+    if (f == NULL)
+        return NULL;
     const char *addrs = getenv("FCGI_WEB_SERVER_ADDRS");
-    free(web_server_addrs);
-    web_server_addrs = NULL;
     if (addrs != NULL && *addrs != '\0') {
-        /* without spaces, as libfcgi compares them */
-        web_server_addrs = malloc(strlen(addrs) + 1);
-        if (web_server_addrs == NULL)
-            return -1;
-        char *w = web_server_addrs;
+        /* without blanks, as libfcgi compares them */
+        f->web_server_addrs = malloc(strlen(addrs) + 1);
+        if (f->web_server_addrs == NULL) {
+            snprintf(err, errlen, "out of memory");
+            front_free(f);
+            return NULL;
+        }
+        char *w = f->web_server_addrs;
         for (const char *p = addrs; *p; p++)
             if (*p != ' ' && *p != '\t')
                 *w++ = *p;
         *w = '\0';
     }
-    if (pipe2(wake_pipe, O_CLOEXEC) != 0) {
-        log_msg("error", "start", strerror(errno));
-        return -1;
+    int fl = fcntl(listen_fd, F_GETFL);
+    if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        snprintf(err, errlen, "cannot make the listening socket non-blocking: %s", strerror(errno));
+        front_free(f);
+        return NULL;
     }
-    /* Non-blocking, so a thread woken for a connection another thread (or
-     * process) took returns to poll instead of blocking in accept(). */
-    int fl = fcntl(a->listen_fd, F_GETFL);
-    if (fl < 0 || fcntl(a->listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        log_msg("error", "start", "cannot make the listening socket non-blocking");
-        return -1;
+    f->listen_fd = listen_fd;
+    loop_io_init(&f->listen_io, listen_fd, on_listen, f);
+    if (loop_io_set(l, &f->listen_io, EPOLLIN) != 0) {
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        front_free(f);
+        return NULL;
     }
-    if (n > FRONT_MAX_THREADS)
-        n = FRONT_MAX_THREADS;
-    for (int i = 0; i < n; i++) {
-        if (pthread_create(&threads[i], NULL, accept_main, a) != 0) {
-            log_msg("error", "start", "cannot start an accept thread");
-            return -1;
+    return f;
+}
+
+static void on_cgi_timer(struct loop *l, struct loop_timer *t)
+{
+    struct front *f = t->data;
+    (void)l;
+    f->cgi_req.live = true;
+    f->h.on_request(f->h.ctx, &f->cgi_req);
+}
+
+struct front *front_new_cgi(struct loop *l, const struct front_handler *h, char *err, size_t errlen)
+{
+    struct front *f = front_alloc(l, h, err, errlen);
+    if (f == NULL)
+        return NULL;
+    f->cgi = true;
+    f->cgi_req.f = f;
+    /* the body, as the CGI server passes it: CONTENT_LENGTH bytes on stdin */
+    const char *cl = getenv("CONTENT_LENGTH");
+    long want = cl ? strtol(cl, NULL, 10) : 0;
+    if (want > 0) {
+        size_t keep = want > FCGI_CODEC_STDIN_KEEP ? FCGI_CODEC_STDIN_KEEP : (size_t)want;
+        f->cgi_body = malloc(keep);
+        if (f->cgi_body == NULL) {
+            snprintf(err, errlen, "out of memory");
+            front_free(f);
+            return NULL;
         }
-        nthreads_started++;
+        while (f->cgi_body_len < keep) {
+            ssize_t n = read(0, f->cgi_body + f->cgi_body_len, keep - f->cgi_body_len);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                break;
+            f->cgi_body_len += (size_t)n;
+        }
+        f->cgi_body_truncated = want > (long)keep;
+    }
+    loop_timer_init(&f->cgi_timer, on_cgi_timer, f);
+    if (loop_timer_at(l, &f->cgi_timer, loop_now(l)) != 0) {
+        snprintf(err, errlen, "out of memory");
+        front_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+const char *front_param(const struct front_req *r, const char *name)
+{
+    if (r->c == NULL)
+        return getenv(name);
+    return fcgi_param(&r->c->p, name);
+}
+
+const uint8_t *front_body(const struct front_req *r, size_t *len, bool *truncated)
+{
+    if (r->c == NULL) {
+        *len = r->f->cgi_body_len;
+        *truncated = r->f->cgi_body_truncated;
+        return r->f->cgi_body;
+    }
+    *truncated = fcgi_stdin_truncated(&r->c->p);
+    return fcgi_stdin(&r->c->p, len);
+}
+
+bool front_params_too_large(const struct front_req *r)
+{
+    return r->c != NULL && fcgi_params_too_large(&r->c->p);
+}
+
+void front_req_set_user(struct front_req *r, void *user)
+{
+    r->user = user;
+}
+
+static int cgi_reply(struct front *f, const uint8_t *b, size_t n)
+{
+    f->cgi_req.live = false;
+    f->cgi_answered = true;
+    while (n > 0) {
+        ssize_t w = write(1, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1; /* the server went away: nothing to do */
+        b += w;
+        n -= (size_t)w;
     }
     return 0;
 }
 
-void front_stop(struct app *a)
+int front_reply(struct front *f, struct front_req *r, const void *resp, size_t len)
 {
-    atomic_store(&a->stopping, true);
-    if (wake_pipe[1] >= 0 && write(wake_pipe[1], "x", 1) < 0)
-        log_msg("warn", "stop", strerror(errno));
-    for (int i = 0; i < nthreads_started; i++)
-        pthread_join(threads[i], NULL);
-    nthreads_started = 0;
-    free(web_server_addrs);
-    web_server_addrs = NULL;
+    if (r->c == NULL)
+        return cgi_reply(f, resp, len);
+    struct front_conn *c = r->c;
+    uint16_t id = fcgi_request_id(&c->p);
+    bool keep = fcgi_keep_conn(&c->p);
+    r->live = false;
+    r->user = NULL;
+    fcgi_request_done(&c->p);
+    if (!keep || c->eof || f->stopping)
+        c->close_after_write = true;
+    c->busy++;
+    int rc = 0;
+    size_t need = fcgi_answer_size(len);
+    uint8_t *b = need == SIZE_MAX ? NULL : malloc(need);
+    if (b == NULL || fcgi_encode_answer(b, need, id, resp, len) != need || !conn_queue(c, b, need)) {
+        rc = -1;
+        conn_close(c);
+    }
+    free(b);
+    if (!c->dead)
+        conn_after_output(c);
+    conn_release(c);
+    return rc;
+}
+
+void front_stop_accepting(struct front *f)
+{
+    f->stopping = true;
+    if (f->listen_fd >= 0)
+        loop_io_set(f->loop, &f->listen_io, 0);
+    loop_timer_stop(f->loop, &f->emfile_timer);
+    for (struct front_conn *c = f->conns, *n; c; c = n) {
+        n = c->next;
+        if (c->req.live)
+            continue; /* answered shortly */
+        if (c->out_off < c->out_len)
+            c->close_after_write = true; /* its last answer is still going out */
+        else
+            conn_close(c); /* idle, or its request is not whole: nothing to answer */
+    }
+}
+
+bool front_done(const struct front *f)
+{
+    if (f->cgi)
+        return f->cgi_answered;
+    return f->stopping && f->conns == NULL;
+}
+
+size_t front_connections(const struct front *f)
+{
+    return f->nconns;
+}
+
+void front_free(struct front *f)
+{
+    if (f == NULL)
+        return;
+    while (f->conns) {
+        struct front_conn *c = f->conns;
+        c->req.live = false; /* the handler has forgotten its requests by now */
+        c->busy = 0;
+        conn_free(c);
+    }
+    if (f->listen_fd >= 0)
+        loop_io_set(f->loop, &f->listen_io, 0);
+    loop_timer_stop(f->loop, &f->emfile_timer);
+    if (f->cgi)
+        loop_timer_stop(f->loop, &f->cgi_timer);
+    free(f->cgi_body);
+    free(f->web_server_addrs);
+    free(f);
 }

@@ -1,42 +1,91 @@
-/* front.h - the FastCGI side: accept threads, request parsing, answers.
+/* front.h - the FastCGI side: connections on the loop, or one CGI request.
  *
- * A few accept threads take requests with FCGX_Accept_r, parse and
- * validate them, and answer at once whatever is known (invalid id, unknown
- * shop, 405, metrics, a cached final status). A request that must wait is
- * parked with the resolver (resolver_park) and the thread goes back to
- * accepting: a held request costs its FCGX_Request, not a thread. The
- * answer is written by whoever completes it, with front_respond(). */
+ * The front accepts connections on the listening socket, reads them without
+ * ever blocking, feeds the bytes to the FastCGI codec (fastcgi_codec.h) and
+ * hands each whole request to its handler. It knows nothing of shops or
+ * statuses: the handler reads the request's parameters while it runs,
+ * answers at once (front_reply) or keeps the request and answers later.
+ * A connection carries one request at a time; with FCGI_KEEP_CONN it stays
+ * open for the next one.
+ *
+ * Limits (interface.md, "Connections"): a whole request within
+ * FRONT_REQUEST_MS of connecting (on a kept connection, of the request's
+ * first byte), an answer taken within FRONT_WRITE_MS, a kept connection
+ * idle for FRONT_IDLE_MS is closed. Every buffer has a ceiling (the
+ * codec's); no peer can delay another one's answer.
+ *
+ * In CGI mode (front_new_cgi) there is no socket: the one request comes
+ * from the environment and standard input, and its answer goes to standard
+ * output. */
 #ifndef KEMBALI_FRONT_H
 #define KEMBALI_FRONT_H
 
-#include <fcgiapp.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "app.h"
-#include "request.h"
-#include "state.h"
+#include "loop.h"
 
-struct req {
-    FCGX_Request fcgx;
-    struct config *cfg;        /* a reference, dropped when answered */
-    const struct shop *shop;   /* in cfg */
-    char id[STATE_ID_MAX + 1];
-    bool json, head;
-    const char *origin;        /* an allowed CORS origin (in cfg), or NULL */
-    int64_t arrived, deadline;
-    bool wants_read;           /* JSON: answer when the read in flight ends */
-    struct req *next;          /* the resolver's list */
+#define FRONT_REQUEST_MS 5000
+#define FRONT_WRITE_MS 2000
+#define FRONT_IDLE_MS 60000
+
+struct front;
+struct front_req;
+
+struct front_handler {
+    /* A whole request arrived. Its parameters and body are readable until
+     * this returns; the handler either answers (front_reply) or keeps r
+     * for later, after front_req_set_user(). */
+    void (*on_request)(void *ctx, struct front_req *r);
+    /* A kept request's client went away (connection closed or reset,
+     * FCGI_ABORT_REQUEST): forget it; r is gone when this returns. */
+    void (*on_gone)(void *ctx, struct front_req *r, void *user);
+    void *ctx;
 };
 
-/* Write the answer, finish the FastCGI request, log one line, free r.
- * Client errors (the buyer left) are ignored. Can't fail. */
-void front_respond(struct app *a, struct req *r, const struct answer *ans);
+/* A front serving listen_fd (already listening) on loop l. With
+ * FCGI_WEB_SERVER_ADDRS set (comma-separated), TCP peers not listed are
+ * refused. NULL with a reason in err. */
+struct front *front_new(struct loop *l, int listen_fd, const struct front_handler *h, char *err, size_t errlen);
 
-/* Start n accept threads on a.listen_fd. Returns 0 or -1 (logged). */
-int front_start(struct app *a, int nthreads);
+/* A front for one CGI request: the handler is called from the loop's first
+ * turn with the request of the environment (and up to CONTENT_LENGTH bytes
+ * of standard input). front_done() is true once it has been answered. */
+struct front *front_new_cgi(struct loop *l, const struct front_handler *h, char *err, size_t errlen);
 
-/* Stop accepting and join the accept threads. */
-void front_stop(struct app *a);
+/* A parameter of the request (NUL-terminated), or NULL. Only while the
+ * handler's on_request runs. */
+const char *front_param(const struct front_req *r, const char *name);
+
+/* The request body (up to 8 KiB are kept); *truncated when more came. */
+const uint8_t *front_body(const struct front_req *r, size_t *len, bool *truncated);
+
+/* True when the parameters passed the codec's cap (none are readable). */
+bool front_params_too_large(const struct front_req *r);
+
+/* Keep r: `user` is handed to on_gone if its client goes away first. */
+void front_req_set_user(struct front_req *r, void *user);
+
+/* Answer r with a CGI response (headers, blank line, body): framed as
+ * FastCGI records and written at once where the socket takes it, the rest
+ * by the loop. r is gone when this returns (on_gone is never called for
+ * it). Returns 0, or -1 when the answer could not be queued (no memory; the
+ * connection is closed). */
+int front_reply(struct front *f, struct front_req *r, const void *resp, size_t len);
+
+/* Stop accepting new connections; close connections that have no whole
+ * request. Requests in hand are still answered. Can't fail. */
+void front_stop_accepting(struct front *f);
+
+/* True when nothing is left to write and no request is in hand (after
+ * front_stop_accepting: time to exit), or in CGI mode once answered. */
+bool front_done(const struct front *f);
+
+/* Open connections right now (for the metrics). */
+size_t front_connections(const struct front *f);
+
+/* Close every connection and free the front. */
+void front_free(struct front *f);
 
 #endif

@@ -2,6 +2,7 @@
 #include "kasera.h"
 
 #include <curl/curl.h>
+#include <sys/epoll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,16 +16,87 @@
 
 struct kasera_client {
     CURLM *multi;
+    struct loop *loop;
+    struct loop_timer timer;   /* libcurl's timeout */
+    kasera_done_fn *done;
+    void *ctx;
 };
 
-struct kasera_client *kasera_new(void)
+/* One socket libcurl asked us to watch (curl_multi_assign'ed to it). */
+struct kasera_sock {
+    struct loop_io io;
+    struct kasera_client *c;
+};
+
+static void check_done(struct kasera_client *c);
+
+static void on_sock_event(struct loop *l, struct loop_io *io, uint32_t events)
 {
-    static int inited; /* called once from main before threads start */
-    if (!inited) {
-        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-            return NULL;
-        inited = 1;
+    struct kasera_sock *ks = io->data;
+    struct kasera_client *c = ks->c;
+    int flags = 0, running;
+    (void)l;
+    if (events & (EPOLLIN | EPOLLHUP))
+        flags |= CURL_CSELECT_IN;
+    if (events & EPOLLOUT)
+        flags |= CURL_CSELECT_OUT;
+    if (events & EPOLLERR)
+        flags |= CURL_CSELECT_ERR;
+    curl_multi_socket_action(c->multi, io->fd, flags, &running); /* may free ks */
+    check_done(c);
+}
+
+static void on_timer(struct loop *l, struct loop_timer *t)
+{
+    struct kasera_client *c = t->data;
+    int running;
+    (void)l;
+    curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_done(c);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: watch s as libcurl says. */
+static int on_socket(CURL *e, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    struct kasera_client *c = userp;
+    struct kasera_sock *ks = socketp;
+    (void)e;
+    if (what == CURL_POLL_REMOVE) {
+        if (ks != NULL) {
+            loop_io_set(c->loop, &ks->io, 0);
+            curl_multi_assign(c->multi, s, NULL);
+            free(ks);
+        }
+        return 0;
     }
+    if (ks == NULL) {
+        ks = calloc(1, sizeof *ks);
+        if (ks == NULL)
+            return -1; /* libcurl fails that transfer */
+        ks->c = c;
+        loop_io_init(&ks->io, s, on_sock_event, ks);
+        curl_multi_assign(c->multi, s, ks);
+    }
+    uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    return loop_io_set(c->loop, &ks->io, ev) == 0 ? 0 : -1;
+}
+
+/* CURLMOPT_TIMERFUNCTION: one timer for the whole multi handle. */
+static int on_curl_timer(CURLM *m, long timeout_ms, void *userp)
+{
+    struct kasera_client *c = userp;
+    (void)m;
+    if (timeout_ms < 0) {
+        loop_timer_stop(c->loop, &c->timer);
+        return 0;
+    }
+    return loop_timer_at(c->loop, &c->timer, util_mono_ms() + timeout_ms) == 0 ? 0 : -1;
+}
+
+struct kasera_client *kasera_new(struct loop *l, kasera_done_fn *done, void *ctx)
+{
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return NULL;
     struct kasera_client *c = calloc(1, sizeof *c);
     if (c == NULL)
         return NULL;
@@ -33,7 +105,15 @@ struct kasera_client *kasera_new(void)
         free(c);
         return NULL;
     }
+    c->loop = l;
+    c->done = done;
+    c->ctx = ctx;
+    loop_timer_init(&c->timer, on_timer, c);
     curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, 64L);
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
     return c;
 }
 
@@ -41,8 +121,10 @@ void kasera_free(struct kasera_client *c)
 {
     if (c == NULL)
         return;
-    curl_multi_cleanup(c->multi);
+    curl_multi_cleanup(c->multi); /* closes its sockets: on_socket frees their watchers */
+    loop_timer_stop(c->loop, &c->timer);
     free(c);
+    curl_global_cleanup();
 }
 
 static size_t on_body(char *p, size_t size, size_t n, void *ud)
@@ -192,19 +274,8 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
     return 0;
 }
 
-void kasera_poll(struct kasera_client *c, int timeout_ms)
-{
-    int running;
-    curl_multi_poll(c->multi, NULL, 0, timeout_ms < 0 ? 0 : timeout_ms, NULL);
-    curl_multi_perform(c->multi, &running);
-}
-
-void kasera_wakeup(struct kasera_client *c)
-{
-    curl_multi_wakeup(c->multi);
-}
-
-struct kasera_read *kasera_next_done(struct kasera_client *c)
+/* Hand every finished read to the done callback. */
+static void check_done(struct kasera_client *c)
 {
     int left;
     CURLMsg *m;
@@ -233,9 +304,8 @@ struct kasera_read *kasera_next_done(struct kasera_client *c)
         curl_easy_cleanup(e);
         wipe_headers(r);
         r->easy = NULL;
-        return r;
+        c->done(c->ctx, r);
     }
-    return NULL;
 }
 
 void kasera_response(const struct kasera_read *r, struct api_response *out)

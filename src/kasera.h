@@ -1,8 +1,8 @@
-/* kasera.h - the Kasera API client: one libcurl multi handle, one thread.
+/* kasera.h - the Kasera API client: one libcurl multi handle on the loop.
  *
  * Every read of GET {api_base}/v1/transactions/{id} goes through one
- * kasera_client, driven by the resolver thread only (libcurl forbids using
- * one handle from several threads at once). The multi handle keeps a pool of
+ * kasera_client, whose sockets and timer are events of the process's loop
+ * (curl_multi_socket_action), so a read never blocks anything. The multi handle keeps a pool of
  * keep-alive connections, so sequential reads reuse one connection. Each
  * read has a connect timeout and a total timeout (both read_timeout_ms), a
  * body size cap (64 KiB), no redirects, and HTTP(S) only. A request is
@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "classify.h"
+#include "loop.h"
 
 #define KASERA_BODY_MAX (64 * 1024)
 
@@ -41,25 +42,20 @@ struct kasera_read {
     void *headers;
 };
 
-/* Create a client. Returns NULL on failure (libcurl could not start). */
-struct kasera_client *kasera_new(void);
+/* Called on the loop for each read that ended; the read's fields are final
+ * and its transfer released except `body` (free with kasera_read_clear). */
+typedef void kasera_done_fn(void *ctx, struct kasera_read *r);
+
+/* Create a client on loop l; `done` is called for every read that ends.
+ * Call once per process before any other thread starts (curl_global_init).
+ * Returns NULL on failure (libcurl could not start). */
+struct kasera_client *kasera_new(struct loop *l, kasera_done_fn *done, void *ctx);
 void kasera_free(struct kasera_client *c);
 
 /* Start reading transaction `id` (already validated) from api_base with
  * secret `key`. Returns 0, or -1 with r->error set (nothing started). */
 int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api_base,
                  const char *id, const char *key, long timeout_ms);
-
-/* Wait up to timeout_ms for network activity or kasera_wakeup(), then drive
- * the transfers. Returns after at most timeout_ms. */
-void kasera_poll(struct kasera_client *c, int timeout_ms);
-
-/* Wake a kasera_poll() in progress; safe from any thread. */
-void kasera_wakeup(struct kasera_client *c);
-
-/* A finished read, or NULL when none is left; the read's fields are final
- * and its resources released except `body` (free with kasera_read_clear). */
-struct kasera_read *kasera_next_done(struct kasera_client *c);
 
 /* The answer of a finished read, as classify_response() wants it. */
 void kasera_response(const struct kasera_read *r, struct api_response *out);

@@ -1,10 +1,12 @@
 /* kembali.c - main: command line, start-up, signals, reload, shutdown.
  *
  * The main thread owns the process: it loads the configuration, opens (or
- * takes over) the FastCGI socket, drops privileges, starts the resolver and
- * the accept threads, and then waits for signals with sigwait(): SIGHUP
- * reloads, SIGTERM/SIGINT stop. Signals are blocked in every other thread,
- * so no handler ever runs inside library code. */
+ * takes over) the FastCGI socket, drops privileges, and runs the event loop
+ * (loop.c) with the front (front.c), the request handler (serve.c) and the
+ * resolver on it. Signals are blocked and read from a signalfd on the same
+ * loop, so no handler ever runs inside library code: SIGHUP reloads,
+ * SIGTERM/SIGINT stop. Started with no FastCGI socket but a CGI
+ * environment, it answers that one request and exits. */
 #define NO_FCGI_DEFINES 1
 #include <errno.h>
 #include <fcgiapp.h>
@@ -17,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/epoll.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -26,7 +30,8 @@
 #include "config.h"
 #include "front.h"
 #include "log.h"
-#include "resolver.h"
+#include "loop.h"
+#include "serve.h"
 #include "state.h"
 #include "util.h"
 
@@ -37,7 +42,7 @@
 #define PACKAGE_VERSION "dev"
 #endif
 
-#define ACCEPT_THREADS 4
+#define STOP_FLUSH_MS 500 /* at SIGTERM: the most we wait for answers to be taken */
 #define ERRBUF 8192
 
 static void usage(FILE *f)
@@ -110,18 +115,6 @@ static void raise_fd_limit(void)
     }
 }
 
-/* Accepted connections inherit these from the listening socket (Linux
- * clones the socket's options on accept): a web server that sends no
- * parameters cannot hold an accept thread for more than a few seconds,
- * and one that does not read its answer cannot block the resolver. */
-static void set_io_timeouts(int fd)
-{
-    struct timeval rcv = {.tv_sec = 5}, snd = {.tv_sec = 2};
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd) != 0)
-        log_msg("warn", "start", "cannot set I/O timeouts on the listening socket");
-}
-
 static int is_listening_socket(int fd)
 {
     int v = 0;
@@ -183,7 +176,7 @@ static int drop_privileges(const char *user, char *err, size_t errlen)
 
 static int check_config(const char *path)
 {
-    static char err[ERRBUF];
+    char err[ERRBUF];
     struct config *c = config_load(path, err, sizeof err);
     if (c == NULL) {
         fprintf(stdout, "%s: not usable:\n%s", path, err);
@@ -205,7 +198,7 @@ static int check_config(const char *path)
 
 static void reload(struct app *a, const char *path)
 {
-    static char err[ERRBUF];
+    char err[ERRBUF];
     struct config *c = config_load(path, err, sizeof err);
     if (c == NULL) {
         struct log_line l;
@@ -226,6 +219,29 @@ static void reload(struct app *a, const char *path)
     log_begin(&l, "info", "reload");
     log_int(&l, "shops", c->nshops);
     log_end(&l);
+}
+
+struct signal_ctx {
+    struct app *app;
+    const char *config_path;
+    int fd;
+    bool stop;
+};
+
+/* The signalfd: SIGHUP reloads, SIGTERM and SIGINT stop the loop. */
+static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
+{
+    struct signal_ctx *sc = io->data;
+    struct signalfd_siginfo si;
+    (void)events;
+    while (read(sc->fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGHUP) {
+            reload(sc->app, sc->config_path);
+        } else {
+            sc->stop = true;
+            loop_stop(l);
+        }
+    }
 }
 
 int main(int argc, char **argv)
@@ -262,11 +278,17 @@ int main(int argc, char **argv)
     if (check_only)
         return check_config(config_path);
 
-    static char err[ERRBUF];
-    static struct app app;
-    int rc = 1;
+    char err[ERRBUF];
+    struct app app;
+    memset(&app, 0, sizeof app);
+    int rc = 1, sfd = -1;
     pthread_mutex_init(&app.cfg_mu, NULL);
     app.listen_fd = -1;
+    struct loop *loop = NULL;
+    struct serve *serve = NULL;
+    struct front *front = NULL;
+    struct loop_io sig_io;
+    bool cgi = false;
 
     struct config *cfg = config_load(config_path, err, sizeof err);
     if (cfg == NULL) {
@@ -274,16 +296,16 @@ int main(int argc, char **argv)
         goto out;
     }
     app.cfg = cfg; /* owned by app from here on */
-    if (FCGX_Init() != 0) {
-        fprintf(stderr, "kembali: FCGX_Init failed\n");
-        goto out;
+    /* CGI: no socket of any kind, and a CGI server's environment */
+    cgi = listen_addr == NULL && getenv("LISTEN_FDS") == NULL && !is_listening_socket(0) &&
+          getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
+    if (!cgi) {
+        app.listen_fd = open_listener(listen_addr, err, sizeof err);
+        if (app.listen_fd < 0) {
+            fprintf(stderr, "kembali: %s\n", err);
+            goto out;
+        }
     }
-    app.listen_fd = open_listener(listen_addr, err, sizeof err);
-    if (app.listen_fd < 0) {
-        fprintf(stderr, "kembali: %s\n", err);
-        goto out;
-    }
-    set_io_timeouts(app.listen_fd);
     raise_fd_limit();
     if (user != NULL && drop_privileges(user, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);
@@ -298,53 +320,77 @@ int main(int argc, char **argv)
     }
     config_bind_state(cfg, app.state);
 
+    /* blocked before any thread starts, so every thread inherits it; read
+     * from a signalfd on the loop */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* inherited by every thread */
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0) {
+        fprintf(stderr, "kembali: signalfd: %s\n", strerror(errno));
+        goto out;
+    }
 
-    app.resolver = resolver_new(&app, err, sizeof err);
-    if (app.resolver == NULL) {
+    loop = loop_new(err, sizeof err);
+    if (loop == NULL || (serve = serve_new(&app, loop, err, sizeof err)) == NULL) {
         fprintf(stderr, "kembali: %s\n", err);
         goto out;
     }
-    if (resolver_start(app.resolver) != 0 || front_start(&app, ACCEPT_THREADS) != 0)
+    struct front_handler h = serve_handler(serve);
+    front = cgi ? front_new_cgi(loop, &h, err, sizeof err) : front_new(loop, app.listen_fd, &h, err, sizeof err);
+    if (front == NULL) {
+        fprintf(stderr, "kembali: %s\n", err);
         goto out;
-
-    struct log_line l;
-    log_begin(&l, "info", "start");
-    log_str(&l, "version", PACKAGE_VERSION);
-    log_int(&l, "pid", getpid());
-    log_int(&l, "shops", cfg->nshops);
-    log_str(&l, "listen", listen_addr ? listen_addr : "inherited");
-    log_str(&l, "api_base", cfg->api_base);
-    log_end(&l);
-
-    for (;;) {
-        int sig = 0;
-        if (sigwait(&sigs, &sig) != 0)
-            continue;
-        if (sig == SIGHUP) {
-            reload(&app, config_path);
-            continue;
-        }
-        break;
     }
-    log_msg("info", "stop", "stopping: answering the requests in hand");
+    serve_attach(serve, front);
+    struct signal_ctx sc = {.app = &app, .config_path = config_path, .fd = sfd};
+    loop_io_init(&sig_io, sfd, on_signal, &sc);
+    if (loop_io_set(loop, &sig_io, EPOLLIN) != 0) {
+        fprintf(stderr, "kembali: epoll: %s\n", strerror(errno));
+        goto out;
+    }
+
+    if (!cgi) {
+        struct log_line l;
+        log_begin(&l, "info", "start");
+        log_str(&l, "version", PACKAGE_VERSION);
+        log_int(&l, "pid", getpid());
+        log_int(&l, "shops", cfg->nshops);
+        log_str(&l, "listen", listen_addr ? listen_addr : "inherited");
+        log_str(&l, "api_base", cfg->api_base);
+        log_end(&l);
+    }
+    while (!sc.stop && !(cgi && front_done(front)))
+        if (loop_turn(loop, -1) != 0)
+            goto out;
+    if (!cgi)
+        log_msg("info", "stop", "stopping: answering the requests in hand");
     rc = 0;
 out:
     /* in reverse order of what was set up; each step copes with "not done" */
-    front_stop(&app);
-    if (app.resolver != NULL) {
-        resolver_stop(app.resolver);
-        resolver_free(app.resolver);
+    if (front != NULL) {
+        front_stop_accepting(front);
+        serve_stop(serve); /* every held request answered; no read starts */
+        /* let the answers go out, but no peer may keep us from exiting */
+        int64_t until = util_mono_ms() + STOP_FLUSH_MS;
+        while (!front_done(front) && util_mono_ms() < until)
+            loop_turn(loop, (int)(until - util_mono_ms()));
+        front_free(front);
     }
+    serve_free(serve);
+    if (sfd >= 0) {
+        if (loop != NULL)
+            loop_io_set(loop, &sig_io, 0);
+        close(sfd);
+    }
+    loop_free(loop);
     app_set_config(&app, NULL);
     state_free(app.state);
-    if (rc == 0)
+    if (rc == 0 && !cgi)
         log_msg("info", "stop", "stopped");
     return rc;
 }

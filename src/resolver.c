@@ -1,62 +1,73 @@
 /* resolver.c - see resolver.h.
  *
- * Data: a watch per transaction that has waiting requests or a read in
- * flight, found through a small hash table; a read context per read in
- * flight. Everything here is touched by the resolver thread only, except
- * the inbox (requests handed over by accept threads), guarded by inbox_mu.
- *
- * The loop: take new requests from the inbox, collect finished reads, step
- * every watch whose time has come, then sleep in curl_multi_poll until the
- * earliest timer, a network event, or a wakeup from resolver_park(). */
+ * Data: a watch per transaction that has held requests or our read in
+ * flight, found through a hash table; each watch has its waiters (a list),
+ * a timer (when hold_step() wants to look again) and at most one read. The
+ * decisions are hold_step()'s; this file does the bookkeeping and the I/O
+ * around them: the API client, the state's outcomes, the log lines. */
 #include "resolver.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "kasera.h"
 #include "log.h"
 #include "util.h"
 
 #define WATCH_BUCKETS 4096
-#define LOOP_MAX_SLEEP_MS 1000
+#define WAKE_POLL_MS 100   /* how often the wake thread looks at its stop flag */
 
 struct rread;
 
-struct watch {
+struct resolver_watch {
+    struct resolver *rs;
     struct state_key key;
     char id[STATE_ID_MAX + 1];
-    struct req *waiters;
-    struct rread *reading;      /* our read of it in flight, or NULL */
-    int64_t next_step;          /* when to look at it again */
-    struct watch *hnext, *prev, *next;
+    struct resolver_waiter *waiters;  /* newest first: it leads (schedule, budget) */
+    size_t nwaiters;
+    struct rread *reading;            /* our read of it in flight, or NULL */
+    struct loop_timer timer;
+    bool dirty;                       /* on the list of watches to step this turn */
+    struct resolver_watch *hnext, *prev, *next, *dnext;
 };
 
 struct rread {
     struct kasera_read kr;
     struct state_ticket ticket;
-    struct config *cfg;         /* a reference: the key and base URL */
+    struct config *cfg;               /* a reference: the key and base URL */
     const struct shop *shop;
-    struct watch *w;            /* NULL once the watch is gone */
-    struct rread *prev, *next;  /* all reads in flight */
+    struct resolver_watch *w;         /* NULL once the watch is gone */
+    struct rread *prev, *next;        /* all reads in flight */
 };
 
 struct resolver {
     struct app *app;
+    struct loop *loop;
     struct kasera_client *api;
-    pthread_t thread;
-    bool started;
-    pthread_mutex_t inbox_mu;
-    struct req *inbox;
-    bool stop, stopped;         /* guarded by inbox_mu */
-    struct watch *buckets[WATCH_BUCKETS];
-    struct watch *all;
-    struct rread *reads;        /* in flight */
-    pthread_t watcher;          /* learns of reads ended by other processes */
-    atomic_bool changed;        /* the state's generation moved */
-    atomic_bool watcher_stop;
+    resolver_answer_fn *answer;
+    void *ctx;
+    bool stopping;
+    size_t held;
+    struct resolver_watch *buckets[WATCH_BUCKETS];
+    struct resolver_watch *all;
+    struct rread *reads;
+    /* the scratch arrays of one step, grown to the largest watch */
+    struct hold_waiter *hw;
+    bool *ans;
+    size_t scratch;
+    /* the state's wake: a thread on the futex, an eventfd on the loop */
+    int wake_fd;
+    struct loop_io wake_io;
+    pthread_t waker;
+    bool waker_started;
+    atomic_bool waker_stop;
 };
 
 /* ---- watches ---- */
@@ -71,24 +82,28 @@ static uint32_t watch_hash(const struct state_key *k, const char *id)
     return h % WATCH_BUCKETS;
 }
 
-static struct watch *watch_find(struct resolver *rs, const struct state_key *k, const char *id)
+static struct resolver_watch *watch_find(struct resolver *rs, const struct state_key *k, const char *id)
 {
-    for (struct watch *w = rs->buckets[watch_hash(k, id)]; w; w = w->hnext)
+    for (struct resolver_watch *w = rs->buckets[watch_hash(k, id)]; w; w = w->hnext)
         if (memcmp(w->key.b, k->b, 16) == 0 && strcmp(w->id, id) == 0)
             return w;
     return NULL;
 }
 
-static struct watch *watch_get(struct resolver *rs, const struct state_key *k, const char *id)
+static void on_watch_timer(struct loop *l, struct loop_timer *t);
+
+static struct resolver_watch *watch_get(struct resolver *rs, const struct state_key *k, const char *id)
 {
-    struct watch *w = watch_find(rs, k, id);
+    struct resolver_watch *w = watch_find(rs, k, id);
     if (w != NULL)
         return w;
     w = calloc(1, sizeof *w);
     if (w == NULL)
         return NULL;
+    w->rs = rs;
     w->key = *k;
     util_copy(w->id, sizeof w->id, id);
+    loop_timer_init(&w->timer, on_watch_timer, w);
     uint32_t h = watch_hash(k, id);
     w->hnext = rs->buckets[h];
     rs->buckets[h] = w;
@@ -99,9 +114,9 @@ static struct watch *watch_get(struct resolver *rs, const struct state_key *k, c
     return w;
 }
 
-static void watch_drop(struct resolver *rs, struct watch *w)
+static void watch_drop(struct resolver *rs, struct resolver_watch *w)
 {
-    struct watch **pp = &rs->buckets[watch_hash(&w->key, w->id)];
+    struct resolver_watch **pp = &rs->buckets[watch_hash(&w->key, w->id)];
     while (*pp != w)
         pp = &(*pp)->hnext;
     *pp = w->hnext;
@@ -113,61 +128,23 @@ static void watch_drop(struct resolver *rs, struct watch *w)
         w->next->prev = w->prev;
     if (w->reading)
         w->reading->w = NULL;
+    loop_timer_stop(rs->loop, &w->timer);
     free(w);
 }
 
-/* ---- answering ---- */
-
-static void answer(struct resolver *rs, struct req *r, const struct state_fact *f, int64_t now)
+static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
 {
-    struct answer ans;
-    request_answer(f, now, &ans);
-    atomic_fetch_sub(&rs->app->m.held, 1);
-    front_respond(rs->app, r, &ans);
-}
-
-/* Answer and unlink every waiter for which keep(r) is false. */
-static void answer_where(struct resolver *rs, struct watch *w, const struct state_fact *f, int64_t now,
-                         bool (*done)(const struct req *, const struct state_fact *, int64_t))
-{
-    struct req **pp = &w->waiters;
-    while (*pp) {
-        struct req *r = *pp;
-        if (done(r, f, now)) {
-            *pp = r->next;
-            answer(rs, r, f, now);
-        } else {
-            pp = &r->next;
-        }
-    }
-}
-
-static bool all_done(const struct req *r, const struct state_fact *f, int64_t now)
-{
-    (void)r, (void)f, (void)now;
-    return true;
-}
-
-static bool past_deadline(const struct req *r, const struct state_fact *f, int64_t now)
-{
-    (void)f;
-    return r->deadline <= now;
-}
-
-static bool json_read_done(const struct req *r, const struct state_fact *f, int64_t now)
-{
-    (void)f;
-    return (r->json && r->wants_read) || r->deadline <= now;
-}
-
-/* No read is in flight and none can start before the request's deadline:
- * waiting longer cannot change its answer. JSON requests never wait for a
- * read that cannot start now. */
-static bool cannot_improve(const struct req *r, const struct state_fact *f, int64_t now)
-{
-    if (r->deadline <= now || r->json || f->wait == WAIT_FULL)
-        return true;
-    return f->next_read > r->deadline;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        w->waiters = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    r->w = NULL;
+    w->nwaiters--;
+    w->rs->held--;
+    atomic_fetch_sub(&w->rs->app->m.held, 1);
 }
 
 /* ---- reads ---- */
@@ -259,44 +236,53 @@ static void read_release(struct resolver *rs, struct rread *rd)
     free(rd);
 }
 
-/* Report a read's outcome and release it. */
-static void read_finished(struct resolver *rs, struct rread *rd, int64_t now)
+static void step(struct resolver *rs, struct resolver_watch *w);
+
+/* The API client's callback: a read ended. Record it, then decide again
+ * for its transaction (its waiters may be answered now). */
+static void on_read_done(void *ctx, struct kasera_read *kr)
 {
+    struct resolver *rs = ctx;
+    struct rread *rd = kr->user;
+    struct resolver_watch *w = rd->w;
     struct api_response resp;
     struct outcome oc;
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
     classify_response(&resp, util_wall_s(), &oc);
     rd->ticket.sent = rd->kr.sent;
-    state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, now, &rep);
+    state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
     log_read(rd, &oc);
     log_report(rd, &oc, &rep);
     read_release(rs, rd);
+    if (w != NULL)
+        step(rs, w);
 }
 
-/* Start a read claimed with `t` for waiter r's shop. */
-static void read_start(struct resolver *rs, struct watch *w, const struct req *r, const struct state_ticket *t)
+/* Start the read claimed with `t` for w's leading waiter's shop. Returns
+ * false when it could not even start (recorded as a read without answer). */
+static bool read_start(struct resolver *rs, struct resolver_watch *w, const struct resolver_waiter *lead,
+                       const struct state_ticket *t)
 {
     struct rread *rd = calloc(1, sizeof *rd);
     struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
     struct state_report rep;
     if (rd == NULL) {
-        state_finish(rs->app->state, t, r->shop->id, &none, util_mono_ms(), &rep);
-        return;
+        state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
+        return false;
     }
     rd->ticket = *t;
-    rd->cfg = config_ref(r->cfg);
-    rd->shop = r->shop;
+    rd->cfg = config_ref(lead->cfg);
+    rd->shop = lead->shop;
     rd->kr.user = rd;
-    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, r->shop->secret, rd->cfg->read_timeout_ms) != 0) {
-        int64_t now = util_mono_ms();
+    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, lead->shop->secret, rd->cfg->read_timeout_ms) != 0) {
         log_read(rd, &none);
-        state_finish(rs->app->state, t, r->shop->id, &none, now, &rep);
+        state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
         config_unref(rd->cfg);
         free(rd);
-        return;
+        return false;
     }
     atomic_fetch_add(&rs->app->m.reads_started, 1);
     rd->w = w;
@@ -305,177 +291,232 @@ static void read_start(struct resolver *rs, struct watch *w, const struct req *r
     if (rs->reads)
         rs->reads->prev = rd;
     rs->reads = rd;
+    return true;
 }
 
 /* ---- the decision for one transaction ---- */
 
-static int64_t min_deadline(const struct watch *w)
+static bool scratch_fit(struct resolver *rs, size_t n)
 {
-    int64_t m = INT64_MAX;
-    for (const struct req *r = w->waiters; r; r = r->next)
-        if (r->deadline < m)
-            m = r->deadline;
-    return m;
+    if (n <= rs->scratch)
+        return true;
+    size_t cap = rs->scratch ? rs->scratch : 16;
+    while (cap < n)
+        cap *= 2;
+    struct hold_waiter *hw = realloc(rs->hw, cap * sizeof *hw);
+    if (hw == NULL)
+        return false;
+    rs->hw = hw;
+    bool *ans = realloc(rs->ans, cap * sizeof *ans);
+    if (ans == NULL)
+        return false;
+    rs->ans = ans;
+    rs->scratch = cap;
+    return true;
 }
 
-static void step(struct resolver *rs, struct watch *w, int64_t now)
+/* Answer the waiters of w that hold_step() picked, and arm w's timer. */
+static void step(struct resolver *rs, struct resolver_watch *w)
 {
-    struct state_fact f;
-    if (w->waiters == NULL) {
-        if (w->reading == NULL)
-            watch_drop(rs, w);
-        else
-            w->next_step = INT64_MAX; /* the read's end will bring us back */
-        return;
-    }
-    if (w->reading != NULL) {
-        /* our read is in flight: only deadlines can answer anyone now */
-        state_lookup(rs->app->state, &w->key, w->id, &w->waiters->cfg->sched, w->waiters->shop->read_budget, now, &f);
-        answer_where(rs, w, &f, now, past_deadline);
-        w->next_step = min_deadline(w);
-        return;
-    }
-    /* the newest request's configuration and shop decide schedule and budget */
-    const struct req *lead = w->waiters;
-    struct state_ticket t;
-    /* a fresh clock for the claim: the start it records is what the pace counts from */
-    bool claimed = state_claim(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
-                               util_mono_ms(), &t, &f);
-    if (f.final || f.not_found) {
-        answer_where(rs, w, &f, now, all_done);
-        watch_drop(rs, w);
-        return;
-    }
-    if (claimed) {
-        read_start(rs, w, lead, &t);
-        for (struct req *r = w->waiters; r; r = r->next)
-            r->wants_read = true;
-        if (w->reading == NULL) { /* could not even start: the pace goes on */
-            step(rs, w, now);
+    for (int round = 0; round < 2; round++) {
+        if (w->waiters == NULL) {
+            if (w->reading == NULL)
+                watch_drop(rs, w);
+            else
+                loop_timer_stop(rs->loop, &w->timer); /* the read's end brings us back */
             return;
         }
-        w->next_step = min_deadline(w);
+        struct state_fact none = {.wait = WAIT_FULL, .status_word = "unknown"};
+        const struct state_fact *f = &none;
+        struct hold_result res;
+        struct state_ticket t;
+        size_t n = w->nwaiters, i = 0;
+        bool fit = scratch_fit(rs, n);
+        if (fit) {
+            for (struct resolver_waiter *r = w->waiters; r; r = r->next)
+                rs->hw[i++] = r->h;
+            /* a fresh clock: a claim records its start, which the pace counts from */
+            const struct resolver_waiter *lead = w->waiters;
+            hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
+                      w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
+            f = &res.fact;
+            i = 0;
+            for (struct resolver_waiter *r = w->waiters; r; r = r->next)
+                r->h = rs->hw[i++];
+        }
+        bool started = !fit || !res.claimed || read_start(rs, w, w->waiters, &t);
+        /* answer (the callback may free the waiter: take next first) */
+        i = 0;
+        for (struct resolver_waiter *r = w->waiters, *nx; r; r = nx, i++) {
+            nx = r->next;
+            if (!fit || rs->ans[i]) {
+                waiter_unlink(w, r);
+                rs->answer(rs->ctx, r, f);
+            }
+        }
+        if (!started)
+            continue; /* the read could not start: decide again (no read in flight now) */
+        if (w->waiters == NULL && w->reading == NULL) {
+            watch_drop(rs, w);
+            return;
+        }
+        if (res.plan.wake == HOLD_NEVER || w->waiters == NULL)
+            loop_timer_stop(rs->loop, &w->timer);
+        else if (loop_timer_at(rs->loop, &w->timer, res.plan.wake) != 0)
+            loop_timer_at(rs->loop, &w->timer, res.plan.wake); /* out of memory: try once more */
         return;
     }
-    if (f.in_flight) {
-        /* a read by someone else sharing the state: wait for it, up to its lease */
-        answer_where(rs, w, &f, now, past_deadline);
-        int64_t d = min_deadline(w);
-        w->next_step = f.in_flight_until < d ? f.in_flight_until : d;
+}
+
+static void on_watch_timer(struct loop *l, struct loop_timer *t)
+{
+    struct resolver_watch *w = t->data;
+    (void)l;
+    step(w->rs, w);
+}
+
+/* A read ended in some process: every watch without a read of its own
+ * looks again (ours look when their read ends). */
+static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
+{
+    struct resolver *rs = io->data;
+    uint64_t v;
+    (void)l, (void)events;
+    if (read(rs->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
         return;
-    }
-    answer_where(rs, w, &f, now, cannot_improve);
-    int64_t d = min_deadline(w);
-    w->next_step = f.next_read < d ? f.next_read : d;
-    if (w->waiters == NULL)
-        watch_drop(rs, w);
-}
-
-/* A read of w ended: answer the JSON requests that waited for it, then decide. */
-static void after_read(struct resolver *rs, struct watch *w, int64_t now)
-{
-    struct state_fact f;
-    if (w->waiters != NULL) {
-        state_lookup(rs->app->state, &w->key, w->id, &w->waiters->cfg->sched, w->waiters->shop->read_budget, now, &f);
-        if (f.final || f.not_found)
-            answer_where(rs, w, &f, now, all_done);
-        else
-            answer_where(rs, w, &f, now, json_read_done);
-    }
-    step(rs, w, now);
-}
-
-/* ---- the loop ---- */
-
-static void take_inbox(struct resolver *rs, int64_t now)
-{
-    pthread_mutex_lock(&rs->inbox_mu);
-    struct req *list = rs->inbox;
-    rs->inbox = NULL;
-    pthread_mutex_unlock(&rs->inbox_mu);
-    /* the inbox is LIFO; restore arrival order */
-    struct req *rev = NULL;
-    while (list) {
-        struct req *n = list->next;
-        list->next = rev;
-        rev = list;
-        list = n;
-    }
-    while (rev) {
-        struct req *r = rev;
-        rev = r->next;
-        struct watch *w = watch_get(rs, &r->shop->key, r->id);
-        if (w == NULL) {
-            struct state_fact f = {.wait = WAIT_FULL, .next_read = now};
-            answer(rs, r, &f, now);
-            continue;
+    struct resolver_watch *dirty = NULL;
+    for (struct resolver_watch *w = rs->all; w; w = w->next)
+        if (w->reading == NULL && w->waiters != NULL) {
+            w->dnext = dirty;
+            dirty = w;
         }
-        r->wants_read = false;
-        r->next = w->waiters; /* newest first: it leads */
-        w->waiters = r;
-        step(rs, w, now);
+    /* stepping may drop watches, so walk a list made before */
+    while (dirty) {
+        struct resolver_watch *w = dirty;
+        dirty = w->dnext;
+        step(rs, w);
     }
 }
 
-static void answer_everything(struct resolver *rs, int64_t now)
-{
-    while (rs->all) {
-        struct watch *w = rs->all;
-        if (w->waiters) {
-            struct state_fact f;
-            state_lookup(rs->app->state, &w->key, w->id, &w->waiters->cfg->sched, w->waiters->shop->read_budget, now, &f);
-            answer_where(rs, w, &f, now, all_done);
-        }
-        watch_drop(rs, w);
-    }
-}
-
-static void *resolver_main(void *arg)
+/* The wake thread: waits on the state's futex generation; when it moves,
+ * writes the eventfd. It touches nothing else. */
+static void *waker_main(void *arg)
 {
     struct resolver *rs = arg;
-    for (;;) {
-        int64_t now = util_mono_ms();
-        pthread_mutex_lock(&rs->inbox_mu);
-        bool stop = rs->stop;
-        pthread_mutex_unlock(&rs->inbox_mu);
-        take_inbox(rs, now);
-        if (stop)
-            break;
-
-        struct kasera_read *kr;
-        while ((kr = kasera_next_done(rs->api)) != NULL) {
-            struct rread *rd = kr->user;
-            struct watch *w = rd->w;
-            now = util_mono_ms();
-            read_finished(rs, rd, now);
-            if (w != NULL)
-                after_read(rs, w, now);
+    uint32_t seen = state_generation(rs->app->state);
+    while (!atomic_load(&rs->waker_stop)) {
+        uint32_t g = state_wait_change(rs->app->state, seen, WAKE_POLL_MS);
+        if (g != seen) {
+            seen = g;
+            uint64_t one = 1;
+            if (write(rs->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+                break;
         }
-
-        now = util_mono_ms();
-        int64_t next = now + LOOP_MAX_SLEEP_MS;
-        /* A read ended somewhere (maybe in another process): every watch
-         * not reading itself looks again; otherwise only those due. */
-        bool changed = atomic_exchange(&rs->changed, false);
-        for (struct watch *w = rs->all, *n; w; w = n) {
-            n = w->next;
-            if (w->next_step <= now || (changed && w->reading == NULL))
-                step(rs, w, now);
-        }
-        for (struct watch *w = rs->all; w; w = w->next)
-            if (w->next_step < next)
-                next = w->next_step;
-        int64_t sleep = next - util_mono_ms();
-        kasera_poll(rs->api, sleep < 0 ? 0 : (int)sleep);
     }
-    /* Stopping: answer all with what is known; abandon reads in flight. */
+    return NULL;
+}
+
+/* ---- the interface ---- */
+
+struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn *answer, void *ctx,
+                              char *err, size_t errlen)
+{
+    struct resolver *rs = calloc(1, sizeof *rs);
+    if (rs == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    rs->app = a;
+    rs->loop = l;
+    rs->answer = answer;
+    rs->ctx = ctx;
+    rs->wake_fd = -1;
+    rs->api = kasera_new(l, on_read_done, rs);
+    if (rs->api == NULL) {
+        snprintf(err, errlen, "cannot start libcurl");
+        goto fail;
+    }
+    rs->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (rs->wake_fd < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    loop_io_init(&rs->wake_io, rs->wake_fd, on_wake, rs);
+    if (loop_io_set(l, &rs->wake_io, EPOLLIN) != 0) {
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        goto fail;
+    }
+    int e = pthread_create(&rs->waker, NULL, waker_main, rs);
+    if (e != 0) {
+        snprintf(err, errlen, "cannot start the state's wake thread: %s", strerror(e));
+        goto fail;
+    }
+    rs->waker_started = true;
+    return rs;
+fail:
+    resolver_free(rs);
+    return NULL;
+}
+
+void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
+{
+    long held = atomic_fetch_add(&rs->app->m.held, 1) + 1;
+    if (held > atomic_load(&rs->app->m.held_peak))
+        atomic_store(&rs->app->m.held_peak, held);
+    rs->held++;
+    r->h.wants_read = false;
+    struct resolver_watch *w = watch_get(rs, &r->shop->key, r->id);
+    if (w == NULL) {
+        struct state_fact f = {.wait = WAIT_FULL, .status_word = "unknown"};
+        rs->held--;
+        atomic_fetch_sub(&rs->app->m.held, 1);
+        rs->answer(rs->ctx, r, &f);
+        return;
+    }
+    r->w = w;
+    r->prev = NULL;
+    r->next = w->waiters; /* newest first: it leads */
+    if (w->waiters)
+        w->waiters->prev = r;
+    w->waiters = r;
+    w->nwaiters++;
+    step(rs, w);
+}
+
+void resolver_drop(struct resolver *rs, struct resolver_waiter *r)
+{
+    struct resolver_watch *w = r->w;
+    if (w == NULL)
+        return;
+    waiter_unlink(w, r);
+    if (w->waiters == NULL && w->reading == NULL)
+        watch_drop(rs, w);
+    /* otherwise the others' timer or the read's end looks again */
+}
+
+size_t resolver_held(const struct resolver *rs)
+{
+    return rs->held;
+}
+
+void resolver_stop(struct resolver *rs)
+{
+    rs->stopping = true;
     int64_t now = util_mono_ms();
-    answer_everything(rs, now);
-    pthread_mutex_lock(&rs->inbox_mu);
-    rs->stopped = true;
-    pthread_mutex_unlock(&rs->inbox_mu);
-    take_inbox(rs, now);
-    answer_everything(rs, now);
+    while (rs->all) {
+        struct resolver_watch *w = rs->all;
+        if (w->waiters) {
+            struct state_fact f;
+            const struct resolver_waiter *lead = w->waiters;
+            state_lookup(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
+            while (w->waiters) {
+                struct resolver_waiter *r = w->waiters;
+                waiter_unlink(w, r);
+                rs->answer(rs->ctx, r, &f);
+            }
+        }
+        watch_drop(rs, w);
+    }
     while (rs->reads) { /* abandoned: a read that gave no answer */
         struct rread *rd = rs->reads;
         struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
@@ -485,104 +526,28 @@ static void *resolver_main(void *arg)
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
         read_release(rs, rd);
     }
-    return NULL;
-}
-
-struct resolver *resolver_new(struct app *a, char *err, size_t errlen)
-{
-    struct resolver *rs = calloc(1, sizeof *rs);
-    if (rs == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    rs->app = a;
-    rs->api = kasera_new();
-    if (rs->api == NULL) {
-        snprintf(err, errlen, "cannot start libcurl");
-        free(rs);
-        return NULL;
-    }
-    pthread_mutex_init(&rs->inbox_mu, NULL);
-    return rs;
-}
-
-/* Waits on the state's generation (a futex in the shared state) and wakes
- * the resolver when it moves: a read of another process ended. */
-static void *watcher_main(void *arg)
-{
-    struct resolver *rs = arg;
-    uint32_t seen = state_generation(rs->app->state);
-    while (!atomic_load(&rs->watcher_stop)) {
-        uint32_t g = state_wait_change(rs->app->state, seen, 200);
-        if (g != seen) {
-            seen = g;
-            atomic_store(&rs->changed, true);
-            kasera_wakeup(rs->api);
-        }
-    }
-    return NULL;
-}
-
-int resolver_start(struct resolver *rs)
-{
-    if (pthread_create(&rs->thread, NULL, resolver_main, rs) != 0) {
-        log_msg("error", "start", "cannot start the resolver thread");
-        return -1;
-    }
-    rs->started = true;
-    if (pthread_create(&rs->watcher, NULL, watcher_main, rs) != 0) {
-        log_msg("error", "start", "cannot start the state watcher thread");
-        return -1;
-    }
-    return 0;
-}
-
-void resolver_park(struct resolver *rs, struct req *r)
-{
-    long held = atomic_fetch_add(&rs->app->m.held, 1) + 1;
-    long peak = atomic_load(&rs->app->m.held_peak);
-    while (held > peak && !atomic_compare_exchange_weak(&rs->app->m.held_peak, &peak, held))
-        ;
-    pthread_mutex_lock(&rs->inbox_mu);
-    bool stopped = rs->stopped;
-    if (!stopped) {
-        r->next = rs->inbox;
-        rs->inbox = r;
-    }
-    pthread_mutex_unlock(&rs->inbox_mu);
-    if (stopped) {
-        struct state_fact f;
-        struct answer ans;
-        state_lookup(rs->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
-        request_answer(&f, util_mono_ms(), &ans);
-        atomic_fetch_sub(&rs->app->m.held, 1);
-        front_respond(rs->app, r, &ans);
-        return;
-    }
-    kasera_wakeup(rs->api);
-}
-
-void resolver_stop(struct resolver *rs)
-{
-    if (!rs->started)
-        return;
-    pthread_mutex_lock(&rs->inbox_mu);
-    rs->stop = true;
-    pthread_mutex_unlock(&rs->inbox_mu);
-    kasera_wakeup(rs->api);
-    pthread_join(rs->thread, NULL);
-    atomic_store(&rs->watcher_stop, true);
-    pthread_join(rs->watcher, NULL);
-    rs->started = false;
 }
 
 void resolver_free(struct resolver *rs)
 {
     if (rs == NULL)
         return;
+    if (rs->waker_started) {
+        atomic_store(&rs->waker_stop, true);
+        pthread_join(rs->waker, NULL);
+    }
     while (rs->all)
         watch_drop(rs, rs->all);
+    while (rs->reads) {
+        kasera_abort(rs->api, &rs->reads->kr);
+        read_release(rs, rs->reads);
+    }
+    if (rs->wake_fd >= 0) {
+        loop_io_set(rs->loop, &rs->wake_io, 0);
+        close(rs->wake_fd);
+    }
     kasera_free(rs->api);
-    pthread_mutex_destroy(&rs->inbox_mu);
+    free(rs->hw);
+    free(rs->ans);
     free(rs);
 }

@@ -1,34 +1,70 @@
-/* resolver.h - the one thread that reads the API and answers held requests.
+/* resolver.h - held requests and the API reads they wait on, in the loop.
  *
- * It owns the API client (one libcurl multi handle) and a timer per
- * transaction it watches. For each watched transaction it asks the state
- * whether a read may start (state_claim), starts it, and when the read ends
- * classifies the answer, reports it (state_finish) and answers the waiters
- * that can be answered: a final status, a 404, the JSON requests waiting for
- * that read, and HTML requests whose deadline passed or before whose
- * deadline no further read can start. No lock is held across network I/O. */
+ * A held request is a struct resolver_waiter embedded in the caller's own
+ * request. The resolver groups waiters by transaction (a watch), asks
+ * hold_step() what to do at each turn that concerns a watch (a waiter
+ * arrived or left, a timer, a read's end here, a read's end in another
+ * process), starts the reads it claims through the API client, records
+ * their outcomes in the state, and hands every waiter whose answer is due
+ * back to the caller's answer callback with the fact to answer from.
+ *
+ * It runs on the loop's thread; one helper thread waits on the state's
+ * futex generation (a read ended in some process) and turns it into an
+ * eventfd on the loop, since a futex cannot be polled. No lock is held
+ * across I/O. */
 #ifndef KEMBALI_RESOLVER_H
 #define KEMBALI_RESOLVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "app.h"
-#include "front.h"
+#include "config.h"
+#include "hold.h"
+#include "loop.h"
+#include "state.h"
 
-/* Create the resolver (and its API client). NULL with a reason on failure. */
-struct resolver *resolver_new(struct app *a, char *err, size_t errlen);
+struct resolver;
+struct resolver_watch;
 
-/* Start its thread. Returns 0, or -1 (logged). */
-int resolver_start(struct resolver *rs);
+struct resolver_waiter {
+    /* set by the caller before resolver_hold() */
+    struct config *cfg;          /* schedule, api_base, timeout: the caller keeps the reference */
+    const struct shop *shop;     /* in cfg: key, secret, budget */
+    const char *id;              /* validated; owned by the caller */
+    struct hold_waiter h;        /* deadline, json */
+    /* private */
+    struct resolver_watch *w;
+    struct resolver_waiter *prev, *next;
+};
 
-/* Hand over a request that must wait; safe from any thread. The resolver
- * answers it (front_respond) no later than its deadline. */
-void resolver_park(struct resolver *rs, struct req *r);
+/* Called with a waiter whose answer is due and the fact to answer from;
+ * the waiter is no longer held when it is called (the callee may free it). */
+typedef void resolver_answer_fn(void *ctx, struct resolver_waiter *w, const struct state_fact *f);
 
-/* Answer every parked request with what is known, stop the thread.
- * Requests parked after this are answered at once. */
+/* Create the resolver on loop l, with its API client and its wake thread.
+ * NULL with a reason in err. */
+struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn *answer, void *ctx,
+                              char *err, size_t errlen);
+
+/* Hold w until its answer is due; the answer callback may run before this
+ * returns (a final status found at once, a deadline already past). */
+void resolver_hold(struct resolver *rs, struct resolver_waiter *w);
+
+/* Forget w without answering (its client went away). A read it started
+ * goes on for the others and for the cache. Can't fail. */
+void resolver_drop(struct resolver *rs, struct resolver_waiter *w);
+
+/* Stopping: start no more reads and answer every held request with what is
+ * known now. Reads in flight are abandoned (recorded as reads without
+ * answer). Requests held after this are answered at once. */
 void resolver_stop(struct resolver *rs);
 
+/* Requests held right now. */
+size_t resolver_held(const struct resolver *rs);
+
+/* Stop the wake thread and free everything; nothing may be held. */
 void resolver_free(struct resolver *rs);
 
 #endif

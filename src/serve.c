@@ -1,0 +1,354 @@
+/* serve.c - see serve.h. */
+#include "serve.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "pace.h"
+#include "render.h"
+#include "request.h"
+#include "util.h"
+
+struct serve {
+    struct app *app;
+    struct loop *loop;
+    struct front *front;
+    struct resolver *rs;
+};
+
+/* One request, from its arrival to its answer. Held requests live on the
+ * heap (a few hundred bytes, the parameters already copied out); the others
+ * on the stack of the handler. */
+struct serve_req {
+    struct serve *s;
+    struct front_req *fr;
+    struct config *cfg;         /* a reference, dropped when answered */
+    const struct shop *shop;    /* in cfg */
+    char id[STATE_ID_MAX + 1];
+    bool json, head;
+    const char *origin;         /* an allowed CORS origin (in cfg), or NULL */
+    int64_t arrived;
+    bool held;
+    struct resolver_waiter rw;
+};
+
+static const char csp[] =
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
+static const char *http_reason(int code)
+{
+    switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    default: return "OK";
+    }
+}
+
+/* The headers every answer carries, then the body; one buffer. */
+static void build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
+                           long retry_after, const char *extra, const struct buf *body, struct buf *out)
+{
+    buf_printf(out, "Status: %d %s\r\n", http, http_reason(http));
+    buf_printf(out, "Content-Type: %s\r\n", ctype);
+    if (word != NULL)
+        buf_printf(out, "Kembali-Status: %s\r\n", word);
+    buf_puts(out, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                  "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\n");
+    buf_printf(out, "Content-Security-Policy: %s\r\n", csp);
+    if (retry_after >= 0)
+        buf_printf(out, "Retry-After: %ld\r\n", retry_after);
+    if (r->origin != NULL) {
+        buf_puts(out, "Access-Control-Allow-Origin: ");
+        buf_puts(out, r->origin);
+        buf_puts(out, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: Kembali-Status, Retry-After\r\n");
+    }
+    if (extra != NULL)
+        buf_puts(out, extra);
+    buf_printf(out, "Content-Length: %zu\r\n\r\n", body->len);
+    if (!r->head)
+        buf_put(out, body->p, body->len);
+}
+
+static void log_request(const struct serve_req *r, int http, const char *word)
+{
+    /* both clocks read back to back, so that ts minus ms is the arrival */
+    long long ms = (long long)(util_mono_ms() - r->arrived);
+    struct log_line l;
+    log_begin(&l, "info", "request");
+    log_str(&l, "shop", r->shop ? r->shop->id : NULL);
+    log_str(&l, "id", r->id[0] ? r->id : NULL);
+    log_str(&l, "format", r->json ? "json" : "html");
+    log_str(&l, "word", word);
+    if (http != 0)
+        log_int(&l, "http", http);
+    log_int(&l, "ms", ms);
+    if (r->held)
+        log_str(&l, "held", "yes");
+    if (word == NULL)
+        log_str(&l, "gone", "yes"); /* the client left before its answer */
+    log_end(&l);
+}
+
+/* Send `out` as r's answer. */
+static void send_out(struct serve_req *r, struct buf *out)
+{
+    if (out->oom) {
+        static const char fail[] = "Status: 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                                   "Cache-Control: no-store\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n";
+        front_reply(r->s->front, r->fr, fail, sizeof fail - 1);
+    } else {
+        front_reply(r->s->front, r->fr, out->p, out->len);
+    }
+    r->fr = NULL;
+}
+
+/* Render and send `ans` with HTTP status `http` and optional extra header
+ * lines; count and log it. */
+static void respond(struct serve_req *r, const struct answer *ans, int http, const char *extra)
+{
+    struct app *a = r->s->app;
+    struct buf body = {0}, out = {0};
+    const char *word = word_name(ans->word);
+    if (r->json) {
+        render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
+        build_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, extra, &body, &out);
+    } else {
+        const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
+        char retry[STATE_ID_MAX + 40];
+        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
+        struct page_vars v = {
+            .id = r->id,
+            .shop_name = r->shop ? r->shop->name : "",
+            .shop_url = r->shop ? r->shop->shop_url : "",
+            .retry_url = retry,
+        };
+        render_html(t, ans->word, &v, &body);
+        build_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body, &out);
+    }
+    buf_free(&body);
+    atomic_fetch_add(&a->m.requests[ans->word], 1);
+    log_request(r, http, word);
+    send_out(r, &out);
+    buf_free(&out);
+}
+
+static void respond_word(struct serve_req *r, const struct answer *ans)
+{
+    respond(r, ans, word_http(ans->word), NULL);
+}
+
+/* Other methods: 405 with the invalid page (no word of its own). */
+static void respond_405(struct serve_req *r)
+{
+    struct answer ans = {.word = W_INVALID, .json_status = "unknown", .retry_after_s = -1};
+    atomic_fetch_add(&r->s->app->m.method_not_allowed, 1);
+    respond(r, &ans, 405, "Allow: GET, HEAD\r\n");
+}
+
+static void respond_metrics(struct serve_req *r)
+{
+    static const char *const kinds[] = {"status", "not_found", "tx_limited", "key_limited",
+                                        "unauthorized", "auth_blocked", "rejected", "no_answer"};
+    struct app *a = r->s->app;
+    struct buf b = {0}, out = {0};
+    struct state_metrics sm;
+    state_metrics(a->state, &sm);
+    buf_puts(&b, "# HELP kembali_answers_total Answers by status word.\n# TYPE kembali_answers_total counter\n");
+    for (int w = 0; w < W_COUNT; w++)
+        buf_printf(&b, "kembali_answers_total{status=\"%s\"} %ld\n", word_name((enum word)w), atomic_load(&a->m.requests[w]));
+    buf_printf(&b, "kembali_method_not_allowed_total %ld\n", atomic_load(&a->m.method_not_allowed));
+    buf_puts(&b, "# HELP kembali_api_reads_total Reads of the Kasera API by outcome.\n# TYPE kembali_api_reads_total counter\n");
+    for (int k = 0; k <= OUT_NO_ANSWER; k++)
+        buf_printf(&b, "kembali_api_reads_total{outcome=\"%s\"} %ld\n", kinds[k], atomic_load(&a->m.reads[k]));
+    buf_printf(&b, "# TYPE kembali_api_reads_started_total counter\nkembali_api_reads_started_total %ld\n", atomic_load(&a->m.reads_started));
+    buf_printf(&b, "# TYPE kembali_api_connections_total counter\nkembali_api_connections_total %ld\n", atomic_load(&a->m.connections));
+    buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
+    buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
+    buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
+    buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n", front_connections(r->s->front));
+    buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
+    buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
+    buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
+                   "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
+    build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
+    buf_free(&b);
+    send_out(r, &out);
+    buf_free(&out);
+}
+
+/* A held request's end: its configuration reference and its memory. */
+static void held_free(struct serve_req *r)
+{
+    config_unref(r->cfg);
+    free(r);
+}
+
+/* The resolver's callback: r's answer is due. */
+static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_fact *f)
+{
+    struct serve_req *r = (struct serve_req *)((char *)w - offsetof(struct serve_req, rw));
+    struct answer ans;
+    (void)ctx;
+    request_answer(f, util_mono_ms(), &ans);
+    respond_word(r, &ans);
+    held_free(r);
+}
+
+/* The front's callback: a held request's client went away. */
+static void on_gone(void *ctx, struct front_req *fr, void *user)
+{
+    struct serve *s = ctx;
+    struct serve_req *r = user;
+    (void)fr;
+    if (r == NULL)
+        return;
+    log_request(r, 0, NULL);
+    resolver_drop(s->rs, &r->rw);
+    held_free(r);
+}
+
+/* Hold r: copy it to the heap and give it to the resolver. */
+static void hold(struct serve_req *tmp)
+{
+    struct serve_req *r = malloc(sizeof *r);
+    if (r == NULL) { /* no memory to wait: answer with what is known now */
+        struct state_fact f;
+        struct answer ans;
+        state_lookup(tmp->s->app->state, &tmp->shop->key, tmp->id, &tmp->cfg->sched, tmp->shop->read_budget,
+                     util_mono_ms(), &f);
+        request_answer(&f, util_mono_ms(), &ans);
+        respond_word(tmp, &ans);
+        config_unref(tmp->cfg);
+        return;
+    }
+    *r = *tmp;
+    r->held = true;
+    r->rw = (struct resolver_waiter){
+        .cfg = r->cfg,
+        .shop = r->shop,
+        .id = r->id,
+        .h = {.deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS
+                                                : pace_hold_ms(&r->cfg->sched)),
+              .json = r->json},
+    };
+    front_req_set_user(r->fr, r);
+    resolver_hold(r->s->rs, &r->rw); /* may answer at once */
+}
+
+static void on_request(void *ctx, struct front_req *fr)
+{
+    struct serve *s = ctx;
+    struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
+    const char *method = front_param(fr, "REQUEST_METHOD");
+    const char *query = front_param(fr, "QUERY_STRING");
+    const char *host = front_param(fr, "HTTP_HOST");
+    const char *admin = front_param(fr, "KEMBALI_ADMIN");
+    char fmt[16] = "";
+
+    r.cfg = app_config(s->app);
+    request_query_param(query, "format", fmt, sizeof fmt);
+    r.head = method != NULL && strcmp(method, "HEAD") == 0;
+
+    if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "metrics") == 0) {
+        respond_metrics(&r);
+        config_unref(r.cfg);
+        return;
+    }
+    r.shop = config_pick_shop(r.cfg, front_param(fr, "KEMBALI_SHOP"), host ? host : front_param(fr, "SERVER_NAME"));
+    r.json = strcmp(fmt, "json") == 0 || request_wants_json(front_param(fr, "HTTP_ACCEPT"));
+    if (r.shop != NULL) {
+        const char *origin = front_param(fr, "HTTP_ORIGIN");
+        for (int i = 0; origin && i < r.shop->norigins; i++)
+            if (strcmp(origin, r.shop->origins[i]) == 0)
+                r.origin = r.shop->origins[i];
+    }
+    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
+    if (front_params_too_large(fr)) {
+        ans.word = W_INVALID; /* more parameters than any real request has: costs no read */
+        respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    if (method == NULL || (strcmp(method, "GET") != 0 && !r.head)) {
+        respond_405(&r);
+        config_unref(r.cfg);
+        return;
+    }
+    if (r.shop == NULL) {
+        ans.word = W_UNKNOWN_SHOP;
+        respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    char id[STATE_ID_MAX + 2];
+    if (!request_query_param(query, r.shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+        ans.word = W_INVALID; /* costs no read */
+        respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    util_copy(r.id, sizeof r.id, id);
+
+    /* The hot path: a cached final status or a remembered 404. */
+    struct state_fact f;
+    state_lookup(s->app->state, &r.shop->key, r.id, &r.cfg->sched, r.shop->read_budget, r.arrived, &f);
+    if (f.final || f.not_found) {
+        request_answer(&f, r.arrived, &ans);
+        atomic_fetch_add(&s->app->m.cache_answers, 1);
+        respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    hold(&r);
+}
+
+struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
+{
+    struct serve *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->app = a;
+    s->loop = l;
+    s->rs = resolver_new(a, l, on_answer, s, err, errlen);
+    if (s->rs == NULL) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+struct front_handler serve_handler(struct serve *s)
+{
+    return (struct front_handler){.on_request = on_request, .on_gone = on_gone, .ctx = s};
+}
+
+void serve_attach(struct serve *s, struct front *f)
+{
+    s->front = f;
+}
+
+void serve_stop(struct serve *s)
+{
+    resolver_stop(s->rs);
+}
+
+size_t serve_held(const struct serve *s)
+{
+    return resolver_held(s->rs);
+}
+
+void serve_free(struct serve *s)
+{
+    if (s == NULL)
+        return;
+    resolver_free(s->rs);
+    free(s);
+}

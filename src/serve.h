@@ -1,0 +1,41 @@
+/* serve.h - what a request gets: routing, the answer's headers, pages.
+ *
+ * The front's handler. For each whole request it picks the shop, checks
+ * the method and the id, and answers at once what is known (405, invalid,
+ * unknown shop, metrics, a cached final status or a remembered 404), or
+ * holds the request with the resolver until its answer is due. Every
+ * answer is built here, in one buffer (CGI headers and body), and handed to
+ * front_reply(); one log line per request. */
+#ifndef KEMBALI_SERVE_H
+#define KEMBALI_SERVE_H
+
+#include <stddef.h>
+
+#include "app.h"
+#include "front.h"
+#include "loop.h"
+#include "resolver.h"
+
+struct serve;
+
+/* Create the handler for app a on loop l, with its resolver. Hand
+ * serve_handler() to the front, then serve_attach() the front. NULL with a
+ * reason in err. */
+struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen);
+
+/* The front handler that routes requests to s. Can't fail. */
+struct front_handler serve_handler(struct serve *s);
+
+/* The front whose requests s answers (front_reply goes there). */
+void serve_attach(struct serve *s, struct front *f);
+
+/* Stopping: no new reads; answer every held request with what is known. */
+void serve_stop(struct serve *s);
+
+/* Requests held right now. */
+size_t serve_held(const struct serve *s);
+
+/* Free s (after serve_stop; the front goes first). */
+void serve_free(struct serve *s);
+
+#endif
