@@ -75,6 +75,7 @@ struct front {
     char *web_server_addrs;   /* FCGI_WEB_SERVER_ADDRS without blanks, or NULL */
     struct front_conn *conns;
     size_t nconns;
+    unsigned long accepted;
     uint8_t scratch[FRONT_READ_CHUNK];
     /* CGI mode */
     bool cgi, cgi_answered;
@@ -412,6 +413,7 @@ static void accept_one(struct front *f, int fd, const struct sockaddr_storage *s
         f->conns->prev = c;
     f->conns = c;
     f->nconns++;
+    f->accepted++;
     if (loop_io_set(f->loop, &c->io, EPOLLIN) != 0) {
         conn_close(c);
         return;
@@ -643,6 +645,11 @@ bool front_done(const struct front *f)
 size_t front_connections(const struct front *f)
 {
     return f->nconns;
+}
+
+unsigned long front_accepted(const struct front *f)
+{
+    return f->accepted;
 }
 
 void front_free(struct front *f)

@@ -82,8 +82,9 @@ void front_stop_accepting(struct front *f);
  * front_stop_accepting: time to exit), or in CGI mode once answered. */
 bool front_done(const struct front *f);
 
-/* Open connections right now (for the metrics). */
+/* Open connections right now, and accepted since the start (metrics). */
 size_t front_connections(const struct front *f);
+unsigned long front_accepted(const struct front *f);
 
 /* Close every connection and free the front. */
 void front_free(struct front *f);

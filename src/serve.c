@@ -171,7 +171,9 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
     buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
-    buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n", front_connections(r->s->front));
+    buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
+                   "# TYPE kembali_fastcgi_connections_total counter\nkembali_fastcgi_connections_total %lu\n",
+               front_connections(r->s->front), front_accepted(r->s->front));
     buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
     buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
     buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"

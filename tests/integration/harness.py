@@ -1210,10 +1210,15 @@ class Nginx:
     port) tuple, or anything with ``.addr``). Started at construction."""
 
     def __init__(self, tmpdir: str, kembali_sock, location_extra: str = "",
-                 server_name: str = "shop.test", server_extra: str = "", start: bool = True):
+                 server_name: str = "shop.test", server_extra: str = "", start: bool = True,
+                 keepalive: int = 0):
+        """With keepalive > 0, nginx keeps that many idle FastCGI connections
+        (an upstream block with ``keepalive``, ``fastcgi_keep_conn on``), as
+        the README recommends."""
         self.tmpdir = tmpdir
         addr = getattr(kembali_sock, "addr", kembali_sock)
         self.upstream = "unix:" + addr if isinstance(addr, str) else "%s:%d" % tuple(addr)
+        self.keepalive = keepalive
         self.location_extra = location_extra
         self.server_name = server_name
         self.server_extra = server_extra
@@ -1234,6 +1239,12 @@ class Nginx:
         temp = os.path.join(t, "nginx-temp")
         os.makedirs(temp, exist_ok=True)
         user = "user root;\n" if os.geteuid() == 0 else ""
+        if self.keepalive:
+            upstream = "upstream kembali {{ server {}; keepalive {}; }}".format(self.upstream, self.keepalive)
+            passing = "fastcgi_pass kembali;\n            fastcgi_keep_conn on;"
+        else:
+            upstream = ""
+            passing = "fastcgi_pass %s;" % self.upstream
         return f"""# written by tests/integration/harness.py
 daemon off;
 master_process on;
@@ -1249,13 +1260,14 @@ http {{
     uwsgi_temp_path {temp}/uwsgi;
     scgi_temp_path {temp}/scgi;
     default_type application/octet-stream;
+    {upstream}
     server {{
         listen 127.0.0.1:{port};
         server_name {self.server_name};
         {self.server_extra}
         location /kembali {{
             include /etc/nginx/fastcgi_params;
-            fastcgi_pass {self.upstream};
+            {passing}
             fastcgi_read_timeout 40s;
             {self.location_extra}
         }}

@@ -85,5 +85,50 @@ def test_chromium_renders_the_page(tmpdir):
     assert_eq(log.count("GET /kembali"), 2, log)
 
 
+def test_kept_connections_through_nginx(tmpdir):
+    """nginx with fastcgi_keep_conn on and an upstream keepalive (the
+    README's setup): 200 answers, cached and held, over a handful of
+    FastCGI connections; a buyer who leaves mid-hold costs nobody else."""
+    sb, k = kit.start(tmpdir)
+    ng = harness.Nginx(tmpdir, k, keepalive=8)
+    sb.put_tx("t-ok", "succeeded")
+    kit.pending_then(sb, "t-held", 1, "failed")
+    before = k.metrics()["kembali_fastcgi_connections_total"]
+    words = []
+    lock = threading.Lock()
+
+    def worker(n):
+        for i in range(n):
+            _, headers, _ = ng.http_get("/kembali?id=t-ok")
+            with lock:
+                words.append(headers.get("kembali-status"))
+
+    threads = [threading.Thread(target=worker, args=(40,)) for _ in range(4)]
+    held = threading.Thread(target=lambda: words.append(ng.http_get("/kembali?id=t-held")[1].get("kembali-status")))
+    held.start()
+    for t in threads:
+        t.start()
+    # a buyer closes the tab while held; nginx drops that upstream connection
+    import socket as so
+    c = so.create_connection(("127.0.0.1", ng.port))
+    sb.put_tx("t-gone", "pending")
+    c.sendall(b"GET /kembali?id=t-gone HTTP/1.1\r\nHost: shop.test\r\n\r\n")
+    harness.wait_for(lambda: sb.reads("t-gone"), 5)
+    c.close()
+    for t in threads:
+        t.join()
+    held.join()
+    for _ in range(40):
+        words.append(ng.http_get("/kembali?id=t-ok")[1].get("kembali-status"))
+    assert_eq(words.count("succeeded"), 200)
+    assert_eq(words.count("failed"), 1, "the held request, answered over a kept connection")
+    harness.wait_for(lambda: k.find_log(event="request", id="t-gone"), 10, msg="the gone buyer's request line")
+    assert_eq(k.find_log(event="request", id="t-gone")[0].get("gone"), "yes")
+    opened = k.metrics()["kembali_fastcgi_connections_total"] - before
+    print("# 201 answers through nginx with keepalive 8: %d FastCGI connections" % opened)
+    # without keep-conn every answer is a connection; with it, a handful
+    assert opened <= 16, "nginx reused its FastCGI connections (%d opened)" % opened
+
+
 if __name__ == "__main__":
     harness.run(globals())

@@ -1,0 +1,233 @@
+"""The FastCGI front against peers a web server would never be: stalled,
+trickling, flooding, aborting, malformed; and kept connections. Real
+sockets (Unix and TCP) against the real kembali; times are asserted only
+where a stalled front would miss them by seconds."""
+
+import socket
+import struct
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_between
+
+FCGI_BEGIN, FCGI_ABORT, FCGI_END, FCGI_PARAMS, FCGI_STDIN = 1, 2, 3, 4, 5
+FCGI_GET_VALUES, FCGI_GET_VALUES_RESULT, FCGI_UNKNOWN_TYPE = 9, 10, 11
+
+
+def connect(k):
+    """A raw connection to k's socket (Unix or TCP)."""
+    if isinstance(k.addr, str):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(k.addr)
+        return s
+    return socket.create_connection(k.addr, timeout=10)
+
+
+def records(s, until_type, timeout=10.0):
+    """Read records until one of type `until_type`; returns them all as
+    (type, id, content)."""
+    out, buf = [], b""
+    deadline = time.monotonic() + timeout
+    while True:
+        while len(buf) >= 8:
+            _, rtype, rid, clen, plen, _ = struct.unpack(">BBHHBB", buf[:8])
+            if len(buf) < 8 + clen + plen:
+                break
+            out.append((rtype, rid, buf[8:8 + clen]))
+            buf = buf[8 + clen + plen:]
+            if rtype == until_type:
+                return out
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = s.recv(65536)
+        if not chunk:
+            raise AssertionError("closed before a record of type %d; got %r" % (until_type, out))
+        buf += chunk
+
+
+def closed_by_peer(s, timeout):
+    """True when kembali closes s within timeout (reads and drops any bytes)."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
+    """On the Unix socket and on TCP: 8 peers that send one byte and stall
+    and 8 that trickle a byte every 0.5 s. A cached answer is still served
+    at once, the tricklers are cut off 5 s after connecting, and SIGTERM
+    still ends the process promptly."""
+    sb, unix = kit.start(tmpdir)
+    tcp = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
+        keys={"a": kit.KEY}, listen="127.0.0.1:%d" % harness.free_port(), name="tcp").start()
+    sb.put_tx("t1", "succeeded")
+    assert_eq(unix.get("id=t1").header("kembali-status"), "succeeded")  # cached from here on
+    req = harness.fcgi_request_bytes(harness.cgi_params("id=t1"))
+    stalled, trickling = [], []
+    for k in (unix, tcp):
+        for _ in range(8):
+            s = connect(k)
+            s.sendall(req[:1])
+            stalled.append(s)
+            t = connect(k)
+            t.sendall(req[:1])
+            trickling.append([t, 1])
+    worst = 0.0
+    for i in range(8):
+        for t in trickling:
+            t[0].sendall(req[t[1]:t[1] + 1])
+            t[1] += 1
+        for k in (unix, tcp):
+            r = k.get("id=t1", timeout=10)
+            assert_eq(r.header("kembali-status"), "succeeded")
+            worst = max(worst, r.elapsed)
+        time.sleep(0.5)
+    print("# slowest cached answer beside 32 stalled or trickling peers: %.1f ms at the client" % (worst * 1000))
+    # a front that a stalled peer holds answers after the peer's 5 s, or never
+    assert worst < 2.5, "served at once beside stalled peers (%.2f s)" % worst
+    for k in (unix, tcp):  # kembali's own log: every cached answer took a millisecond or so
+        slow = [l for l in k.find_log(event="request", id="t1") if int(l["ms"]) > 100]
+        assert_eq(slow, [], "cached answers while peers stall")
+    for t in trickling:
+        assert closed_by_peer(t[0], 8), "a trickling peer is disconnected 5 s after connecting"
+    for k in (unix, tcp):
+        t0 = time.monotonic()
+        k.signal(15)
+        assert_eq(k.wait(10), 0)
+        took = time.monotonic() - t0
+        print("# SIGTERM with 8 stalled peers on %s: exited in %.0f ms" % (k.name, took * 1000))
+        assert took < 3.0, "SIGTERM ends the process although peers stall (%.2f s)" % took
+    for s in stalled:
+        s.close()
+
+
+def test_kept_connection_serves_requests_in_turn(tmpdir):
+    """FCGI_KEEP_CONN: many requests, held and cached, on one connection; it
+    stays open between them."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-ok", "succeeded")
+    kit.pending_then(sb, "t-later", 1, "failed")
+    s = connect(k)
+    before = k.metrics()["kembali_fastcgi_connections_total"]
+    for i, (id, word) in enumerate([("t-ok", "succeeded"), ("t-later", "failed"), ("t-ok", "succeeded"),
+                                    ("bad id!", "invalid"), ("t-later", "failed")]):
+        rid = i + 1
+        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=" + id), request_id=rid, keep_conn=True))
+        r = harness.fcgi_receive(s, timeout=15, request_id=rid, close=False)
+        assert_eq(r.header("kembali-status"), word, "request %d on the kept connection" % rid)
+    after = k.metrics()["kembali_fastcgi_connections_total"]
+    assert_eq(after - before, 1, "only the metrics request's own connection was new")
+    # without FCGI_KEEP_CONN the connection is closed after the answer
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t-ok"), request_id=9))
+    harness.fcgi_receive(s, timeout=10, request_id=9, close=False)
+    assert closed_by_peer(s, 5), "closed after an answer without keep-conn"
+
+
+def test_kept_connection_idle_is_closed_after_60_s(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    s = connect(k)
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), keep_conn=True))
+    harness.fcgi_receive(s, timeout=10, close=False)
+    t0 = time.monotonic()
+    assert not closed_by_peer(s, 50), "a kept connection stays open while idle below 60 s"
+    assert closed_by_peer(s, 30), "an idle kept connection is closed"
+    assert_between(time.monotonic() - t0, 55, 75, "closed after about 60 s idle")
+
+
+def test_abort_drops_the_request_and_keeps_the_connection(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "pending")
+    sb.put_tx("t2", "succeeded")
+    s = connect(k)
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    harness.wait_for(lambda: sb.reads("t1"), 5)  # held, its read started
+    s.sendall(harness.fcgi_record(FCGI_ABORT, b"", 1))
+    got = records(s, FCGI_END)
+    assert_eq([r[0] for r in got], [FCGI_END], "only END_REQUEST for the aborted request")
+    assert_eq(got[0][1], 1)
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 0, 5, msg="the aborted request is not held")
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t2"), request_id=2, keep_conn=True))
+    r = harness.fcgi_receive(s, timeout=10, request_id=2, close=False)
+    assert_eq(r.header("kembali-status"), "succeeded", "the connection serves the next request")
+    gone = k.find_log(event="request", id="t1")
+    assert_eq([l.get("gone") for l in gone], ["yes"], "one log line for the aborted request")
+    s.close()
+
+
+def test_management_records(tmpdir):
+    sb, k = kit.start(tmpdir)
+    s = connect(k)
+    q = b"".join(harness.fcgi_encode_pair(n, "") for n in ("FCGI_MAX_CONNS", "FCGI_MAX_REQS", "FCGI_MPXS_CONNS"))
+    s.sendall(harness.fcgi_record(FCGI_GET_VALUES, q, 0))
+    (rtype, rid, body), = records(s, FCGI_GET_VALUES_RESULT)
+    assert_eq((rtype, rid), (FCGI_GET_VALUES_RESULT, 0))
+    assert b"FCGI_MPXS_CONNS\x30" in body or body.endswith(b"FCGI_MPXS_CONNS0"), body
+    s.sendall(harness.fcgi_record(77, b"", 0))
+    (rtype, rid, body), = records(s, FCGI_UNKNOWN_TYPE)
+    assert_eq(body[0], 77, "FCGI_UNKNOWN_TYPE names the type")
+    s.close()
+
+
+def test_second_request_on_a_busy_connection_is_refused(tmpdir):
+    """One request at a time per connection: a BEGIN for another id while
+    one is held gets FCGI_CANT_MPX_CONN; the held one is still answered."""
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t1", 1, "succeeded")
+    s = connect(k)
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    s.sendall(harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2))
+    got = records(s, FCGI_END)
+    assert_eq((got[0][0], got[0][1], got[0][2][4]), (FCGI_END, 2, 1), "FCGI_CANT_MPX_CONN for id 2")
+    r = harness.fcgi_receive(s, timeout=15, request_id=1, close=False)
+    assert_eq(r.header("kembali-status"), "succeeded")
+    s.close()
+
+
+def test_hostile_records_close_only_their_connection(tmpdir):
+    """Name and value lengths that pass 2 GB together (once an abort inside
+    libfcgi's allocator), a bad version, a peer that never reads its
+    answers: each loses its own connection, nobody else notices."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded")
+    begin = harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 0))
+    huge = struct.pack(">II", 0xFFFFFFF0, 0xFFFFFFF0) + b"x" * 64
+    for data in (begin + harness.fcgi_record(FCGI_PARAMS, huge) + harness.fcgi_record(FCGI_PARAMS),
+                 b"\x02" + begin[1:],
+                 begin + begin):
+        s = connect(k)
+        s.sendall(data)
+        assert closed_by_peer(s, 5), "a malformed connection is closed at once"
+        s.close()
+    # a peer that asks and asks and never reads: cut off, memory bounded
+    flood = connect(k)
+    flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    q = harness.fcgi_record(FCGI_GET_VALUES, harness.fcgi_encode_pair("FCGI_MPXS_CONNS", ""), 0)
+    flood.settimeout(0.2)
+    sent = 0
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 8:
+            sent += flood.send(q * 512)
+    except (socket.timeout, BlockingIOError):
+        pass
+    except OSError:
+        pass  # closed by kembali while we were still sending
+    assert k.running()
+    assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
+    assert closed_by_peer(flood, 10), "a peer that does not take its replies is disconnected"
+    print("# flooding peer sent %d bytes before it was cut off" % sent)
+    status = k._proc_status("VmRSS")
+    assert status < 64 * 1024, "RSS stays small (%d kB)" % status
+
+
+if __name__ == "__main__":
+    harness.run(globals())
