@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "notify.h"
 #include "resolver.h"
 #include "util.h"
 
@@ -54,9 +55,11 @@ static const char *http_reason(int code)
 {
     switch (code) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 503: return "Service Unavailable";
     default: return "OK";
     }
 }
@@ -82,7 +85,9 @@ static void write_response(struct req *r, int http, const char *word, const char
     }
     if (extra != NULL)
         buf_puts(&h, extra);
-    buf_printf(&h, "Content-Length: %zu\r\n\r\n", body->len);
+    if (http != 204) /* a 204 has no body and no Content-Length */
+        buf_printf(&h, "Content-Length: %zu\r\n", body->len);
+    buf_puts(&h, "\r\n");
     put_all(r, h.p, h.len);
     if (!r->head)
         put_all(r, body->p, body->len);
@@ -183,15 +188,38 @@ static void respond_metrics(struct app *a, struct req *r)
     free_req(r);
 }
 
+/* The admin POST ?format=notify (told by the shop): 204, or a reason in
+ * plain words (400 keeps Kembali-Status: invalid). */
+static void respond_notify(struct app *a, struct req *r, const char *query, const char *body, size_t len)
+{
+    char why[512];
+    int http = notify_request(a->state, r->shop, query, body, len, util_mono_ms(), why, sizeof why);
+    struct buf b = {0};
+    if (http != 204)
+        buf_printf(&b, "%s\n", why);
+    write_response(r, http, http == 400 ? "invalid" : http == 404 ? "unknown_shop" : NULL,
+                   "text/plain; charset=utf-8", http == 503 ? 1 : -1, NULL, &b);
+    buf_free(&b);
+    finish(r);
+    free_req(r);
+}
+
 /* ---- parsing a request ---- */
 
-static void drain_stdin(struct req *r)
+/* Read the request body: its first `cap` bytes into body, the rest (up to
+ * 1 MiB) discarded, so the connection can be closed without a reset.
+ * Returns the bytes seen, at most cap + 1 (more than cap: too large). */
+static size_t read_stdin(struct req *r, char *body, size_t cap)
 {
     char tmp[4096];
     size_t total = 0;
     int n;
-    while (total < (1u << 20) && (n = FCGX_GetStr(tmp, sizeof tmp, r->fcgx.in)) > 0)
+    while (total < cap && (n = FCGX_GetStr(body + total, (int)(cap - total), r->fcgx.in)) > 0)
         total += (size_t)n;
+    size_t more = 0;
+    while (more < (1u << 20) && (n = FCGX_GetStr(tmp, sizeof tmp, r->fcgx.in)) > 0)
+        more += (size_t)n;
+    return total + (more > 0);
 }
 
 static void handle(struct app *a, struct req *r)
@@ -202,10 +230,11 @@ static void handle(struct app *a, struct req *r)
     const char *host = FCGX_GetParam("HTTP_HOST", env);
     const char *admin = FCGX_GetParam("KEMBALI_ADMIN", env);
     char fmt[16] = "";
+    char body[REQUEST_NOTIFY_BODY_MAX];
 
     r->arrived = util_mono_ms();
     r->cfg = app_config(a);
-    drain_stdin(r);
+    size_t body_len = read_stdin(r, body, sizeof body);
     request_query_param(query, "format", fmt, sizeof fmt);
     r->head = method != NULL && strcmp(method, "HEAD") == 0;
 
@@ -221,6 +250,11 @@ static void handle(struct app *a, struct req *r)
         for (int i = 0; origin && i < r->shop->norigins; i++)
             if (strcmp(origin, r->shop->origins[i]) == 0)
                 r->origin = r->shop->origins[i];
+    }
+    if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "notify") == 0 && method != NULL &&
+        strcmp(method, "POST") == 0) {
+        respond_notify(a, r, query, body, body_len);
+        return;
     }
     if (method == NULL || (strcmp(method, "GET") != 0 && !r->head)) {
         respond_405(a, r);

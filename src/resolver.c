@@ -329,9 +329,10 @@ static void step(struct resolver *rs, struct watch *w, int64_t now)
         return;
     }
     if (w->reading != NULL) {
-        /* our read is in flight: only deadlines can answer anyone now */
+        /* our read is in flight: only deadlines, or a final status the shop
+         * told meanwhile (state_tell), can answer anyone now */
         state_lookup(rs->app->state, &w->key, w->id, &w->waiters->cfg->sched, w->waiters->shop->read_budget, now, &f);
-        answer_where(rs, w, &f, now, past_deadline);
+        answer_where(rs, w, &f, now, f.final ? all_done : past_deadline);
         w->next_step = min_deadline(w);
         return;
     }
@@ -454,12 +455,12 @@ static void *resolver_main(void *arg)
 
         now = util_mono_ms();
         int64_t next = now + LOOP_MAX_SLEEP_MS;
-        /* A read ended somewhere (maybe in another process): every watch
-         * not reading itself looks again; otherwise only those due. */
+        /* A read ended somewhere (maybe in another process), or the shop
+         * told a status: every watch looks again; otherwise only those due. */
         bool changed = atomic_exchange(&rs->changed, false);
         for (struct watch *w = rs->all, *n; w; w = n) {
             n = w->next;
-            if (w->next_step <= now || (changed && w->reading == NULL))
+            if (w->next_step <= now || changed)
                 step(rs, w, now);
         }
         for (struct watch *w = rs->all; w; w = w->next)
