@@ -86,6 +86,27 @@ def test_told_while_twenty_held(tmpdir):
     print("# reads at the sandbox: %d before the notify, 0 after" % len(sb.reads("t1")))
 
 
+def test_told_while_the_read_is_in_flight(tmpdir):
+    """Held on kembali's own read, still in flight (Kasera slow): a told
+    final status answers them at once; the read's late pending changes
+    nothing."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t11", "pending", responses=[{"delay_ms": 3000}])
+    join = hold(k, "t11", 5)
+    harness.wait_for(lambda: sb.reads("t11"), 5, msg="the read arrived at the sandbox")
+    check_recorded(notify(k, "t11", {"status": "failed"}))
+    answers = join()
+    assert_eq([r.header("kembali-status") for r in answers], ["failed"] * 5)
+    t_told = kit.log_time(k.wait_log(5, event="notify", id="t11"))
+    lat = [round((kit.log_time(l) - t_told) * 1000) for l in k.find_log(event="request", id="t11")]
+    assert max(lat) <= 50, "answered %r ms after the notify" % lat
+    read = k.wait_log(10, event="read", id="t11")  # the slow read ends later...
+    assert kit.log_time(read) > t_told, "the read was still in flight at the notify"
+    assert_eq(read["status"], "pending")
+    assert_eq(json_status(k, "t11")[1], {"id": "t11", "status": "failed", "final": True})  # ...and changes nothing
+    assert_eq(len(sb.reads("t11")), 1)
+
+
 def test_told_before_any_return(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t2", "failed")
