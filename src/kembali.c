@@ -31,6 +31,7 @@
 #include "front.h"
 #include "log.h"
 #include "loop.h"
+#include "notify.h"
 #include "serve.h"
 #include "state.h"
 #include "util.h"
@@ -48,8 +49,9 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: kembali [--config FILE] [--listen ADDRESS] [--user NAME]\n"
+            "Usage: kembali [--config FILE] [--listen ADDRESS] [--user NAME] [--log FILE]\n"
             "               [--check-config] [--version] [--help]\n"
+            "       kembali [--config FILE] --notify SHOP ID STATUS\n"
             "\n"
             "The return page for Kasera Pay checkouts, as a FastCGI service. It reads\n"
             "the transaction's status server-side with the shop's secret key, on the\n"
@@ -63,14 +65,23 @@ static void usage(FILE *f)
             "                   systemd socket activation\n"
             "  --user NAME      when started as root, switch to NAME (and its group)\n"
             "                   after opening the socket and reading the keys\n"
+            "  --log FILE       append the log to FILE instead of standard error;\n"
+            "                   reopened on SIGUSR1 and SIGHUP (logrotate)\n"
+            "  --notify SHOP ID STATUS\n"
+            "                   record that transaction ID of shop SHOP has STATUS\n"
+            "                   (pending, succeeded, failed, canceled, expired), as the\n"
+            "                   shop's webhook learnt it, in the state shared through\n"
+            "                   state_dir; no read, no running kembali needed; exit 0\n"
+            "                   silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
             "                   print what is wrong, exit 0 if usable, 1 if not\n"
             "  --version        print the version\n"
             "  --help           print this help\n"
             "\n"
             "Signals: SIGTERM answers the requests in hand and exits 0; SIGHUP reloads\n"
-            "the configuration (a broken one is refused and the old one kept).\n"
-            "Logs: one key=value line per event on standard error.\n"
+            "the configuration (a broken one is refused and the old one kept) and\n"
+            "reopens the --log file; SIGUSR1 reopens the --log file.\n"
+            "Logs: one key=value line per event on standard error (or --log FILE).\n"
             "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
 }
 
@@ -224,20 +235,24 @@ static void reload(struct app *a, const char *path)
 struct signal_ctx {
     struct app *app;
     const char *config_path;
+    const char *log_path;       /* --log, or NULL */
     int fd;
     bool stop;
 };
 
-/* The signalfd: SIGHUP reloads, SIGTERM and SIGINT stop the loop. */
+/* The signalfd: SIGHUP reopens the log and reloads, SIGUSR1 reopens the
+ * log (logrotate), SIGTERM and SIGINT stop the loop. */
 static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct signal_ctx *sc = io->data;
     struct signalfd_siginfo si;
     (void)events;
     while (read(sc->fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGHUP || si.ssi_signo == SIGUSR1)
+            log_reopen(sc->log_path); /* a no-op without --log */
         if (si.ssi_signo == SIGHUP) {
             reload(sc->app, sc->config_path);
-        } else {
+        } else if (si.ssi_signo != SIGUSR1) {
             sc->stop = true;
             loop_stop(l);
         }
@@ -250,11 +265,12 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'}, {"listen", required_argument, NULL, 'l'},
         {"user", required_argument, NULL, 'u'},   {"check-config", no_argument, NULL, 'C'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
+        {"log", required_argument, NULL, 'L'},    {"notify", no_argument, NULL, 'N'},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = getenv("KEMBALI_CONFIG");
-    const char *listen_addr = NULL, *user = NULL;
-    bool check_only = false;
+    const char *listen_addr = NULL, *user = NULL, *log_path = NULL;
+    bool check_only = false, notify = false;
     int o;
     while ((o = getopt_long(argc, argv, "c:l:u:CVh", opts, NULL)) != -1) {
         switch (o) {
@@ -262,12 +278,19 @@ int main(int argc, char **argv)
         case 'l': listen_addr = optarg; break;
         case 'u': user = optarg; break;
         case 'C': check_only = true; break;
+        case 'L': log_path = optarg; break;
+        case 'N': notify = true; break;
         case 'V': printf("kembali %s\n", PACKAGE_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
+    if (notify && argc - optind != 3) {
+        fprintf(stderr, "kembali: --notify needs SHOP ID STATUS\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!notify && optind < argc) {
         fprintf(stderr, "kembali: unexpected argument: %s\n", argv[optind]);
         usage(stderr);
         return 2;
@@ -277,8 +300,14 @@ int main(int argc, char **argv)
     ensure_std_fds(listen_addr == NULL && !check_only);
     if (check_only)
         return check_config(config_path);
+    if (notify)
+        return notify_command(config_path, argv[optind], argv[optind + 1], argv[optind + 2], stderr);
 
     char err[ERRBUF];
+    if (log_path != NULL && log_open(log_path, err, sizeof err) != 0) {
+        fprintf(stderr, "kembali: %s\n", err);
+        return 1;
+    }
     struct app app;
     memset(&app, 0, sizeof app);
     int rc = 1, sfd = -1;
@@ -327,6 +356,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -347,7 +377,7 @@ int main(int argc, char **argv)
         goto out;
     }
     serve_attach(serve, front);
-    struct signal_ctx sc = {.app = &app, .config_path = config_path, .fd = sfd};
+    struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd};
     loop_io_init(&sig_io, sfd, on_signal, &sc);
     if (loop_io_set(loop, &sig_io, EPOLLIN) != 0) {
         fprintf(stderr, "kembali: epoll: %s\n", strerror(errno));

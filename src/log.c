@@ -1,6 +1,8 @@
 /* log.c - see log.h. */
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -120,4 +122,37 @@ void log_msg(const char *level, const char *event, const char *msg)
     log_begin(&l, level, event);
     log_str(&l, "msg", msg);
     log_end(&l);
+}
+
+int log_open(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+    if (fd < 0) {
+        snprintf(err, errlen, "--log %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fd != STDERR_FILENO) {
+        /* flags 0: descriptor 2 stays open across exec, as standard error does */
+        if (dup3(fd, STDERR_FILENO, 0) < 0) {
+            snprintf(err, errlen, "--log %s: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        close(fd);
+    }
+    return 0;
+}
+
+void log_reopen(const char *path)
+{
+    char err[512];
+    if (path == NULL)
+        return;
+    if (log_open(path, err, sizeof err) != 0) {
+        struct log_line l;
+        log_begin(&l, "error", "log");
+        log_str(&l, "msg", "cannot reopen the log file; logging on in the old one");
+        log_str(&l, "error", err);
+        log_end(&l);
+    }
 }

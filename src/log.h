@@ -1,4 +1,4 @@
-/* log.h - one line per event on standard error, as key=value pairs.
+/* log.h - one line per event on standard error (or a --log file), as key=value pairs.
  *
  *   ts=2026-11-30T04:00:00.123Z level=info event=read shop=toko-a id=T1 http=200 status=pending
  *
@@ -30,6 +30,20 @@ void log_end(struct log_line *l);
 /* Format `value` as it would appear in a line (quoted if needed) into out;
  * exposed for tests. Returns the length written. */
 size_t log_format_value(char *out, size_t cap, const char *value);
+
+/* Send the log from now on to `path`: open it for appending (O_APPEND,
+ * created 0640) and put it on descriptor 2 with dup3(), which swaps the
+ * descriptor in one step: a line written meanwhile by another thread goes
+ * whole to the old file or whole to the new one, never split or lost.
+ * Descriptor 2 is the process's one log descriptor, so this module keeps
+ * no state (and what libraries or sanitizers print lands in the file too).
+ * Returns 0, or -1 with a reason in err (descriptor 2 unchanged). */
+int log_open(const char *path, char *err, size_t errlen);
+
+/* log_open() again after the file was rotated (SIGUSR1, SIGHUP). On
+ * failure the log goes on in the old file, with an error line there saying
+ * why. This function can't fail. */
+void log_reopen(const char *path);
 
 /* A one-call convenience for simple events: log_msg("warn", "config", "msg"). */
 void log_msg(const char *level, const char *event, const char *msg);

@@ -4,6 +4,8 @@
 #include "request.h"
 
 #include <ctype.h>
+#include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util.h"
@@ -97,3 +99,38 @@ void request_answer(const struct state_fact *f, int64_t now, struct answer *out)
     }
 }
 
+
+/* ---- told by the shop ---- */
+
+bool request_notify_status(const char *body, size_t len, enum tx_status *out, char *why, size_t whylen)
+{
+    if (body == NULL || len == 0) {
+        snprintf(why, whylen, "the body is empty: send {\"status\": \"succeeded\"} (or another Kasera status)");
+        return false;
+    }
+    if (len > REQUEST_NOTIFY_BODY_MAX) {
+        snprintf(why, whylen, "the body is larger than %d bytes", REQUEST_NOTIFY_BODY_MAX);
+        return false;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+    if (root == NULL) {
+        snprintf(why, whylen, "the body is not JSON (line %d: %s)", jerr.line, jerr.text);
+        return false;
+    }
+    bool ok = false;
+    json_t *st = json_is_object(root) ? json_object_get(root, "status") : NULL;
+    if (!json_is_object(root)) {
+        snprintf(why, whylen, "the body must be a JSON object such as {\"status\": \"succeeded\"}");
+    } else if (st == NULL) {
+        snprintf(why, whylen, "the body has no \"status\"");
+    } else if (!json_is_string(st)) {
+        snprintf(why, whylen, "\"status\" must be a string");
+    } else if ((*out = tx_status_parse(json_string_value(st))) == TXS_UNKNOWN) {
+        snprintf(why, whylen, "\"status\" must be one of pending, succeeded, failed, canceled, expired");
+    } else {
+        ok = true;
+    }
+    json_decref(root);
+    return ok;
+}

@@ -29,4 +29,14 @@ bool request_query_param(const char *query, const char *name, char *out, size_t 
 /* True when an Accept header asks for JSON. */
 bool request_wants_json(const char *accept);
 
+#define REQUEST_NOTIFY_BODY_MAX 8192 /* bytes of a notify body */
+
+/* The status a notify body tells. `body` (len bytes, not NUL-terminated)
+ * must be a JSON object whose member "status" is one of Kasera's status
+ * words: pending, succeeded, failed, canceled or expired (other members are
+ * ignored). Returns true and sets *out, or false with a reason in plain
+ * words in why (a body over REQUEST_NOTIFY_BODY_MAX bytes is refused
+ * unread). Pure: no I/O. */
+bool request_notify_status(const char *body, size_t len, enum tx_status *out, char *why, size_t whylen);
+
 #endif

@@ -375,8 +375,9 @@ static void on_watch_timer(struct loop *l, struct loop_timer *t)
     step(w->rs, w);
 }
 
-/* A read ended in some process: every watch without a read of its own
- * looks again (ours look when their read ends). */
+/* A read ended in some process, or the shop told a status (state_tell):
+ * every watch looks again, those with a read of their own in flight too (a
+ * told final status answers them at once; otherwise they go on waiting). */
 static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct resolver *rs = io->data;
@@ -386,7 +387,7 @@ static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
         return;
     struct resolver_watch *dirty = NULL;
     for (struct resolver_watch *w = rs->all; w; w = w->next)
-        if (w->reading == NULL && w->waiters != NULL) {
+        if (w->waiters != NULL) {
             w->dnext = dirty;
             dirty = w;
         }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "notify.h"
 #include "pace.h"
 #include "render.h"
 #include "request.h"
@@ -43,9 +44,11 @@ static const char *http_reason(int code)
 {
     switch (code) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 503: return "Service Unavailable";
     default: return "OK";
     }
 }
@@ -70,7 +73,9 @@ static void build_response(const struct serve_req *r, int http, const char *word
     }
     if (extra != NULL)
         buf_puts(out, extra);
-    buf_printf(out, "Content-Length: %zu\r\n\r\n", body->len);
+    if (http != 204) /* a 204 has no body and no Content-Length */
+        buf_printf(out, "Content-Length: %zu\r\n", body->len);
+    buf_puts(out, "\r\n");
     if (!r->head)
         buf_put(out, body->p, body->len);
 }
@@ -184,6 +189,28 @@ static void respond_metrics(struct serve_req *r)
     buf_free(&out);
 }
 
+/* The admin POST ?format=notify (told by the shop): 204, or a reason in
+ * plain words (400 keeps Kembali-Status: invalid). */
+static void respond_notify(struct serve_req *r, const char *query)
+{
+    char why[512];
+    size_t len;
+    bool truncated;
+    const uint8_t *body = front_body(r->fr, &len, &truncated);
+    if (truncated) /* refused for its size before anything reads it */
+        len = REQUEST_NOTIFY_BODY_MAX + 1;
+    int http = notify_request(r->s->app->state, r->shop, query, (const char *)body, len, util_mono_ms(),
+                              why, sizeof why);
+    struct buf b = {0}, out = {0};
+    if (http != 204)
+        buf_printf(&b, "%s\n", why);
+    build_response(r, http, http == 400 ? "invalid" : http == 404 ? "unknown_shop" : NULL,
+                   "text/plain; charset=utf-8", http == 503 ? 1 : -1, NULL, &b, &out);
+    buf_free(&b);
+    send_out(r, &out);
+    buf_free(&out);
+}
+
 /* A held request's end: its configuration reference and its memory. */
 static void held_free(struct serve_req *r)
 {
@@ -274,6 +301,12 @@ static void on_request(void *ctx, struct front_req *fr)
     if (front_params_too_large(fr)) {
         ans.word = W_INVALID; /* more parameters than any real request has: costs no read */
         respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "notify") == 0 && method != NULL &&
+        strcmp(method, "POST") == 0) {
+        respond_notify(&r, query);
         config_unref(r.cfg);
         return;
     }

@@ -746,6 +746,45 @@ static void pause_until(int64_t *until, int64_t t)
         *until = t;
 }
 
+/* A final status that is answered without reading (its cache runs). */
+static bool final_cached(const struct st_tx *e, int64_t now)
+{
+    return !e->not_found && e->known_until > now && tx_status_final((enum tx_status)e->status);
+}
+
+/* May status s replace what e records? What is known never moves
+ * backwards (see state_tell in state.h): from a final status only to the
+ * same one (its cache restarts) or, from expired, to another final one. A
+ * read's answer is Kasera's word at the time: once the final status's
+ * cache has run out, it replaces it; a told one never replaces a final
+ * status, cached or not. */
+static bool status_may_replace(const struct st_tx *e, enum tx_status s, bool told, int64_t now)
+{
+    enum tx_status cur = (enum tx_status)e->status;
+    if (!tx_status_final(cur) || (!told && !final_cached(e, now)))
+        return true;
+    if (s == cur)
+        return true;
+    if (!tx_status_final(s))
+        return false;
+    return cur == TXS_EXPIRED;
+}
+
+/* Record status s (as Kasera wrote it: word) as the last known one, with
+ * its cache; forgets a remembered 404. */
+static void status_record(struct st_tx *e, enum tx_status s, const char *word, int64_t now)
+{
+    e->status = (uint8_t)s;
+    util_copy(e->status_word, sizeof e->status_word, word);
+    e->not_found = 0;
+    if (s == TXS_EXPIRED)
+        e->known_until = now + STATE_TTL_EXPIRED_MS;
+    else if (tx_status_final(s))
+        e->known_until = now + STATE_TTL_FINAL_MS;
+    else
+        e->known_until = 0;
+}
+
 void state_finish(struct state *st, const struct state_ticket *t, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report)
 {
@@ -768,22 +807,16 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     case OUT_STATUS:
         if (e == NULL)
             break;
-        e->status = (uint8_t)oc->status;
-        util_copy(e->status_word, sizeof e->status_word, oc->status_word);
-        e->not_found = 0;
-        if (oc->status == TXS_EXPIRED)
-            e->known_until = now + STATE_TTL_EXPIRED_MS;
-        else if (tx_status_final(oc->status))
-            e->known_until = now + STATE_TTL_FINAL_MS;
-        else
-            e->known_until = 0;
+        if (status_may_replace(e, oc->status, false, now))
+            status_record(e, oc->status, oc->status_word, now);
         if (oc->status == TXS_UNKNOWN && !e->unknown_seen) {
             e->unknown_seen = 1;
             report->first_unknown = true;
         }
         break;
     case OUT_NOT_FOUND:
-        if (e != NULL) {
+        /* a late 404 cannot hide a cached final status */
+        if (e != NULL && !final_cached(e, now)) {
             e->not_found = 1;
             e->known_until = now + STATE_TTL_NOT_FOUND_MS;
         }
@@ -828,6 +861,35 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
     st_unlock(st);
     st_bump(st); /* wake waiters in every process */
+}
+
+enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
+                           enum tx_status status, const char *word, int64_t now)
+{
+    if (!valid_id(id) || status == TXS_NONE || status == TXS_UNKNOWN || word == NULL ||
+        strlen(word) > STATUS_WORD_MAX)
+        return STATE_TOLD_BAD;
+    enum state_told done = STATE_TOLD_RECORDED;
+    st_lock(st);
+    struct st_tx *e = tx_get(st, key, id, now);
+    if (e == NULL) {
+        done = STATE_TOLD_FULL;
+    } else {
+        e->last_used = now;
+        if (status_may_replace(e, status, true, now)) {
+            status_record(e, status, word, now);
+        } else {
+            done = STATE_TOLD_KEPT;
+            if (e->not_found) { /* the shop knows it: no 404 stands (a kept status is final) */
+                e->not_found = 0;
+                e->known_until = 0;
+            }
+        }
+    }
+    st_unlock(st);
+    if (done == STATE_TOLD_RECORDED)
+        st_bump(st); /* wake the requests held for it in every process */
+    return done;
 }
 
 void state_metrics(struct state *st, struct state_metrics *out)

@@ -9,6 +9,7 @@
  *   state_lookup()  what is known now, and when the next read may start
  *   state_claim()   the same, and if a read may start now, take it (a ticket)
  *   state_finish()  report a read's outcome; releases the ticket
+ *   state_tell()    record a status the shop was told (its webhook), no read
  *   state_metrics()  counters for the metrics page
  *
  * All data lives in one flat region (no pointers, fixed-size tables,
@@ -151,6 +152,33 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  * *report says what started that deserves one log line. */
 void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report);
+
+/* What state_tell() did. */
+enum state_told {
+    STATE_TOLD_RECORDED = 0, /* recorded as if a read had just returned it */
+    STATE_TOLD_KEPT,         /* valid, but a final status already known stays */
+    STATE_TOLD_FULL,         /* no room to track this transaction: nothing recorded */
+    STATE_TOLD_BAD,          /* not a Kasera status word's status, or a bad id */
+};
+
+/* Record that the shop was told (a verified webhook) that (key, id) has
+ * `status` (pending, succeeded, failed, canceled or expired; `word` is how
+ * Kasera writes it), at `now`, as if a read had just returned it, but
+ * without spending the key's budget or touching the pace, the read in
+ * flight or any pause. A final status is cached with a read's TTLs and the
+ * generation is bumped, so that requests held for it in every process are
+ * answered at once; pending only becomes the last known status. A told
+ * status clears a remembered 404 for that id. What is known never moves
+ * backwards:
+ *   - a final status is never replaced by pending (nor by an unknown word);
+ *   - expired may become succeeded (a late payment), failed or canceled;
+ *   - succeeded, failed and canceled are never replaced by another status
+ *     (telling the same one again restarts its cache).
+ * A read's outcome (state_finish) keeps the same order while the final
+ * status it would replace is cached. Returns what was done; never blocks on
+ * anything but the state's lock. */
+enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
+                           enum tx_status status, const char *word, int64_t now);
 
 void state_metrics(struct state *st, struct state_metrics *out);
 

@@ -805,12 +805,17 @@ class Kembali:
     to ``--listen``), or None (neither). With a socket handed over as fd 0,
     ``start`` cannot tell when the process is ready (the socket accepts from
     the start; requests wait in its backlog): wait for a log line if it matters.
+    log_file: kembali writes its log with ``--log <tmpdir>/<name>.log`` (what
+    the log helpers read) and its standard output and error go to
+    ``<name>.stderr``.
     """
 
     def __init__(self, tmpdir: str, config=None, keys: dict | None = None, args=(),
                  env: dict | None = None, bin: str | None = None, listen="unix",
-                 name: str = "kembali"):
+                 name: str = "kembali", log_file: bool = False):
         self.tmpdir = tmpdir
+        self.log_file = log_file
+        self.stderr_path = os.path.join(tmpdir, name + (".stderr" if log_file else ".log"))
         self.name = name
         self.bin = bin or kembali_bin()
         self.args = list(args)
@@ -864,6 +869,8 @@ class Kembali:
             argv += ["--config", self.config_path]
         if self.listen == "unix" or (isinstance(self.listen, str) and self.listen != "fd0"):
             argv += ["--listen", self.addr if isinstance(self.addr, str) else self.listen]
+        if self.log_file:
+            argv += ["--log", self.log_path]
         return argv + self.args
 
     def start(self, timeout: float = 10.0) -> "Kembali":
@@ -882,7 +889,7 @@ class Kembali:
         elif isinstance(self.listen, socket.socket):
             stdin = self.listen.fileno()
         starts_before = len(self.find_log(level="info", event="start")) if os.path.exists(self.log_path) else 0
-        with open(self.log_path, "ab") as log:
+        with open(self.stderr_path, "ab") as log:
             self.proc = spawn(self.argv(), self.tmpdir, stdin=stdin, stdout=log, stderr=log,
                               env=_merge_env(self.env))
         ctx = current_test()

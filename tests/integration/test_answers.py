@@ -312,8 +312,8 @@ def test_command_line(tmpdir):
         return p.returncode, p.stdout, p.stderr
     rc, out, _ = run("--help")
     assert_eq(rc, 0)
-    for opt in ("--config FILE", "--listen ADDRESS", "--user NAME", "--check-config", "--version", "--help",
-                "SIGTERM", "SIGHUP", "FCGI_WEB_SERVER_ADDRS"):
+    for opt in ("--config FILE", "--listen ADDRESS", "--user NAME", "--log FILE", "--notify SHOP ID STATUS",
+                "--check-config", "--version", "--help", "SIGTERM", "SIGHUP", "SIGUSR1", "FCGI_WEB_SERVER_ADDRS"):
         assert_in(opt, out)
     rc, out, _ = run("--version")
     assert_eq(rc, 0)

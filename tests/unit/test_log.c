@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -246,6 +248,79 @@ static void test_value_cannot_forge_a_line(void **unused)
     free(got);
 }
 
+/* ---- --log: log_open, log_reopen ---- */
+
+static char *slurp(const char *path)
+{
+    static char buf[8192];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+static void test_log_open_and_reopen(void **unused)
+{
+    (void)unused;
+    char dir[] = "/tmp/kembali-test-log-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], rotated[256], err[256];
+    snprintf(path, sizeof path, "%s/k.log", dir);
+    snprintf(rotated, sizeof rotated, "%s/k.log.1", dir);
+    int saved = dup(STDERR_FILENO); /* the test's own stderr, restored below */
+    assert_true(saved >= 0);
+
+    assert_int_equal(log_open(path, err, sizeof err), 0);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    assert_true(fcntl(STDERR_FILENO, F_GETFL) & O_APPEND);
+    log_msg("info", "one", "first");
+    assert_int_equal(rename(path, rotated), 0);
+    log_msg("info", "two", "after the rename, before the reopen");
+    log_reopen(path);
+    log_msg("info", "three", "after the reopen");
+    /* appends: a reopen of an existing file keeps what it has */
+    log_reopen(path);
+    log_msg("info", "four", "again");
+    /* a path that cannot be opened: the old file goes on, saying why */
+    char bad[300];
+    snprintf(bad, sizeof bad, "%s/missing/k.log", dir);
+    assert_int_equal(log_open(bad, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--log"));
+    assert_non_null(strstr(err, "No such file"));
+    log_reopen(bad);
+    log_msg("info", "five", "still here");
+    log_reopen(NULL); /* without --log: nothing */
+
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char *old = strdup(slurp(rotated));
+    const char *cur = slurp(path);
+    assert_int_equal(count(old, "event=one"), 1);
+    assert_int_equal(count(old, "event=two"), 1);
+    assert_int_equal(count(old, "event=three"), 0);
+    assert_int_equal(count(cur, "event=three"), 1);
+    assert_int_equal(count(cur, "event=four"), 1);
+    assert_int_equal(count(cur, "level=error event=log"), 1);
+    assert_int_equal(count(cur, "event=five"), 1);
+    assert_int_equal(count(cur, "\n"), 4);
+    free(old);
+    unlink(path);
+    unlink(rotated);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_log_msg_one_line_each),
         cmocka_unit_test(test_long_line_truncated),
         cmocka_unit_test(test_value_cannot_forge_a_line),
+        cmocka_unit_test(test_log_open_and_reopen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

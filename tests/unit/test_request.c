@@ -288,6 +288,78 @@ static void test_answer_expired_cache_ran_out(void **unused)
     assert_int_equal(a.retry_after_s, 3);
 }
 
+/* ---- told by the shop ---- */
+
+static bool notify(const char *body, enum tx_status *s, char *why)
+{
+    return request_notify_status(body, body ? strlen(body) : 0, s, why, 200);
+}
+
+static void test_notify_status_words(void **unused)
+{
+    (void)unused;
+    static const char *const words[] = {"pending", "succeeded", "failed", "canceled", "expired"};
+    static const enum tx_status want[] = {TXS_PENDING, TXS_SUCCEEDED, TXS_FAILED, TXS_CANCELED, TXS_EXPIRED};
+    for (int i = 0; i < 5; i++) {
+        char body[64], why[200] = "";
+        enum tx_status s = TXS_NONE;
+        snprintf(body, sizeof body, "{\"status\": \"%s\"}", words[i]);
+        assert_true(notify(body, &s, why));
+        assert_int_equal(s, want[i]);
+    }
+    /* other members (say, the webhook's own fields) are ignored */
+    char why[200];
+    enum tx_status s;
+    assert_true(notify("{\"event\":\"payment.paid\",\"status\":\"succeeded\",\"amount\":150000}", &s, why));
+    assert_int_equal(s, TXS_SUCCEEDED);
+    /* not NUL-terminated: only len bytes count */
+    const char b[] = "{\"status\":\"failed\"}garbage";
+    assert_true(request_notify_status(b, 19, &s, why, sizeof why));
+    assert_int_equal(s, TXS_FAILED);
+}
+
+static void test_notify_bad_bodies(void **unused)
+{
+    (void)unused;
+    static const struct {
+        const char *body, *reason;
+    } bad[] = {
+        {NULL, "empty"},
+        {"", "empty"},
+        {"status=succeeded", "not JSON"},
+        {"{\"status\": \"succeeded\"", "not JSON"},
+        {"[\"succeeded\"]", "JSON object"},
+        {"\"succeeded\"", "JSON object"},
+        {"{}", "no \"status\""},
+        {"{\"Status\": \"succeeded\"}", "no \"status\""},
+        {"{\"status\": 1}", "must be a string"},
+        {"{\"status\": null}", "must be a string"},
+        {"{\"status\": \"succ\\u0000eeded\"}", "not JSON"},
+        {"{\"status\": \"paid\"}", "one of pending"},
+        {"{\"status\": \"SUCCEEDED\"}", "one of pending"},
+        {"{\"status\": \"unknown\"}", "one of pending"},
+        {"{\"status\": \"\"}", "one of pending"},
+        {"{\"status\": \"failed\", \"status\": \"succeeded\"}", "not JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char why[200] = "";
+        enum tx_status s = TXS_NONE;
+        if (notify(bad[i].body, &s, why))
+            fail_msg("accepted %s", bad[i].body);
+        if (strstr(why, bad[i].reason) == NULL)
+            fail_msg("%s: reason %s, want %s", bad[i].body ? bad[i].body : "NULL", why, bad[i].reason);
+    }
+    /* over the cap: refused unread */
+    static char big[REQUEST_NOTIFY_BODY_MAX + 2];
+    memset(big, ' ', sizeof big - 1);
+    memcpy(big, "{\"status\":\"failed\"}", 19);
+    char why[200];
+    enum tx_status s;
+    assert_false(request_notify_status(big, REQUEST_NOTIFY_BODY_MAX + 1, &s, why, sizeof why));
+    assert_non_null(strstr(why, "larger than"));
+    assert_true(request_notify_status(big, REQUEST_NOTIFY_BODY_MAX, &s, why, sizeof why));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +377,8 @@ int main(void)
         cmocka_unit_test(test_answer_in_flight),
         cmocka_unit_test(test_answer_unknown_word),
         cmocka_unit_test(test_answer_expired_cache_ran_out),
+        cmocka_unit_test(test_notify_status_words),
+        cmocka_unit_test(test_notify_bad_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -712,6 +712,224 @@ static void test_budget(void **unused)
     state_free(st);
 }
 
+/* ---- told by the shop ---- */
+
+static enum state_told tell(struct state *st, const struct state_key *k, const char *id, enum tx_status s,
+                            int64_t now)
+{
+    return state_tell(st, k, id, s, tx_status_word(s), now);
+}
+
+static void test_tell_final_costs_no_read(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    uint32_t g = state_generation(st);
+    assert_int_equal(tell(st, &k, "T1", TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    assert_int_not_equal(state_generation(st), g); /* held requests wake */
+    struct state_fact f = lookup(st, &k, "T1", T0);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_string_equal(f.status_word, "succeeded");
+    assert_int_equal(f.known_until, T0 + 3600000);
+    assert_false(claim(st, &k, "T1", T0 + 3599999, NULL, NULL));
+    /* the budget was not spent and the pace not started: a new id of the
+     * same key may read at once, and T1 once its cache is over */
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    assert_true(claim(st, &k, "T1", T0 + 3600000, &t, &f));
+    state_free(st);
+}
+
+static void test_tell_ttls(void **unused)
+{
+    (void)unused;
+    static const struct {
+        enum tx_status s;
+        int64_t ttl;
+    } cases[] = {{TXS_SUCCEEDED, 3600000}, {TXS_FAILED, 3600000}, {TXS_CANCELED, 3600000}, {TXS_EXPIRED, 60000}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct state *st = mk(64);
+        struct state_key k = key_of(st, "sk_test_a");
+        assert_int_equal(tell(st, &k, "T1", cases[i].s, T0 + 5), STATE_TOLD_RECORDED);
+        assert_true(lookup(st, &k, "T1", T0 + 5 + cases[i].ttl - 1).final);
+        struct state_fact f = lookup(st, &k, "T1", T0 + 5 + cases[i].ttl);
+        assert_false(f.final);
+        assert_int_equal(f.status, cases[i].s); /* still the last known status */
+        state_free(st);
+    }
+}
+
+static void test_tell_pending_changes_nothing_else(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    struct state_fact before = lookup(st, &k, "T1", T0 + 200);
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 200), STATE_TOLD_RECORDED);
+    struct state_fact f = lookup(st, &k, "T1", T0 + 200);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_false(f.final);
+    assert_int_equal(f.next_read, before.next_read); /* the pace is untouched */
+    assert_int_equal(f.wait, before.wait);
+    /* told pending for an id nobody asked about: known, nothing else */
+    assert_int_equal(tell(st, &k, "T2", TXS_PENDING, T0 + 200), STATE_TOLD_RECORDED);
+    f = lookup(st, &k, "T2", T0 + 200);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_string_equal(f.status_word, "pending");
+    assert_false(f.final);
+    assert_int_equal(f.next_read, T0 + 200);
+    assert_true(claim(st, &k, "T2", T0 + 200, &t, NULL));
+    state_free(st);
+}
+
+static void test_tell_never_backwards(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    /* final, then pending: kept, and still kept after its cache ran out */
+    assert_int_equal(tell(st, &k, "T1", TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    uint32_t g = state_generation(st);
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 10), STATE_TOLD_KEPT);
+    assert_int_equal(state_generation(st), g);
+    assert_true(lookup(st, &k, "T1", T0 + 10).final);
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 3600000 + 1), STATE_TOLD_KEPT);
+    assert_int_equal(lookup(st, &k, "T1", T0 + 3600000 + 1).status, TXS_SUCCEEDED);
+    /* succeeded, failed, canceled are never replaced by another status */
+    assert_int_equal(tell(st, &k, "T2", TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    assert_int_equal(tell(st, &k, "T2", TXS_EXPIRED, T0 + 1), STATE_TOLD_KEPT);
+    assert_int_equal(tell(st, &k, "T2", TXS_FAILED, T0 + 2), STATE_TOLD_KEPT);
+    assert_int_equal(lookup(st, &k, "T2", T0 + 2).status, TXS_SUCCEEDED);
+    assert_int_equal(tell(st, &k, "T3", TXS_FAILED, T0), STATE_TOLD_RECORDED);
+    assert_int_equal(tell(st, &k, "T3", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_KEPT);
+    assert_int_equal(tell(st, &k, "T4", TXS_CANCELED, T0), STATE_TOLD_RECORDED);
+    assert_int_equal(tell(st, &k, "T4", TXS_EXPIRED, T0 + 1), STATE_TOLD_KEPT);
+    assert_int_equal(lookup(st, &k, "T4", T0 + 1).status, TXS_CANCELED);
+    /* the same status again restarts its cache */
+    assert_int_equal(tell(st, &k, "T2", TXS_SUCCEEDED, T0 + 1000), STATE_TOLD_RECORDED);
+    assert_int_equal(lookup(st, &k, "T2", T0 + 1000).known_until, T0 + 1000 + 3600000);
+    /* expired may become succeeded (a late payment), never the reverse */
+    assert_int_equal(tell(st, &k, "T5", TXS_EXPIRED, T0), STATE_TOLD_RECORDED);
+    assert_int_equal(tell(st, &k, "T5", TXS_PENDING, T0 + 1), STATE_TOLD_KEPT);
+    assert_int_equal(tell(st, &k, "T5", TXS_SUCCEEDED, T0 + 2), STATE_TOLD_RECORDED);
+    struct state_fact f = lookup(st, &k, "T5", T0 + 2);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_int_equal(f.known_until, T0 + 2 + 3600000);
+    assert_int_equal(tell(st, &k, "T5", TXS_EXPIRED, T0 + 3), STATE_TOLD_KEPT);
+    assert_int_equal(lookup(st, &k, "T5", T0 + 3).status, TXS_SUCCEEDED);
+    state_free(st);
+}
+
+static void test_tell_over_reads(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    /* told while a read is in flight: final at once; the read's late
+     * pending, or a late 404, does not clear it; the ticket is released */
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    assert_int_equal(tell(st, &k, "T1", TXS_SUCCEEDED, T0 + 50), STATE_TOLD_RECORDED);
+    f = lookup(st, &k, "T1", T0 + 50);
+    assert_true(f.final);
+    assert_true(f.in_flight);
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    f = lookup(st, &k, "T1", T0 + 300);
+    assert_true(f.final);
+    assert_false(f.in_flight);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    assert_int_equal(tell(st, &k, "T2", TXS_FAILED, T0 + 50), STATE_TOLD_RECORDED);
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 300);
+    f = lookup(st, &k, "T2", T0 + 300);
+    assert_true(f.final);
+    assert_false(f.not_found);
+    /* a read's expired does not replace a told succeeded either */
+    assert_true(claim(st, &k, "T3", T0, &t, NULL));
+    assert_int_equal(tell(st, &k, "T3", TXS_SUCCEEDED, T0 + 50), STATE_TOLD_RECORDED);
+    finish(st, &t, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + 300);
+    assert_int_equal(lookup(st, &k, "T3", T0 + 300).status, TXS_SUCCEEDED);
+    /* read expired, then told succeeded: a late payment */
+    assert_true(claim(st, &k, "T4", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + 100);
+    assert_int_equal(tell(st, &k, "T4", TXS_SUCCEEDED, T0 + 200), STATE_TOLD_RECORDED);
+    f = lookup(st, &k, "T4", T0 + 200);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    state_free(st);
+}
+
+static void test_tell_clears_404(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 100);
+    assert_true(lookup(st, &k, "T1", T0 + 200).not_found);
+    assert_int_equal(tell(st, &k, "T1", TXS_SUCCEEDED, T0 + 200), STATE_TOLD_RECORDED);
+    struct state_fact f = lookup(st, &k, "T1", T0 + 200);
+    assert_false(f.not_found);
+    assert_true(f.final);
+    /* pending too: the shop knows the transaction exists */
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 100);
+    assert_int_equal(tell(st, &k, "T2", TXS_PENDING, T0 + 200), STATE_TOLD_RECORDED);
+    f = lookup(st, &k, "T2", T0 + 200);
+    assert_false(f.not_found);
+    assert_false(f.final);
+    assert_int_equal(f.status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_tell_refuses(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    assert_int_equal(state_tell(st, &k, "T1", TXS_UNKNOWN, "refunded", T0), STATE_TOLD_BAD);
+    assert_int_equal(state_tell(st, &k, "T1", TXS_NONE, "unknown", T0), STATE_TOLD_BAD);
+    assert_int_equal(tell(st, &k, "", TXS_SUCCEEDED, T0), STATE_TOLD_BAD);
+    assert_int_equal(tell(st, &k, "bad id", TXS_SUCCEEDED, T0), STATE_TOLD_BAD);
+    char long_id[STATE_ID_MAX + 2];
+    memset(long_id, 'a', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    assert_int_equal(tell(st, &k, long_id, TXS_SUCCEEDED, T0), STATE_TOLD_BAD);
+    assert_int_equal(lookup(st, &k, "T1", T0).status, TXS_NONE);
+    /* the told status is about that key only */
+    struct state_key k2 = key_of(st, "sk_test_b");
+    assert_int_equal(tell(st, &k, "T9", TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    assert_false(lookup(st, &k2, "T9", T0).final);
+    state_free(st);
+}
+
+static void test_tell_full(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(16);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    for (int i = 0; i < 16; i++) { /* every slot holds a read in flight */
+        char id[16];
+        snprintf(id, sizeof id, "X%d", i);
+        assert_true(claim(st, &k, id, T0 + i, &t, &f));
+    }
+    assert_int_equal(tell(st, &k, "new", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_FULL);
+    /* a known entry is still told */
+    assert_int_equal(tell(st, &k, "X3", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_RECORDED);
+    assert_true(lookup(st, &k, "X3", T0 + 1).final);
+    state_free(st);
+}
+
 /* ---- leases ---- */
 
 static void test_lease_released(void **unused)
@@ -995,6 +1213,14 @@ int main(void)
         cmocka_unit_test(test_rl_tx_window),
         cmocka_unit_test(test_rl_key_window),
         cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_tell_final_costs_no_read),
+        cmocka_unit_test(test_tell_ttls),
+        cmocka_unit_test(test_tell_pending_changes_nothing_else),
+        cmocka_unit_test(test_tell_never_backwards),
+        cmocka_unit_test(test_tell_over_reads),
+        cmocka_unit_test(test_tell_clears_404),
+        cmocka_unit_test(test_tell_refuses),
+        cmocka_unit_test(test_tell_full),
         cmocka_unit_test(test_lease_released),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),

@@ -1,0 +1,100 @@
+/* notify.c - see notify.h. */
+#include "notify.h"
+
+#include <string.h>
+
+#include "classify.h"
+#include "log.h"
+#include "request.h"
+#include "util.h"
+
+/* Record status s for (shop, id); 0, or -1 with why (no room). */
+static int tell(struct state *st, const struct shop *shop, const char *id, enum tx_status s, int64_t now,
+                const char **result, char *why, size_t whylen)
+{
+    enum state_told t = state_tell(st, &shop->key, id, s, tx_status_word(s), now);
+    *result = t == STATE_TOLD_RECORDED ? "recorded" : t == STATE_TOLD_KEPT ? "kept" : "refused";
+    if (t == STATE_TOLD_FULL) {
+        snprintf(why, whylen, "no room in the state to track this transaction now (state_slots); try again");
+        return -1;
+    }
+    if (t == STATE_TOLD_BAD) { /* callers validate: not expected */
+        snprintf(why, whylen, "the id or status cannot be recorded");
+        return -1;
+    }
+    return 0;
+}
+
+int notify_request(struct state *st, const struct shop *shop, const char *query, const char *body, size_t len,
+                   int64_t now, char *why, size_t whylen)
+{
+    struct log_line l;
+    log_begin(&l, "info", "notify"); /* stamped before the status is recorded */
+    char id[STATE_ID_MAX + 2] = "";
+    enum tx_status s = TXS_NONE;
+    const char *result = "refused";
+    int http = 400;
+    why[0] = '\0';
+    if (shop == NULL) {
+        snprintf(why, whylen, "no shop matches this request (KEMBALI_SHOP or the host)");
+        http = 404;
+    } else if (!request_query_param(query, shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+        snprintf(why, whylen, "the query needs %s=ID, 1 to %d characters of A-Z a-z 0-9 _ -", shop->id_param,
+                 STATE_ID_MAX);
+        id[0] = '\0';
+    } else if (request_notify_status(body, len, &s, why, whylen)) {
+        http = tell(st, shop, id, s, now, &result, why, whylen) == 0 ? 204 : 503;
+    }
+    log_str(&l, "shop", shop ? shop->id : NULL);
+    log_str(&l, "id", id[0] ? id : NULL);
+    log_str(&l, "status", s != TXS_NONE ? tx_status_word(s) : NULL);
+    log_str(&l, "result", result);
+    log_int(&l, "http", http);
+    log_str(&l, "reason", why[0] ? why : NULL);
+    log_end(&l);
+    return http;
+}
+
+int notify_command(const char *config_path, const char *shop_id, const char *id, const char *status, FILE *err)
+{
+    static const char words[] = "pending, succeeded, failed, canceled or expired";
+    enum tx_status s = tx_status_parse(status);
+    if (s == TXS_UNKNOWN) {
+        fprintf(err, "kembali --notify: status %s: give one of %s\n", status, words);
+        return 1;
+    }
+    if (!config_valid_id(id)) {
+        fprintf(err, "kembali --notify: id %s: give 1 to %d characters of A-Z a-z 0-9 _ -\n", id, STATE_ID_MAX);
+        return 1;
+    }
+    char msg[8192];
+    struct config *c = config_load(config_path, msg, sizeof msg);
+    if (c == NULL) {
+        fprintf(err, "kembali --notify: the configuration is not usable:\n%s", msg);
+        return 1;
+    }
+    int rc = 1;
+    struct state *st = NULL;
+    const struct shop *shop = config_pick_shop(c, shop_id, NULL);
+    if (shop == NULL || *shop_id == '\0') {
+        fprintf(err, "kembali --notify: shop %s: no shop with that id in %s\n", shop_id, config_path);
+        goto out;
+    }
+    struct state_opts so = {.tx_slots = c->state_slots, .read_timeout_ms = c->read_timeout_ms};
+    st = state_open(c->state_dir, &so, msg, sizeof msg);
+    if (st == NULL) {
+        fprintf(err, "kembali --notify: %s\n", msg);
+        goto out;
+    }
+    config_bind_state(c, st);
+    const char *result;
+    if (tell(st, shop, id, s, util_mono_ms(), &result, msg, sizeof msg) != 0) {
+        fprintf(err, "kembali --notify: %s\n", msg);
+        goto out;
+    }
+    rc = 0;
+out:
+    state_free(st);
+    config_unref(c);
+    return rc;
+}
