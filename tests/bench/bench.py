@@ -1,32 +1,45 @@
 """kembali benchmarks: print the figures the core issue asks for.
 
-    python3 tests/bench/bench.py [--held N] [--long]
+    python3 tests/bench/bench.py [--held 2000,10000] [--duration 5] [--long] [--keep]
+                                 [--only throughput,held,sequential,twenty,wake]
+    make bench BENCH_ARGS='--held 2000 --duration 10'   (from a build directory)
 
 Starts the Kasera sandbox and kembali (default settings, default schedule),
 then measures:
-  - held requests: N (default 2000) concurrent FastCGI requests for one
-    pending transaction, each held up to 34 s: how many were held at once
-    (kembali's own gauge), peak RSS, reads made, time until all answered;
+  - throughput (tests/bench/throughput.py): the cached final page through
+    nginx with kept upstream connections, loaded by wrk, for kembali, a
+    minimal FastCGI responder (the yardstick), nginx's static file and
+    PHP-FPM: requests/s and backend CPU per request, each as a ratio to the
+    yardstick measured in the same run;
+  - held requests (tests/bench/held.py): for each N, N concurrent requests
+    over shops x pending transactions x tabs, each held up to 34 s: peak
+    RSS, open descriptors, the spread of answer times, reads per transaction;
   - reads for 20 concurrent requests on a fresh pending transaction;
   - connections opened for 10 sequential reads;
   - cross-process wake latency: two processes on one state_dir, one waiting
     on the other's read (20 samples);
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
-Figures, not pass/fail: the tests assert behaviour, this prints numbers."""
+Figures, not pass/fail: the tests assert behaviour, this prints numbers.
+A part that cannot run here (no wrk, nginx or php-fpm) says "skipped: why"."""
 
 import argparse
 import os
 import resource
-import selectors
-import socket
+import shutil
 import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import kit  # noqa: E402
+import held  # noqa: E402
+import throughput  # noqa: E402
+
+PARTS = ("throughput", "held", "sequential", "twenty", "wake")
 
 
 def raise_nofile():
@@ -34,55 +47,8 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def held(k, sb, n):
-    sb.put_tx("held-1", "pending")
-    params = harness.cgi_params("id=held-1")
-    payload = harness.fcgi_request_bytes(params)
-    sel = selectors.DefaultSelector()
-    socks = []
-    t0 = time.monotonic()
-    for _ in range(n):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(k.addr)
-        s.sendall(payload)
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ, bytearray())
-        socks.append(s)
-    sent = time.monotonic() - t0
-    # wait until kembali reports them all held
-    peak_held = 0
-    for _ in range(200):
-        m = k.metrics()
-        peak_held = max(peak_held, int(m.get("kembali_held_requests", 0)))
-        if peak_held >= n:
-            break
-        time.sleep(0.05)
-    rss_held = k.rss_kb()
-    done = 0
-    statuses = {}
-    deadline = time.monotonic() + 60
-    while done < n and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=1):
-            s, buf = key.fileobj, key.data
-            chunk = s.recv(65536)
-            if chunk:
-                buf += chunk
-                continue
-            sel.unregister(s)
-            s.close()
-            done += 1
-            i = buf.find(b"Kembali-Status: ")
-            word = buf[i + 16:buf.find(b"\r", i)].decode() if i >= 0 else "?"
-            statuses[word] = statuses.get(word, 0) + 1
-    took = time.monotonic() - t0
-    reads = kit.read_times(sb, "held-1")
-    print("held requests: %d sent in %.1f s; held at once (kembali gauge): %d; answered: %d %r after %.1f s"
-          % (n, sent, peak_held, done, statuses, took))
-    print("  RSS while holding them: %.1f MB; peak RSS (VmHWM): %.1f MB" % (rss_held / 1024, k.peak_rss_kb() / 1024))
-    print("  reads of that transaction: %d at %r" % (len(reads), reads))
-
-
 def twenty(k, sb):
+    """Returns its line rather than printing it: it runs beside the held cases."""
     sb.put_tx("twenty-1", "pending")
     ts = [threading.Thread(target=lambda: k.get("id=twenty-1", timeout=60)) for _ in range(20)]
     for t in ts:
@@ -90,7 +56,7 @@ def twenty(k, sb):
     for t in ts:
         t.join()
     times = kit.read_times(sb, "twenty-1")
-    print("20 concurrent requests: %d reads at %r; smallest gap %.3f s" % (len(times), times, kit.min_gap(times)))
+    return "20 concurrent requests: %d reads at %r; smallest gap %.3f s" % (len(times), times, kit.min_gap(times))
 
 
 def sequential(k, sb):
@@ -135,25 +101,111 @@ def wake(tmp):
             p.stop()
 
 
+def table(headers, rows):
+    """Prints rows (lists of str) under headers, columns aligned; a row of
+    one cell (a skipped backend's reason) runs across the columns."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows if len(r) > 1]) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    print("  " + line(headers))
+    for r in rows:
+        print("  " + (line(r) if len(r) > 1 else r[0]))
+
+
+def ratio(x, base):
+    return "%.2fx" % (x / base) if x is not None and base else "-"
+
+
+def print_throughput(rows, opts):
+    print("Cached final page through nginx (upstream keepalive 32, fastcgi_keep_conn on, one worker), "
+          "wrk -t%d -c%d, %d s per backend and round after %d s of warm-up, best of %d rounds:"
+          % (opts.threads, opts.connections, opts.duration, opts.warmup, opts.rounds))
+    base = next((r for r in rows if r["backend"].startswith("yardstick") and "skipped" not in r), None)
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            out.append(["%s: skipped: %s" % (r["backend"], r["skipped"])])
+            continue
+        cpu = "%.1f" % r["cpu_us"] if r["cpu_us"] is not None else "-"
+        out.append([r["backend"], "%.0f" % r["rps"], ratio(r["rps"], base and base["rps"]), cpu,
+                    ratio(r["cpu_us"], base and base["cpu_us"]),
+                    "%d / %d" % (r["errors"], r["upstream_errors"]),
+                    " ".join("%.0f" % x for x in r["rps_rounds"]), r["note"]])
+    table(["backend", "req/s", "vs yardstick", "CPU us/req", "vs yardstick", "errors wrk / nginx",
+           "req/s per round", ""], out)
+    by = {r["backend"].split()[0]: r for r in rows if "skipped" not in r}
+    k, y, php = by.get("kembali"), by.get("yardstick"), by.get("PHP-FPM")
+
+    def now(a, b, key):
+        return ratio(a[key], b[key]) if a and b and a[key] and b[key] else "not measured"
+    print("  targets: kembali CPU/req <= 1.5x yardstick (now %s); req/s >= 0.9x yardstick (now %s); "
+          "req/s >= 2x PHP-FPM (now %s)" % (now(k, y, "cpu_us"), now(k, y, "rps"), now(k, php, "rps")))
+    print("  (CPU: utime+stime of the backend's processes from /proc, over the measured requests; "
+          "nginx errors: [error] lines in its log, e.g. a kept connection found closed and retried)")
+
+
+def print_held(cases):
+    print("Held requests (default schedule: each pending request held ~34 s; fresh kembali per case):")
+    out = []
+    for c in cases:
+        t, rp = held.spread(c["took"]), held.spread(c["reads_per_tx"])
+        out.append(["%d" % c["n"], c["shape"], "%.1f s" % c["sent_s"], "%d" % c["held_peak"], "%d" % c["fds_peak"],
+                    "%.1f" % (c["hwm_kb"] / 1024), "%.1f" % c["kb_per_req"],
+                    "%.1f / %.1f / %.1f" % t if t else "-", "%d / %g / %d" % rp if rp else "-",
+                    " ".join("%s=%d" % kv for kv in sorted(c["words"].items()))])
+    table(["N", "shops x tx x tabs", "sent in", "held peak", "fds peak", "VmHWM MB", "KB/held",
+           "answer s min/med/max", "reads/tx min/med/max", "answers"], out)
+    print("  (held peak: kembali's gauge; fds: /proc/PID/fd at the peak; KB/held: (VmHWM - RSS before) / N; "
+          "reads counted at the sandbox, one schedule is 7)")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--held", type=int, default=2000)
-    ap.add_argument("--long", action="store_true")
+    ap.add_argument("--held", default="2000,10000", help="comma-separated numbers of held requests")
+    ap.add_argument("--shops", type=int, default=20, help="held: shops (one key each)")
+    ap.add_argument("--tabs", type=int, default=25, help="held: tabs per transaction")
+    ap.add_argument("--duration", type=int, default=4, help="throughput: seconds of load per backend and round")
+    ap.add_argument("--warmup", type=int, default=1, help="throughput: seconds of warm-up per backend (0: none)")
+    ap.add_argument("--rounds", type=int, default=3, help="throughput: rounds over the backends (best one shown)")
+    ap.add_argument("--threads", type=int, default=2, help="throughput: wrk threads")
+    ap.add_argument("--connections", type=int, default=32, help="throughput: wrk connections")
+    ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts: " + ", ".join(PARTS))
+    ap.add_argument("--long", action="store_true", help="also poll a JSON answer for 60 s")
+    ap.add_argument("--keep", action="store_true", help="keep the folder of logs and configurations")
     a = ap.parse_args()
+    parts = set(a.only.split(","))
+    if parts - set(PARTS):
+        ap.error("unknown part(s): %s" % ", ".join(sorted(parts - set(PARTS))))
     raise_nofile()
     tmp = tempfile.mkdtemp(prefix="kembali-bench-")
     sb, k = kit.start(tmp, schedule=None)
+    t0 = time.monotonic()
     try:
-        print("kembali pid %d, RSS at start %.1f MB" % (k.proc.pid, k.rss_kb() / 1024))
-        sequential(k, sb)
-        twenty(k, sb)
-        held(k, sb, a.held)
-        wake(tmp)
+        print("kembali %s, pid %d, RSS at start %.1f MB" % (harness.kembali_bin(), k.proc.pid, k.rss_kb() / 1024))
+        if "sequential" in parts:
+            sequential(k, sb)
+        if "throughput" in parts:
+            print_throughput(throughput.run(tmp, k, sb, a), a)
+        # twenty waits 34 s on the main kembali, beside the held cases (their own kembali each)
+        got = {}
+        tw = threading.Thread(target=lambda: got.setdefault("line", twenty(k, sb)))
+        if "twenty" in parts:
+            tw.start()
+        if "held" in parts:
+            print_held([held.run_case(tmp, int(n), a.shops, a.tabs) for n in a.held.split(",") if n])
+        if "twenty" in parts:
+            tw.join()
+            print(got.get("line", "20 concurrent requests: failed (see above)"))
+        if "wake" in parts:
+            wake(tmp)
         if a.long:
             polling(k, sb)
+        print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))
     finally:
         k.stop()
         sb.stop()
+    if not a.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
