@@ -466,6 +466,30 @@ const char *fcgi_param(const struct fcgi_parser *p, const char *name)
     return NULL;
 }
 
+void fcgi_params_get(const struct fcgi_parser *p, const char *const *names, size_t n, const char **values)
+{
+    size_t lens[FCGI_CODEC_GET_MAX], left;
+    for (size_t i = 0; i < n; i++)
+        values[i] = NULL;
+    if (!p->params_ready || !p->params || n > FCGI_CODEC_GET_MAX)
+        return;
+    for (size_t i = 0; i < n; i++)
+        lens[i] = strlen(names[i]);
+    left = n;
+    const char *s = (const char *)p->params, *end = s + p->params_len;
+    while (s < end && left > 0) {
+        size_t nl = strlen(s);
+        const char *v = s + nl + 1;
+        for (size_t i = 0; i < n; i++)
+            if (values[i] == NULL && lens[i] == nl && memcmp(s, names[i], nl) == 0) {
+                values[i] = v;
+                left--;
+                break;
+            }
+        s = v + strlen(v) + 1;
+    }
+}
+
 const uint8_t *fcgi_stdin(const struct fcgi_parser *p, size_t *len)
 {
     *len = p->in_len;

@@ -125,6 +125,13 @@ enum fcgi_ev fcgi_feed(struct fcgi_parser *p, const uint8_t *in, size_t len, siz
  * until fcgi_request_taken() or fcgi_request_done(). */
 const char *fcgi_param(const struct fcgi_parser *p, const char *name);
 
+/* Look up n names (n <= FCGI_CODEC_GET_MAX) in one pass over the
+ * parameters: values[i] is the first value of names[i] (NUL-terminated), or
+ * NULL; all NULL when n is larger. Same validity as fcgi_param(). This
+ * function can't fail. */
+#define FCGI_CODEC_GET_MAX 16
+void fcgi_params_get(const struct fcgi_parser *p, const char *const *names, size_t n, const char **values);
+
 /* The kept stdin bytes (the first FCGI_CODEC_STDIN_KEEP); *len is set to
  * their count. May return NULL when *len is 0. */
 const uint8_t *fcgi_stdin(const struct fcgi_parser *p, size_t *len);

@@ -547,11 +547,14 @@ struct front *front_new_cgi(struct loop *l, const struct front_handler *h, char 
     return f;
 }
 
-const char *front_param(const struct front_req *r, const char *name)
+void front_params(const struct front_req *r, const char *const *names, size_t n, const char **values)
 {
-    if (r->c == NULL)
-        return getenv(name);
-    return fcgi_param(&r->c->p, name);
+    if (r->c == NULL) {
+        for (size_t i = 0; i < n; i++)
+            values[i] = getenv(names[i]);
+        return;
+    }
+    fcgi_params_get(&r->c->p, names, n, values);
 }
 
 const uint8_t *front_body(const struct front_req *r, size_t *len, bool *truncated)

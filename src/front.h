@@ -54,9 +54,9 @@ struct front *front_new(struct loop *l, int listen_fd, const struct front_handle
  * of standard input). front_done() is true once it has been answered. */
 struct front *front_new_cgi(struct loop *l, const struct front_handler *h, char *err, size_t errlen);
 
-/* A parameter of the request (NUL-terminated), or NULL. Only while the
- * handler's on_request runs. */
-const char *front_param(const struct front_req *r, const char *name);
+/* Several parameters at once (n <= 16), in one pass: values[i] for
+ * names[i], or NULL. Only while the handler's on_request runs. */
+void front_params(const struct front_req *r, const char *const *names, size_t n, const char **values);
 
 /* The request body (up to 8 KiB are kept); *truncated when more came. */
 const uint8_t *front_body(const struct front_req *r, size_t *len, bool *truncated);

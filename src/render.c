@@ -147,15 +147,35 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen, 
     return data;
 }
 
-static bool check_page(const char *path, const char *p, size_t n, char *err, size_t errlen)
+/* Check a page and find its placeholders (*slots, *nslots: the caller
+ * frees *slots). False with a reason in err. */
+static bool check_page(const char *path, const char *p, size_t n, struct templates_slot **slots, size_t *nslots,
+                       char *err, size_t errlen)
 {
+    *slots = NULL;
+    *nslots = 0;
+    size_t cap = 0;
     for (size_t i = 0; i + 1 < n; i++) {
         size_t len;
-        if (p[i] == '{' && p[i + 1] == '{' && placeholder_at(p + i, n - i, &len) < 0) {
+        if (p[i] != '{' || p[i + 1] != '{')
+            continue;
+        int ph = placeholder_at(p + i, n - i, &len);
+        if (ph < 0) {
             snprintf(err, errlen, "%s: unknown placeholder near \"%.20s\" (known: {{status}} {{id}} "
                      "{{shop_name}} {{shop_url}} {{retry_url}})", path, p + i);
             return false;
         }
+        if (*nslots == cap) {
+            cap = cap ? cap * 2 : 8;
+            struct templates_slot *ns = realloc(*slots, cap * sizeof *ns);
+            if (ns == NULL) {
+                snprintf(err, errlen, "%s: out of memory", path);
+                return false;
+            }
+            *slots = ns;
+        }
+        (*slots)[(*nslots)++] = (struct templates_slot){.at = i, .len = (unsigned char)len, .ph = (unsigned char)ph};
+        i += len - 1;
     }
     if (strstr(p, "data-status=\"{{status}}\"") == NULL) {
         snprintf(err, errlen, "%s: the <html> tag must carry data-status=\"{{status}}\"", path);
@@ -188,7 +208,8 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
             snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
             t->page[w] = read_file(path, &t->len[w], err, errlen, &missing);
         }
-        if (t->page[w] == NULL || !check_page(path, t->page[w], t->len[w], err, errlen)) {
+        if (t->page[w] == NULL ||
+            !check_page(path, t->page[w], t->len[w], &t->slots[w], &t->nslots[w], err, errlen)) {
             templates_free(t);
             return NULL;
         }
@@ -200,8 +221,10 @@ void templates_free(struct templates *t)
 {
     if (t == NULL)
         return;
-    for (int w = 0; w < W_COUNT; w++)
+    for (int w = 0; w < W_COUNT; w++) {
         free(t->page[w]);
+        free(t->slots[w]);
+    }
     free(t->dir);
     free(t);
 }
@@ -209,19 +232,15 @@ void templates_free(struct templates *t)
 void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
 {
     const char *p = t->page[w];
-    size_t n = t->len[w], run = 0;
+    size_t run = 0;
     const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
-    for (size_t i = 0; i + 1 < n; i++) {
-        size_t len;
-        int ph = p[i] == '{' ? placeholder_at(p + i, n - i, &len) : -1;
-        if (ph < 0)
-            continue;
-        buf_put(b, p + run, i - run);
-        html_escape(b, vals[ph] ? vals[ph] : "");
-        i += len - 1;
-        run = i + 1;
+    for (size_t i = 0; i < t->nslots[w]; i++) {
+        const struct templates_slot *sl = &t->slots[w][i];
+        buf_put(b, p + run, sl->at - run);
+        html_escape(b, vals[sl->ph] ? vals[sl->ph] : "");
+        run = sl->at + sl->len;
     }
-    buf_put(b, p + run, n - run);
+    buf_put(b, p + run, t->len[w] - run);
 }
 
 void render_json(const char *id, const char *status, bool final, struct buf *b)

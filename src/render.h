@@ -35,11 +35,20 @@ void buf_free(struct buf *b);
 /* Append s to b with & < > " ' escaped. The one HTML escaping function. */
 void html_escape(struct buf *b, const char *s);
 
+/* Where a placeholder sits in a page, found once when the page is loaded. */
+struct templates_slot {
+    size_t at;              /* offset of its "{{" */
+    unsigned char len;      /* length of "{{name}}" */
+    unsigned char ph;       /* which value (status, id, shop_name, shop_url, retry_url) */
+};
+
 struct templates {
     char locale[3];
     char *dir;              /* where they were loaded from */
     char *page[W_COUNT];
     size_t len[W_COUNT];
+    struct templates_slot *slots[W_COUNT];
+    size_t nslots[W_COUNT];
 };
 
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file

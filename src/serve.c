@@ -53,19 +53,45 @@ static const char *http_reason(int code)
     }
 }
 
+/* The decimal n (no printf on the hot path). */
+static void put_num(struct buf *out, unsigned long long n)
+{
+    char d[24];
+    size_t i = sizeof d;
+    do
+        d[--i] = (char)('0' + n % 10);
+    while ((n /= 10) > 0 && i > 0);
+    buf_put(out, d + i, sizeof d - i);
+}
+
+/* A header line: name, the decimal n, CRLF. */
+static void put_num_line(struct buf *out, const char *name, unsigned long long n)
+{
+    buf_puts(out, name);
+    put_num(out, n);
+    buf_put(out, "\r\n", 2);
+}
+
 /* The headers every answer carries, then the body; one buffer. */
 static void build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
                            long retry_after, const char *extra, const struct buf *body, struct buf *out)
 {
-    buf_printf(out, "Status: %d %s\r\n", http, http_reason(http));
-    buf_printf(out, "Content-Type: %s\r\n", ctype);
-    if (word != NULL)
-        buf_printf(out, "Kembali-Status: %s\r\n", word);
-    buf_puts(out, "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                  "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\n");
-    buf_printf(out, "Content-Security-Policy: %s\r\n", csp);
+    buf_puts(out, "Status: ");
+    put_num(out, (unsigned)http);
+    buf_puts(out, " ");
+    buf_puts(out, http_reason(http));
+    buf_puts(out, "\r\nContent-Type: ");
+    buf_puts(out, ctype);
+    if (word != NULL) {
+        buf_puts(out, "\r\nKembali-Status: ");
+        buf_puts(out, word);
+    }
+    buf_puts(out, "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                  "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\nContent-Security-Policy: ");
+    buf_puts(out, csp);
+    buf_puts(out, "\r\n");
     if (retry_after >= 0)
-        buf_printf(out, "Retry-After: %ld\r\n", retry_after);
+        put_num_line(out, "Retry-After: ", (unsigned long long)retry_after);
     if (r->origin != NULL) {
         buf_puts(out, "Access-Control-Allow-Origin: ");
         buf_puts(out, r->origin);
@@ -74,7 +100,7 @@ static void build_response(const struct serve_req *r, int http, const char *word
     if (extra != NULL)
         buf_puts(out, extra);
     if (http != 204) /* a 204 has no body and no Content-Length */
-        buf_printf(out, "Content-Length: %zu\r\n", body->len);
+        put_num_line(out, "Content-Length: ", body->len);
     buf_puts(out, "\r\n");
     if (!r->head)
         buf_put(out, body->p, body->len);
@@ -274,10 +300,12 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    const char *method = front_param(fr, "REQUEST_METHOD");
-    const char *query = front_param(fr, "QUERY_STRING");
-    const char *host = front_param(fr, "HTTP_HOST");
-    const char *admin = front_param(fr, "KEMBALI_ADMIN");
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_COUNT };
+    static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
+                                               "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN"};
+    const char *p[P_COUNT];
+    front_params(fr, names, P_COUNT, p);
+    const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
     char fmt[16] = "";
 
     r.cfg = app_config(s->app);
@@ -289,10 +317,10 @@ static void on_request(void *ctx, struct front_req *fr)
         config_unref(r.cfg);
         return;
     }
-    r.shop = config_pick_shop(r.cfg, front_param(fr, "KEMBALI_SHOP"), host ? host : front_param(fr, "SERVER_NAME"));
-    r.json = strcmp(fmt, "json") == 0 || request_wants_json(front_param(fr, "HTTP_ACCEPT"));
+    r.shop = config_pick_shop(r.cfg, p[P_SHOP], host ? host : p[P_SERVER_NAME]);
+    r.json = strcmp(fmt, "json") == 0 || request_wants_json(p[P_ACCEPT]);
     if (r.shop != NULL) {
-        const char *origin = front_param(fr, "HTTP_ORIGIN");
+        const char *origin = p[P_ORIGIN];
         for (int i = 0; origin && i < r.shop->norigins; i++)
             if (strcmp(origin, r.shop->origins[i]) == 0)
                 r.origin = r.shop->origins[i];
