@@ -215,6 +215,7 @@ static char *read_secret(const char *path, char *why, size_t whylen)
 
 static const char *const top_keys[] = {
     "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "schedule_ms", "read_timeout_ms", "state_slots",
+    "read_planning",
 };
 static const char *const shop_keys[] = {
     "id", "name", "hosts", "secret_key_file", "secret_key_env", "shop_url", "locale",
@@ -531,6 +532,14 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
             cfail(&e, path, "state_slots", "must be an integer from 16 to 4194304");
         else
             c->state_slots = (int)json_integer_value(ss);
+    }
+    c->read_planning = true;
+    json_t *rp = json_object_get(root, "read_planning");
+    if (rp != NULL) {
+        if (!json_is_boolean(rp))
+            cfail(&e, path, "read_planning", "must be true (plan a scarce budget) or false (first come, first served)");
+        else
+            c->read_planning = json_is_true(rp);
     }
 
     /* the default templates must load: shops fall back to them */

@@ -43,6 +43,7 @@ struct config {
     struct pace_schedule sched;
     long read_timeout_ms;
     int state_slots;
+    bool read_planning;            /* plan a scarce budget (plan.h); false: first come, first served */
     struct shop *shops;
     int nshops;
     const struct templates *default_tpl; /* templates_dir, "id": for answers without a shop */

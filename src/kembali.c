@@ -341,7 +341,8 @@ int main(int argc, char **argv)
         goto out;
     }
     /* after dropping privileges: the state file belongs to the serving user */
-    struct state_opts so = {.tx_slots = cfg->state_slots, .read_timeout_ms = cfg->read_timeout_ms};
+    struct state_opts so = {.tx_slots = cfg->state_slots, .read_timeout_ms = cfg->read_timeout_ms,
+                            .greedy = !cfg->read_planning};
     app.state = state_open(cfg->state_dir, &so, err, sizeof err);
     if (app.state == NULL) {
         fprintf(stderr, "kembali: %s\n", err);

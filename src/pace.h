@@ -9,6 +9,7 @@
 #define KEMBALI_PACE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define PACE_MAX_STEPS 16

@@ -142,6 +142,10 @@ static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
         r->next->prev = r->prev;
     r->prev = r->next = NULL;
     r->w = NULL;
+    if (r->registered) {
+        state_unhold(w->rs->app->state, &w->key, w->id, util_mono_ms());
+        r->registered = false;
+    }
     w->nwaiters--;
     w->rs->held--;
     atomic_fetch_sub(&w->rs->app->m.held, 1);
@@ -474,6 +478,11 @@ void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
         rs->answer(rs->ctx, r, &f);
         return;
     }
+    /* an HTML request waits through the schedule: the budget's plan counts
+     * it, and reserves its transaction's last-chance read */
+    r->registered = !r->h.json && !rs->stopping &&
+                    state_hold(rs->app->state, &w->key, w->id, &r->cfg->sched, r->shop->read_budget,
+                               r->h.deadline, util_mono_ms());
     r->w = w;
     r->prev = NULL;
     r->next = w->waiters; /* newest first: it leads */

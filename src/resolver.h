@@ -35,6 +35,7 @@ struct resolver_waiter {
     const char *id;              /* validated; owned by the caller */
     struct hold_waiter h;        /* deadline, json */
     /* private */
+    bool registered;             /* state_hold() counted it */
     struct resolver_watch *w;
     struct resolver_waiter *prev, *next;
 };

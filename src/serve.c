@@ -207,6 +207,10 @@ static void respond_metrics(struct serve_req *r)
                front_connections(r->s->front), front_accepted(r->s->front));
     buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
     buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
+    buf_printf(&b, "# HELP kembali_reads_reserved Last-chance reads reserved for held requests (the budget's plan).\n"
+                   "# TYPE kembali_reads_reserved gauge\nkembali_reads_reserved %ld\n"
+                   "# TYPE kembali_last_chance_reads_total counter\nkembali_last_chance_reads_total %ld\n",
+               sm.reserved, sm.last_chance_reads);
     buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
                    "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);

@@ -27,10 +27,14 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "plan.h"
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 2
+#define ST_VERSION 3
+#define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
+#define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
+#define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
 #define EVICT_SAMPLE 64
 
 struct st_tx {
@@ -49,6 +53,12 @@ struct st_tx {
     int64_t inflight_until; /* lease of the read in flight; 0 when none */
     uint64_t inflight_serial;
     int64_t last_used;
+    /* the budget plan (plan.h) */
+    int32_t holders;        /* held requests, over every process */
+    int32_t early_reads;    /* reads of this episode other than last-chance ones */
+    int64_t hold_until;     /* the latest deadline of a held request */
+    int64_t resv_at;        /* its reserved last-chance read may start then; 0: none */
+    int64_t episode_start;  /* the first read of this episode */
 };
 
 struct st_keyent {
@@ -58,6 +68,12 @@ struct st_keyent {
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
     int64_t ring[STATE_BUDGET_MAX];
+    /* the budget plan: transactions waiting (indexes into txs, checked on
+     * every use), and when the latest ones were first held */
+    int32_t nwaiting;
+    int32_t waiting[ST_WAITING_MAX];
+    int32_t arr_head, arr_n;
+    int64_t arrivals[ST_ARRIVALS];
 };
 
 struct st_hdr {
@@ -72,10 +88,12 @@ struct st_hdr {
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
     long tx_used, evictions, full, recoveries;
+    long last_chance_reads, withheld;
     size_t buckets_off, txs_off, keys_off;
 };
 
 struct state {
+    bool greedy;              /* this process does not plan (state_opts.greedy) */
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
     struct st_hdr *h;
     int32_t *buckets;
@@ -178,6 +196,10 @@ static void st_rebuild(struct state *st)
         if (k->used > 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
             k->ring_n > STATE_BUDGET_MAX)
             memset(k, 0, sizeof *k);
+        if (k->nwaiting < 0 || k->nwaiting > ST_WAITING_MAX)
+            k->nwaiting = 0; /* every entry is checked when used; a bad count is all that can hurt */
+        if (k->arr_head < 0 || k->arr_head >= ST_ARRIVALS || k->arr_n < 0 || k->arr_n > ST_ARRIVALS)
+            k->arr_head = k->arr_n = 0;
     }
     h->last_401_shop[sizeof h->last_401_shop - 1] = '\0';
     h->recoveries++;
@@ -327,6 +349,7 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
         return NULL;
     }
     attach(st, base);
+    st->greedy = opts->greedy;
     return st;
 }
 
@@ -468,6 +491,7 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                 }
                 attach(st, base);
                 st->mapped = len;
+                st->greedy = opts->greedy;
                 if ((int32_t)st->h->tx_slots != l.txn) {
                     struct log_line ll;
                     log_begin(&ll, "warn", "state");
@@ -538,7 +562,8 @@ static struct st_tx *tx_find(struct state *st, const struct state_key *key, cons
 
 static bool tx_idle(const struct st_tx *e, int64_t now)
 {
-    return e->inflight_until <= now && now - e->last_start > PACE_EPISODE_MS && e->not_before <= now;
+    return e->inflight_until <= now && now - e->last_start > PACE_EPISODE_MS && e->not_before <= now &&
+           !(e->holders > 0 && e->hold_until > now);
 }
 
 static void tx_unlink(struct state *st, int32_t idx)
@@ -642,6 +667,190 @@ static void budget_push(struct st_keyent *k, int64_t now)
         k->ring_n++;
 }
 
+/* ---- the budget plan (plan.h): who waits, what is reserved ---- */
+
+/* Entry idx of the key's waiting set still waits at `now`. */
+static struct st_tx *waiting_tx(struct state *st, const struct st_keyent *k, int32_t idx, int64_t now)
+{
+    if (idx < 0 || idx >= st->h->tx_slots)
+        return NULL;
+    struct st_tx *e = &st->txs[idx];
+    if (e->used != 1 || memcmp(e->key.b, k->key.b, 16) != 0 || e->holders <= 0 || e->hold_until <= now)
+        return NULL;
+    if (e->known_until > now && (e->not_found || tx_status_final((enum tx_status)e->status)))
+        return NULL; /* answered from the cache from now on */
+    return e;
+}
+
+static void waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t now)
+{
+    int32_t w = 0;
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        if (k->waiting[i] == idx)
+            return;
+        if (waiting_tx(st, k, k->waiting[i], now) != NULL)
+            k->waiting[w++] = k->waiting[i]; /* drop the stale ones on the way */
+    }
+    k->nwaiting = w;
+    if (w < ST_WAITING_MAX)
+        k->waiting[k->nwaiting++] = idx;
+}
+
+/* The pace alone (and its own windows) let e read now. */
+static bool tx_may_read_now(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
+{
+    return e->inflight_until <= now && e->not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
+}
+
+/* The times the key's budget spans hold (reads of the last 60 s and the
+ * reservations of waiting transactions, an overdue one at `now`), sorted,
+ * into ev (capacity STATE_BUDGET_MAX + ST_WAITING_MAX). Returns how many. */
+static int plan_events(struct state *st, const struct st_keyent *k, int64_t now, int64_t *ev)
+{
+    int n = 0;
+    for (int32_t i = k->ring_n - 1; i >= 0; i--) { /* oldest first */
+        int64_t t = k->ring[(k->ring_head - 1 - i + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX];
+        if (t > now - PLAN_BUDGET_SPAN_MS)
+            ev[n++] = t;
+    }
+    int reads = n;
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
+        if (e == NULL || e->resv_at == 0)
+            continue;
+        int64_t t = e->resv_at > now ? e->resv_at : now;
+        int at = n++; /* insertion sort of the reservations: few, and reads are sorted */
+        while (at > reads && ev[at - 1] > t) {
+            ev[at] = ev[at - 1];
+            at--;
+        }
+        ev[at] = t;
+    }
+    /* merge: reads are older than any reservation unless a reservation is overdue (at now) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && ev[j] < ev[j - 1]; j--) {
+            int64_t x = ev[j];
+            ev[j] = ev[j - 1];
+            ev[j - 1] = x;
+        }
+    return n;
+}
+
+/* Reads e's schedule still wants from `now` to its latest deadline (one,
+ * for a transaction not held: the read asked for). */
+static int tx_demand(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
+{
+    if (e == NULL || e->holders <= 0 || e->hold_until <= now)
+        return 1;
+    int reads = pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
+    int64_t t = reads > 0 ? pace_next_read(sched, reads, e->last_start, now) : now;
+    if (t < now)
+        t = now;
+    int n = 0;
+    while (t <= e->hold_until && n < 64) {
+        n++;
+        int step = reads + n < sched->n ? reads + n : sched->n - 1;
+        t += sched->wait_ms[step] > PACE_MIN_WAIT_MS ? sched->wait_ms[step] : PACE_MIN_WAIT_MS;
+    }
+    return n;
+}
+
+/* The plan's view of key k for transaction self (NULL: not tracked yet). */
+static void plan_gather(struct state *st, const struct st_keyent *k, const struct st_tx *self,
+                        const struct pace_schedule *sched, int budget, int64_t now, struct plan_key *pk,
+                        int64_t *arrivals_change, int64_t *ev, int *nev)
+{
+    memset(pk, 0, sizeof *pk);
+    pk->budget = budget > STATE_BUDGET_MAX ? STATE_BUDGET_MAX : budget;
+    pk->hold_ms = pace_hold_ms(sched);
+    pk->eligible = 1; /* the one asking */
+    int64_t *oldest_arrival = arrivals_change;
+    *oldest_arrival = INT64_MAX;
+    for (int32_t i = 0; i < k->arr_n; i++) {
+        int64_t t = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
+        if (t <= now - PLAN_RATE_LONG_MS)
+            break;
+        /* when the oldest arrival that counts leaves its span, the headroom shrinks */
+        int64_t leaves = t + PLAN_RATE_LONG_MS + 1;
+        pk->arrivals_long++;
+        if (t > now - PLAN_RATE_MS) {
+            pk->arrivals++;
+            leaves = t + PLAN_RATE_MS + 1;
+        }
+        if (leaves < *oldest_arrival)
+            *oldest_arrival = leaves;
+    }
+    pk->demand = tx_demand(self, sched, now);
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
+        if (e == NULL || e == self)
+            continue;
+        if (e->inflight_until <= now)
+            pk->demand += tx_demand(e, sched, now);
+        if (tx_may_read_now(e, sched, now)) {
+            pk->eligible++;
+            if (e->early_reads == 0)
+                pk->starved = true;
+        }
+    }
+    *nev = plan_events(st, k, now, ev);
+    for (int i = 0; i < *nev && ev[i] <= now; i++)
+        pk->recent += ev[i] > now - PLAN_BUDGET_SPAN_MS; /* reads (and overdue reservations) */
+    pk->busiest = plan_busiest(ev, *nev, now, INT64_MIN);
+    pk->busiest_late = plan_busiest(ev, *nev, now, now - plan_late_span(pk));
+}
+
+/* The plan's verdict on a read of e now (the pace allowing one); on
+ * PLAN_NO, *retry is when it may change. */
+static enum plan_read plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                                   const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry)
+{
+    struct plan_key pk;
+    int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
+    int nev;
+    plan_gather(st, k, e, sched, budget, now, &pk, &oldest, ev, &nev);
+    struct plan_tx pt = {0};
+    if (e != NULL && waiting_tx(st, k, (int32_t)(e - st->txs), now) != NULL) {
+        pt.reserved = e->resv_at != 0;
+        pt.resv_at = e->resv_at;
+    }
+    int reads = e != NULL && pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
+    if (reads > 0)
+        pt.early_reads = e->early_reads;
+    pt.next_gap = pace_next_read(sched, reads + 1, now, now + 1) - now; /* the wait after this read */
+    if (reads > 0) { /* where the schedule would have put its last read */
+        int64_t due = e->episode_start;
+        for (int i = 1; i < reads; i++)
+            due += sched->wait_ms[i < sched->n ? i : sched->n - 1];
+        pt.drifted = e->last_start > due + PLAN_DRIFT_MS;
+    }
+    enum plan_read r = plan_may_read(&pk, &pt, now);
+    if (r != PLAN_NO)
+        return r;
+    /* what can change it: a read leaving the spans, the rush ending, its
+     * own reservation's time, or another's turn */
+    int64_t t = now + ST_PLAN_RETRY_MS;
+    if (nev > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < t)
+        t = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
+    if (pt.reserved && pt.resv_at < t)
+        t = pt.resv_at;
+    if (oldest < t)
+        t = oldest; /* the rush may have thinned by then */
+    *retry = t > now ? t : now + 1;
+    return PLAN_NO;
+}
+
+/* May e (waiting) reserve a last-chance read at `at`? */
+static bool plan_reserve_at(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                            const struct pace_schedule *sched, int budget, int64_t at, int64_t now)
+{
+    struct plan_key pk;
+    int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
+    int nev;
+    plan_gather(st, k, e, sched, budget, now, &pk, &oldest, ev, &nev);
+    return plan_may_reserve(&pk, plan_busiest(ev, nev, at, INT64_MIN));
+}
+
 static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_wait reason)
 {
     if (t > *next) {
@@ -650,9 +859,13 @@ static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_
     }
 }
 
+/* The fact about e (NULL: untracked) of key k (NULL: unused) at `now`;
+ * *kind (may be NULL) says what a read started now would be. */
 static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct pace_schedule *sched,
-                    int budget, int64_t now, struct state_fact *f)
+                    int budget, int64_t now, struct state_fact *f, enum plan_read *kind)
 {
+    if (kind != NULL)
+        *kind = PLAN_EARLY;
     memset(f, 0, sizeof *f);
     f->status = TXS_NONE;
     util_copy(f->status_word, sizeof f->status_word, "unknown");
@@ -682,13 +895,22 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     raise_to(&f->next_read, &f->wait, st->h->host_paused_until, WAIT_HOST_PAUSE);
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
+    /* everything else allows a read now: does the budget's plan? */
+    if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
+        int64_t retry;
+        enum plan_read r = plan_verdict(st, e, k, sched, budget, now, &retry);
+        if (r == PLAN_NO)
+            raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
+        if (kind != NULL)
+            *kind = r;
+    }
 }
 
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
                   const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out)
 {
     st_lock(st);
-    compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out);
+    compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out, NULL);
     st_unlock(st);
 }
 
@@ -706,7 +928,8 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     st_lock(st);
     struct st_tx *e = tx_find(st, key, id);
     struct st_keyent *k = key_get(st, key, now, false);
-    compute(st, e, k, sched, budget, now, out);
+    enum plan_read kind;
+    compute(st, e, k, sched, budget, now, out, &kind);
     if (out->final || out->not_found || out->in_flight || out->next_read > now)
         goto done;
     if (e == NULL)
@@ -719,14 +942,27 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         goto done;
     }
     if (!pace_in_episode(e->reads, e->last_start, now))
-        e->reads = 0;
+        e->reads = e->early_reads = 0;
+    if (e->reads == 0)
+        e->episode_start = now;
     e->reads++;
+    if (kind == PLAN_LAST_CHANCE) {
+        st->h->last_chance_reads++;
+        e->resv_at = 0;
+    } else {
+        e->early_reads++;
+    }
     e->last_start = now;
     e->last_used = now;
     e->inflight_until = now + st->h->read_timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
     budget_push(k, now);
+    /* requests held later than the one a last-chance read was for keep a
+     * chance too (counted after this read) */
+    if (kind == PLAN_LAST_CHANCE && e->holders > 0 && e->hold_until - PLAN_LEAD_MS >= now + PACE_MIN_WAIT_MS &&
+        plan_reserve_at(st, e, k, sched, budget, e->hold_until - PLAN_LEAD_MS, now))
+        e->resv_at = e->hold_until - PLAN_LEAD_MS;
     ticket->key = *key;
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
@@ -892,6 +1128,50 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
     return done;
 }
 
+bool state_hold(struct state *st, const struct state_key *key, const char *id,
+                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now)
+{
+    if (strlen(id) > STATE_ID_MAX)
+        return false;
+    st_lock(st);
+    struct st_tx *e = tx_get(st, key, id, now);
+    struct st_keyent *k = e != NULL ? key_get(st, key, now, true) : NULL;
+    if (e != NULL && k != NULL) {
+        e->last_used = k->last_used = now;
+        bool fresh = e->holders <= 0 || e->hold_until <= now;
+        if (fresh) {
+            e->holders = 0;
+            e->resv_at = 0;
+            e->hold_until = 0;
+        }
+        e->holders++;
+        if (deadline > e->hold_until)
+            e->hold_until = deadline;
+        if (fresh && waiting_tx(st, k, (int32_t)(e - st->txs), now) != NULL) {
+            waiting_add(st, k, (int32_t)(e - st->txs), now);
+            k->arrivals[k->arr_head] = now;
+            k->arr_head = (k->arr_head + 1) % ST_ARRIVALS;
+            if (k->arr_n < ST_ARRIVALS)
+                k->arr_n++;
+            if (!st->greedy && deadline - PLAN_LEAD_MS > now &&
+                plan_reserve_at(st, e, k, sched, budget, deadline - PLAN_LEAD_MS, now))
+                e->resv_at = deadline - PLAN_LEAD_MS;
+        }
+    }
+    st_unlock(st);
+    return e != NULL && k != NULL;
+}
+
+void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now)
+{
+    (void)now;
+    st_lock(st);
+    struct st_tx *e = tx_find(st, key, id);
+    if (e != NULL && e->holders > 0 && --e->holders == 0)
+        e->resv_at = 0; /* nobody left to use it */
+    st_unlock(st);
+}
+
 void state_metrics(struct state *st, struct state_metrics *out)
 {
     st_lock(st);
@@ -900,5 +1180,15 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->evictions = st->h->evictions;
     out->full = st->h->full;
     out->recoveries = st->h->recoveries;
+    out->last_chance_reads = st->h->last_chance_reads;
+    out->reserved = 0;
+    int64_t now = util_mono_ms();
+    for (int32_t i = 0; i < st->h->key_slots; i++) {
+        const struct st_keyent *k = &st->keys[i];
+        for (int32_t j = 0; k->used && j < k->nwaiting && j < ST_WAITING_MAX; j++) {
+            const struct st_tx *e = waiting_tx(st, k, k->waiting[j], now);
+            out->reserved += e != NULL && e->resv_at != 0;
+        }
+    }
     st_unlock(st);
 }

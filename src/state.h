@@ -89,10 +89,13 @@ struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
     int key_slots;            /* distinct keys (default 256) */
     int64_t read_timeout_ms;  /* a ticket is released after this plus 1 s */
+    bool greedy;              /* this process does not plan a scarce budget (plan.h): first come,
+                               * first served, for comparison only */
 };
 
 struct state_metrics {
     long tx_used, tx_slots, evictions, full, recoveries;
+    long reserved, last_chance_reads, withheld; /* the budget plan (plan.h) */
 };
 
 /* Create a state in this process's memory (tests). Returns NULL and writes
@@ -179,6 +182,21 @@ enum state_told {
  * anything but the state's lock. */
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
+
+/* A request for (key, id) is held until `deadline` (a held HTML request):
+ * the transaction waits, and the first request of a holding period reserves
+ * its last-chance read, PLAN_LEAD_MS before that deadline, when the key's
+ * budget allows (plan.h). Every process holding requests for it calls this
+ * once per request, and state_unhold() once when that request is answered
+ * or gone; a holder that dies is forgotten at its deadline. Returns false
+ * when there is no room to track the transaction (the request then gets no
+ * reservation). */
+bool state_hold(struct state *st, const struct state_key *key, const char *id,
+                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now);
+
+/* One request held with state_hold() no longer waits. When none is left,
+ * the transaction's unused reservation goes back to the budget. Can't fail. */
+void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
 
 void state_metrics(struct state *st, struct state_metrics *out);
 

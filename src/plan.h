@@ -1,0 +1,102 @@
+/* plan.h - a scarce read budget, planned so that buyers see their success.
+ *
+ * A key may make `budget` reads in any 60 s. When that cannot pay for the
+ * schedule of every held request (a flash sale), first come first served
+ * spends it on the first buyers' early reads, most of them before their
+ * payment is done, and later buyers get no read at all. The plan instead:
+ *
+ *   1. reserves, as soon as a request is held, one last-chance read for its
+ *      transaction, PLAN_LEAD_MS before the request's deadline (leaving
+ *      time for the read to come back), as long as the reads of the last
+ *      60 s plus the reservations fit the budget;
+ *   2. lets an early read (any other) start only when it leaves room for
+ *      the reservations, and for the reservations of the buyers that the
+ *      current arrival rate says will come while this read still counts:
+ *      the arrival rate (the higher of the last PLAN_RATE_MS's and the last
+ *      PLAN_RATE_LONG_MS's, so that a rush is seen in its first second and
+ *      a steady stream is not underestimated), projected over the span in
+ *      which a later buyer's last-chance read shares a 60 s window with a
+ *      read made now (60 s minus the hold minus the lead: 27.5 s by
+ *      default);
+ *   3. when not every transaction that may read now can, no transaction
+ *      gets a second early read while another one waiting has had none;
+ *      and one whose reads were held back takes no early read that would
+ *      leave its reserved one no room before the deadline.
+ *
+ * With plenty of budget (the reads of the last 60 s plus what the waiting
+ * transactions' schedules still want fit it) none of this applies and the
+ * schedule is the seed's.
+ * The schedule's waits, pauses, Retry-After and the budget itself are
+ * enforced elsewhere (state.c); the plan only withholds early reads and
+ * keeps the reserved ones. Pure: no clock, no I/O. */
+#ifndef KEMBALI_PLAN_H
+#define KEMBALI_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pace.h"
+
+#define PLAN_LEAD_MS PACE_GRACE_MS   /* a last-chance read starts this long before the deadline */
+#define PLAN_RATE_MS 1000            /* the arrival rate is measured over this span, */
+#define PLAN_RATE_LONG_MS 10000      /* and over this one: the higher rate counts */
+#define PLAN_BUDGET_SPAN_MS 60000
+#define PLAN_DRIFT_MS 1000           /* reads this much later than the schedule have drifted */
+
+/* What the key's budget looks like now, from the state. "Spans" are the
+ * 60 s spans of the budget; what they hold is reads already started and
+ * reservations, each at its time (plan_busiest). */
+struct plan_key {
+    int budget;        /* reads per any 60 s */
+    int recent;        /* reads started in the last 60 s */
+    int demand;        /* reads the schedules of the waiting transactions (and the
+                        * one asking) still want before their deadlines */
+    int busiest;       /* the most in a span that holds `now` */
+    int busiest_late;  /* the most in a span that holds `now` and the last-chance
+                        * reads of buyers who come now (starts within the
+                        * headroom's span before `now`) */
+    int arrivals;      /* transactions first held in the last PLAN_RATE_MS */
+    int arrivals_long; /* ... in the last PLAN_RATE_LONG_MS */
+    int eligible;      /* waiting transactions whose pace allows a read now (this one included) */
+    bool starved;      /* one of them, not this one, has had no early read yet */
+    int64_t hold_ms;   /* how long a request is held (pace_hold_ms) */
+};
+
+/* The transaction asking to read. */
+struct plan_tx {
+    bool reserved;     /* it holds a reservation */
+    int64_t resv_at;   /* from when its last-chance read may start */
+    int64_t next_gap;  /* the schedule's wait after a read made now */
+    bool drifted;      /* its reads came later than its schedule (withheld, paused) */
+    int early_reads;   /* reads of this episode other than last-chance ones */
+};
+
+enum plan_read {
+    PLAN_NO,           /* not now: the budget is kept for others */
+    PLAN_EARLY,        /* an early read */
+    PLAN_LAST_CHANCE,  /* the reserved read */
+};
+
+/* Buyers the arrival rate says will come while a read made now still
+ * shares a 60 s window with their last-chance reads. Can't fail. */
+int plan_headroom(const struct plan_key *k);
+
+/* May the transaction start a read now, its pace allowing one? An early
+ * read of a reserved transaction that has drifted from its schedule is
+ * refused when the schedule's next wait would push its last-chance read
+ * past the deadline. */
+enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, int64_t now);
+
+/* May a newly held transaction reserve its last-chance read, `busiest`
+ * being the most in a span that holds the reservation's time? */
+bool plan_may_reserve(const struct plan_key *k, int busiest);
+
+/* The most of the sorted times ev[0..n) in a 60 s span [w, w + 60 s) that
+ * holds t, over the spans with w >= from (from <= t). Can't fail. */
+int plan_busiest(const int64_t *ev, int n, int64_t t, int64_t from);
+
+/* The span before `now` within which a span holding `now` also holds the
+ * last-chance reads of buyers arriving now: 60 s minus (hold - lead). */
+int64_t plan_late_span(const struct plan_key *k);
+
+#endif
