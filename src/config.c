@@ -5,13 +5,17 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -23,12 +27,15 @@
 #endif
 
 #define SECRET_MAX 256
+#define SHOP_FILE_MAX (64 * 1024) /* bytes of one file in shops_dir */
+#define SHOP_ERR_MAX 2048         /* bytes of the reasons kept for one skipped file */
 
 /* Where errors go while loading: appended one per line. */
 struct cerr {
     char *buf;
     size_t cap, len;
     int count;
+    bool oom;                  /* an allocation failed: the load is refused whatever else */
 };
 
 static void cfail(struct cerr *e, const char *file, const char *key, const char *fmt, ...)
@@ -50,13 +57,20 @@ static void cfail(struct cerr *e, const char *file, const char *key, const char 
         e->len = e->len + (size_t)n < e->cap ? e->len + (size_t)n : e->cap - 1;
 }
 
-static char *xstrdup(const char *s)
+/* Record that an allocation failed (once per load). */
+static void cfail_oom(struct cerr *e, const char *file)
+{
+    if (!e->oom)
+        cfail(e, file, NULL, "out of memory");
+    e->oom = true;
+}
+
+/* strdup, with a failure recorded in e (NULL is returned then). */
+static char *cdup(struct cerr *e, const char *file, const char *s)
 {
     char *d = strdup(s ? s : "");
-    if (d == NULL) {
-        fputs("kembali: out of memory\n", stderr);
-        abort();
-    }
+    if (d == NULL)
+        cfail_oom(e, file);
     return d;
 }
 
@@ -127,12 +141,17 @@ static bool check_api_base(const char *v, char *why, size_t whylen)
 }
 
 /* A configured host, lowercased, trailing dots removed: a name or IPv4
- * address without port, or an IPv6 address in brackets. NULL if malformed. */
-static char *normalize_host(const char *hv)
+ * address without port, or an IPv6 address in brackets. NULL if malformed,
+ * or with *oom set when out of memory. */
+static char *normalize_host(const char *hv, bool *oom)
 {
     if (hv == NULL || *hv == '\0' || strlen(hv) > 253)
         return NULL;
-    char *lc = xstrdup(hv);
+    char *lc = strdup(hv);
+    if (lc == NULL) {
+        *oom = true;
+        return NULL;
+    }
     size_t n = strlen(lc);
     for (char *p = lc; *p; p++)
         *p = (char)tolower((unsigned char)*p);
@@ -179,42 +198,111 @@ static bool check_secret(const char *s)
     return true;
 }
 
-/* First line of a key file, trimmed; NULL with a reason on failure. */
-static char *read_secret(const char *path, char *why, size_t whylen)
+/* First line of a key file, trimmed; NULL with a reason on failure (with
+ * *oom set when out of memory). With keys_dir (resolved), the file must lie
+ * inside it after resolving symbolic links, and is opened by its resolved
+ * name without following a link swapped in since. The mode is checked on
+ * the opened descriptor (fstat, no window between the check and the read):
+ * a regular file that others cannot read and that group and others cannot
+ * write. */
+static char *read_secret(const char *path, const char *keys_dir, bool *oom, char *why, size_t whylen)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
+    char real[PATH_MAX];
+    const char *open_path = path;
+    int oflags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY; /* a FIFO must not block a reload */
+    if (keys_dir != NULL) {
+        if (realpath(path, real) == NULL) {
+            snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
+            return NULL;
+        }
+        if (!util_path_inside(real, keys_dir) || strcmp(real, keys_dir) == 0) {
+            snprintf(why, whylen, "%.200s resolves to %.200s, outside keys_dir %.150s", path, real, keys_dir);
+            return NULL;
+        }
+        open_path = real;
+        oflags |= O_NOFOLLOW;
+    }
+    int fd = open(open_path, oflags);
+    if (fd < 0) {
         snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "%s is not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    if (st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) {
+        snprintf(why, whylen, "%s has mode %04o: a key file must not be readable by others nor writable by "
+                 "group or others (chmod 0600, or 0640 with the group kembali runs as)",
+                 path, (unsigned)(st.st_mode & 07777));
+        close(fd);
+        return NULL;
+    }
     char line[SECRET_MAX + 64];
-    char *got = fgets(line, sizeof line, f);
-    bool whole = got != NULL && (strchr(line, '\n') != NULL || feof(f));
-    fclose(f);
-    if (got == NULL) {
+    size_t n = 0;
+    bool eof = false, bad = false;
+    int read_errno = 0;
+    while (n + 1 < sizeof line && memchr(line, '\n', n) == NULL) {
+        ssize_t r = read(fd, line + n, sizeof line - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            bad = true;
+            read_errno = errno;
+            break;
+        }
+        if (r == 0) {
+            eof = true;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    line[n] = '\0';
+    char *nl = memchr(line, '\n', n);
+    if (bad) {
+        explicit_bzero(line, sizeof line);
+        snprintf(why, whylen, "cannot read %s: %s", path, strerror(read_errno));
+        return NULL;
+    }
+    if (n == 0) {
         snprintf(why, whylen, "%s is empty", path);
         return NULL;
     }
-    if (!whole) { /* never use a cut-off key */
+    if (nl == NULL && !eof) { /* never use a cut-off key */
         explicit_bzero(line, sizeof line);
         snprintf(why, whylen, "the first line of %s is longer than a key can be", path);
         return NULL;
     }
-    size_t n = strcspn(line, "\r\n");
-    line[n] = '\0';
+    if (nl != NULL)
+        *nl = '\0';
+    if (strlen(line) != (size_t)((nl ? nl : line + n) - line)) {
+        explicit_bzero(line, sizeof line);
+        snprintf(why, whylen, "the first line of %s contains a NUL byte", path);
+        return NULL;
+    }
+    size_t m = strcspn(line, "\r");
+    line[m] = '\0';
     char *s = line;
     while (*s == ' ' || *s == '\t')
         s++;
-    n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-        s[--n] = '\0';
-    char *out = xstrdup(s);
+    m = strlen(s);
+    while (m > 0 && (s[m - 1] == ' ' || s[m - 1] == '\t'))
+        s[--m] = '\0';
+    char *out = strdup(s);
     explicit_bzero(line, sizeof line);
+    if (out == NULL) { /* no key material in why */
+        *oom = true;
+        snprintf(why, whylen, "out of memory");
+    }
     return out;
 }
 
 static const char *const top_keys[] = {
-    "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "schedule_ms", "read_timeout_ms", "state_slots",
+    "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "keys_dir", "shop_templates_root",
+    "schedule_ms", "read_timeout_ms", "state_slots", "max_held", "max_held_per_shop",
     "read_planning",
 };
 static const char *const shop_keys[] = {
@@ -255,22 +343,26 @@ static const char *opt_str(struct cerr *e, const char *file, const char *where, 
     return json_string_value(v);
 }
 
+/* The templates of (dir, locale), loaded once per configuration. NULL with
+ * an error recorded in e (out of memory included). */
 static const struct templates *get_templates(struct config *c, struct cerr *e, const char *file,
-                                             const char *where, const char *dir, const char *locale)
+                                             const char *where, const char *dir, const char *locale,
+                                             const char *confine)
 {
     for (int i = 0; i < c->ntpls; i++)
         if (strcmp(c->tpls[i]->locale, locale) == 0 && strcmp(c->tpls[i]->dir, dir) == 0)
             return c->tpls[i];
     char why[600];
     struct templates *t = templates_load(dir, strcmp(dir, c->templates_dir) ? c->templates_dir : NULL,
-                                         locale, why, sizeof why);
+                                         locale, confine, why, sizeof why);
     if (t == NULL) {
         cfail(e, file, where, "%s", why);
         return NULL;
     }
-    struct templates **arr = realloc(c->tpls, sizeof *arr * (size_t)(c->ntpls + 1));
+    struct templates **arr = realloc(c->tpls, sizeof *arr * ((size_t)c->ntpls + 1));
     if (arr == NULL) {
         templates_free(t);
+        cfail_oom(e, file);
         return NULL;
     }
     c->tpls = arr;
@@ -278,8 +370,27 @@ static const struct templates *get_templates(struct config *c, struct cerr *e, c
     return t;
 }
 
+/* A folder named by the main configuration, resolved; NULL with an error. */
+static char *resolve_dir(struct cerr *e, const char *file, const char *key, const char *dir)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    if (realpath(dir, real) == NULL) {
+        cfail(e, file, key, "%s: %s", dir, strerror(errno));
+        return NULL;
+    }
+    if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        cfail(e, file, key, "%s is not a folder", dir);
+        return NULL;
+    }
+    return cdup(e, file, real);
+}
+
+/* Load one shop object into s. `tenant`: it comes from a file in shops_dir,
+ * which a hosting control panel writes for one tenant: no secret_key_env,
+ * and templates_dir only inside shop_templates_root. */
 static void load_shop(struct config *c, struct cerr *e, const char *file,
-                      const char *where, json_t *o, struct shop *s)
+                      const char *where, json_t *o, struct shop *s, bool tenant)
 {
     char why[600];
     if (!json_is_object(o)) {
@@ -299,7 +410,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         util_copy(s->id, sizeof s->id, id);
 
     const char *name = opt_str(e, file, where, o, "name");
-    s->name = xstrdup(name ? name : s->id);
+    s->name = cdup(e, file, name ? name : s->id);
 
     json_t *hosts = json_object_get(o, "hosts");
     if (hosts != NULL && !json_is_array(hosts))
@@ -310,7 +421,12 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         size_t i;
         json_t *h;
         json_array_foreach(hosts, i, h) {
-            char *lc = normalize_host(json_string_value(h));
+            bool oom = false;
+            char *lc = normalize_host(json_string_value(h), &oom);
+            if (oom) {
+                cfail_oom(e, file);
+                continue;
+            }
             if (lc == NULL) {
                 cfail(e, file, P("hosts"), "entry %zu must be a host name without port or scheme "
                       "(an IPv6 address in brackets: [2001:db8::1])", i + 1);
@@ -322,18 +438,24 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
 
     const char *kf = opt_str(e, file, where, o, "secret_key_file");
     const char *ke = opt_str(e, file, where, o, "secret_key_env");
-    if ((kf == NULL) == (ke == NULL)) {
+    if (tenant && ke != NULL) {
+        cfail(e, file, P("secret_key_env"), "is not allowed in a shop file in shops_dir (a tenant must not "
+              "read kembali's environment): use secret_key_file inside keys_dir");
+    } else if ((kf == NULL) == (ke == NULL)) {
         cfail(e, file, P("secret_key_file"), "give exactly one of secret_key_file or secret_key_env");
     } else if (kf != NULL) {
-        s->secret = read_secret(kf, why, sizeof why);
-        if (s->secret == NULL)
+        bool oom = false;
+        s->secret = read_secret(kf, c->keys_dir, &oom, why, sizeof why);
+        if (oom)
+            cfail_oom(e, file);
+        else if (s->secret == NULL)
             cfail(e, file, P("secret_key_file"), "%s", why);
     } else {
         const char *v = getenv(ke);
         if (v == NULL || *v == '\0')
             cfail(e, file, P("secret_key_env"), "environment variable %s is not set", ke);
         else
-            s->secret = xstrdup(v);
+            s->secret = cdup(e, file, v);
     }
     if (s->secret != NULL && !check_secret(s->secret))
         cfail(e, file, P(kf ? "secret_key_file" : "secret_key_env"),
@@ -342,7 +464,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     const char *url = opt_str(e, file, where, o, "shop_url");
     if (url != NULL && !check_url(url))
         cfail(e, file, P("shop_url"), "must be an http:// or https:// URL");
-    s->shop_url = xstrdup(url ? url : "/");
+    s->shop_url = cdup(e, file, url ? url : "/");
 
     const char *loc = opt_str(e, file, where, o, "locale");
     if (loc != NULL && strcmp(loc, "id") != 0 && strcmp(loc, "en") != 0)
@@ -371,7 +493,9 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
                 cfail(e, file, P("cors_origins"), "entry %zu must be an origin like https://shop.example", i + 1);
                 continue;
             }
-            s->origins[s->norigins++] = xstrdup(ov);
+            char *d = cdup(e, file, ov);
+            if (d != NULL)
+                s->origins[s->norigins++] = d;
         }
     }
 
@@ -381,7 +505,21 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && config_valid_id(ip) ? ip : "id");
 
     const char *td = opt_str(e, file, where, o, "templates_dir");
-    s->tpl = get_templates(c, e, file, P("templates_dir"), td ? td : c->templates_dir, s->locale);
+    if (td != NULL && tenant) {
+        char real[PATH_MAX];
+        if (c->shop_templates_root == NULL)
+            cfail(e, file, P("templates_dir"), "a shop file in shops_dir may set templates_dir only when the "
+                  "main configuration sets shop_templates_root");
+        else if (realpath(td, real) == NULL)
+            cfail(e, file, P("templates_dir"), "%s: %s", td, strerror(errno));
+        else if (!util_path_inside(real, c->shop_templates_root) || strcmp(real, c->shop_templates_root) == 0)
+            cfail(e, file, P("templates_dir"), "%s resolves to %s, outside shop_templates_root %s", td, real,
+                  c->shop_templates_root);
+        else if (!e->oom)
+            s->tpl = get_templates(c, e, file, P("templates_dir"), real, s->locale, c->shop_templates_root);
+    } else if (!e->oom) {
+        s->tpl = get_templates(c, e, file, P("templates_dir"), td ? td : c->templates_dir, s->locale, NULL);
+    }
 #undef P
 }
 
@@ -397,14 +535,17 @@ static void shop_clear(struct shop *s)
     free(s->shop_url);
     for (int i = 0; i < s->norigins; i++)
         free(s->origins[i]);
+    free(s->source);
+    memset(s, 0, sizeof *s);
 }
 
-static struct shop *add_shop(struct config *c)
+/* A new zeroed shop at the end of c->shops; NULL with an error in e. */
+static struct shop *add_shop(struct config *c, struct cerr *e, const char *file)
 {
-    struct shop *arr = realloc(c->shops, sizeof *arr * (size_t)(c->nshops + 1));
+    struct shop *arr = realloc(c->shops, sizeof *arr * ((size_t)c->nshops + 1));
     if (arr == NULL) {
-        fputs("kembali: out of memory\n", stderr);
-        abort();
+        cfail_oom(e, file);
+        return NULL;
     }
     c->shops = arr;
     memset(&arr[c->nshops], 0, sizeof arr[0]);
@@ -416,7 +557,133 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void load_shops_dir(struct config *c, struct cerr *e, const char *file, const char *dir)
+/* Does shop s (not yet in c->shops[0..n)) share its id or a host with one
+ * of them? Writes the reason into why. */
+static bool shop_collides(const struct config *c, int n, const struct shop *s, char *why, size_t whylen)
+{
+    for (int a = 0; a < n; a++) {
+        const struct shop *o = &c->shops[a];
+        if (s->id[0] && strcmp(o->id, s->id) == 0) {
+            snprintf(why, whylen, "the id \"%s\" is already used by %s", s->id, o->source ? o->source : "the main configuration");
+            return true;
+        }
+        for (int x = 0; x < o->nhosts; x++)
+            for (int y = 0; y < s->nhosts; y++)
+                if (strcmp(o->hosts[x], s->hosts[y]) == 0) {
+                    snprintf(why, whylen, "the host \"%s\" is already claimed by shop \"%s\"", s->hosts[y], o->id);
+                    return true;
+                }
+    }
+    return false;
+}
+
+/* Copy the previous version of a shop (kept after its file went bad) into
+ * dst; its templates are shared by reference. False when out of memory. */
+static bool shop_copy(struct config *c, struct shop *dst, const struct shop *src)
+{
+    *dst = *src;
+    dst->name = NULL;
+    dst->secret = NULL;
+    dst->shop_url = NULL;
+    dst->source = NULL;
+    dst->nhosts = dst->norigins = 0;
+    dst->tpl = NULL;
+    bool ok = (dst->name = strdup(src->name)) != NULL && (dst->shop_url = strdup(src->shop_url)) != NULL &&
+              (dst->source = strdup(src->source)) != NULL && (dst->secret = strdup(src->secret)) != NULL;
+    for (int i = 0; ok && i < src->nhosts; i++)
+        ok = (dst->hosts[dst->nhosts++] = strdup(src->hosts[i])) != NULL;
+    for (int i = 0; ok && i < src->norigins; i++)
+        ok = (dst->origins[dst->norigins++] = strdup(src->origins[i])) != NULL;
+    if (ok) {
+        struct templates **arr = realloc(c->kept_tpls, sizeof *arr * ((size_t)c->nkept_tpls + 1));
+        ok = arr != NULL;
+        if (ok) {
+            c->kept_tpls = arr;
+            c->kept_tpls[c->nkept_tpls++] = templates_ref((struct templates *)src->tpl);
+            dst->tpl = src->tpl;
+        }
+    }
+    return ok;
+}
+
+/* The bytes of one shop file: a regular file (a FIFO is never waited on)
+ * of at most SHOP_FILE_MAX bytes, parsed. NULL with the reason in e. */
+static json_t *read_shop_file(struct cerr *e, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        cfail(e, path, NULL, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        cfail(e, path, NULL, "not a regular file");
+        close(fd);
+        return NULL;
+    }
+    char *buf = malloc(SHOP_FILE_MAX + 1);
+    if (buf == NULL) {
+        cfail_oom(e, path);
+        close(fd);
+        return NULL;
+    }
+    size_t n = 0;
+    int rerr = 0;
+    while (n <= SHOP_FILE_MAX) {
+        ssize_t r = read(fd, buf + n, SHOP_FILE_MAX + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rerr = r < 0 ? errno : 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    json_t *o = NULL;
+    if (rerr != 0) {
+        cfail(e, path, NULL, "cannot read: %s", strerror(rerr));
+    } else if (n > SHOP_FILE_MAX) {
+        cfail(e, path, NULL, "larger than %d KiB", SHOP_FILE_MAX / 1024);
+    } else {
+        json_error_t je;
+        o = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &je);
+        if (o == NULL)
+            cfail(e, path, NULL, "line %d: %s", je.line, je.text);
+    }
+    free(buf);
+    return o;
+}
+
+/* Record file as skipped, with the reasons in fe; kept: whether its
+ * previous version serves. False when out of memory. */
+static bool add_skip(struct config *c, const char *file, const struct cerr *fe, bool kept)
+{
+    struct config_skip *arr = realloc(c->skipped, sizeof *arr * ((size_t)c->nskipped + 1));
+    if (arr == NULL)
+        return false;
+    c->skipped = arr;
+    struct config_skip *k = &arr[c->nskipped];
+    k->file = strdup(file);
+    k->why = strdup(fe->buf);
+    k->kept = kept;
+    if (k->file == NULL || k->why == NULL) {
+        free(k->file);
+        free(k->why);
+        return false;
+    }
+    size_t l = strlen(k->why);
+    if (l > 0 && k->why[l - 1] == '\n')
+        k->why[l - 1] = '\0';
+    c->nskipped++;
+    return true;
+}
+
+/* Every *.json file of dir, one shop each, in name order. A bad file is
+ * skipped (c->skipped), keeping its previous version from prev when there
+ * is one; only a missing folder or running out of memory fails the load. */
+static void load_shops_dir(struct config *c, const struct config *prev, struct cerr *e, const char *file,
+                           const char *dir)
 {
     DIR *d = opendir(dir);
     if (d == NULL) {
@@ -431,31 +698,117 @@ static void load_shops_dir(struct config *c, struct cerr *e, const char *file, c
         if (de->d_name[0] == '.' || l < 6 || strcmp(de->d_name + l - 5, ".json") != 0)
             continue;
         char **nn = realloc(names, sizeof *nn * (n + 1));
-        if (nn == NULL)
+        char *nm = nn ? strdup(de->d_name) : NULL;
+        if (nm == NULL) {
+            if (nn != NULL)
+                names = nn;
+            cfail_oom(e, file);
             break;
+        }
         names = nn;
-        names[n++] = xstrdup(de->d_name);
+        names[n++] = nm;
     }
     closedir(d);
-    qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        json_error_t je;
-        json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-        if (o == NULL)
-            cfail(e, path, NULL, "line %d: %s", je.line, je.text);
-        else
-            load_shop(c, e, path, "", o, add_shop(c));
+    if (n > 0)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n && !e->oom; i++) {
+        char path[PATH_MAX];
+        int pn = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (pn < 0 || (size_t)pn >= sizeof path) {
+            cfail(e, file, "shops_dir", "the path of %s is too long", names[i]);
+            continue;
+        }
+        char ebuf[SHOP_ERR_MAX];
+        ebuf[0] = '\0';
+        struct cerr fe = {ebuf, sizeof ebuf, 0, 0, false};
+        struct shop tmp;
+        memset(&tmp, 0, sizeof tmp);
+        json_t *o = read_shop_file(&fe, path);
+        if (o != NULL)
+            load_shop(c, &fe, path, "", o, &tmp, true);
         json_decref(o);
-        free(names[i]);
+        char why[300];
+        if (fe.count == 0 && shop_collides(c, c->nshops, &tmp, why, sizeof why))
+            cfail(&fe, path, NULL, "%s", why);
+        if (fe.oom) {
+            shop_clear(&tmp);
+            cfail_oom(e, file);
+            break;
+        }
+        if (fe.count == 0) {
+            struct shop *s = add_shop(c, e, file);
+            tmp.source = s ? strdup(path) : NULL;
+            if (s == NULL || tmp.source == NULL) {
+                shop_clear(&tmp);
+                cfail_oom(e, file);
+                break;
+            }
+            *s = tmp;
+            continue;
+        }
+        shop_clear(&tmp);
+        /* skipped: its previous version, if it had one, keeps serving */
+        const struct shop *old = NULL;
+        for (int j = 0; prev != NULL && j < prev->nshops && old == NULL; j++)
+            if (prev->shops[j].source != NULL && strcmp(prev->shops[j].source, path) == 0)
+                old = &prev->shops[j];
+        bool kept = false;
+        if (old != NULL && !shop_collides(c, c->nshops, old, why, sizeof why)) {
+            struct shop *s = add_shop(c, e, file);
+            if (s == NULL)
+                break;
+            if (!shop_copy(c, s, old)) {
+                shop_clear(s);
+                c->nshops--;
+                cfail_oom(e, file);
+                break;
+            }
+            kept = true;
+        }
+        if (!add_skip(c, path, &fe, kept)) {
+            cfail_oom(e, file);
+            break;
+        }
     }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
     free(names);
+}
+
+long config_held_cap(long nofile)
+{
+    if (nofile < 0 || nofile > 4 * CONFIG_MAX_HELD_MAX)
+        return CONFIG_MAX_HELD_MAX;
+    long cap = nofile - CONFIG_FD_RESERVE - nofile / 4;
+    return cap < 1 ? 1 : cap > CONFIG_MAX_HELD_MAX ? CONFIG_MAX_HELD_MAX : cap;
+}
+
+/* An optional integer member in [lo, hi]; *out keeps its value when absent.
+ * False (error recorded) when present and not such an integer. */
+static bool opt_long(struct cerr *e, const char *file, json_t *root, const char *key, long lo, long hi, long *out,
+                     bool *given)
+{
+    json_t *v = json_object_get(root, key);
+    if (given)
+        *given = v != NULL;
+    if (v == NULL)
+        return true;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        cfail(e, file, key, "must be an integer from %ld to %ld", lo, hi);
+        return false;
+    }
+    *out = (long)json_integer_value(v);
+    return true;
 }
 
 struct config *config_load(const char *path, char *errbuf, size_t errlen)
 {
-    struct cerr e = {errbuf, errlen, 0, 0};
+    return config_reload(path, NULL, errbuf, errlen);
+}
+
+struct config *config_reload(const char *path, const struct config *prev, char *errbuf, size_t errlen)
+{
+    struct cerr e = {errbuf, errlen, 0, 0, false};
     errbuf[0] = '\0';
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -473,12 +826,12 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
     }
     struct config *c = calloc(1, sizeof *c);
     if (c == NULL) {
-        cfail(&e, path, NULL, "out of memory");
+        cfail_oom(&e, path);
         json_decref(root);
         return NULL;
     }
     atomic_init(&c->refs, 1);
-    c->path = xstrdup(path);
+    c->path = cdup(&e, path, path);
     check_keys(&e, path, "", root, top_keys, ARRAY_LEN(top_keys));
 
     char why[300];
@@ -486,15 +839,15 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
     ab = ab ? ab : "https://pay.kasera.id";
     if (!check_api_base(ab, why, sizeof why))
         cfail(&e, path, "api_base", "%s", why);
-    c->api_base = xstrdup(ab);
-    size_t abl = strlen(c->api_base);
+    c->api_base = cdup(&e, path, ab);
+    size_t abl = c->api_base ? strlen(c->api_base) : 0;
     while (abl > 0 && c->api_base[abl - 1] == '/')
         c->api_base[--abl] = '\0';
 
     const char *sd = opt_str(&e, path, "", root, "state_dir");
-    c->state_dir = xstrdup(sd ? sd : KEMBALI_STATE_DIR);
+    c->state_dir = cdup(&e, path, sd ? sd : KEMBALI_STATE_DIR);
     const char *td = opt_str(&e, path, "", root, "templates_dir");
-    c->templates_dir = xstrdup(td ? td : KEMBALI_TEMPLATES_DIR);
+    c->templates_dir = cdup(&e, path, td ? td : KEMBALI_TEMPLATES_DIR);
 
     pace_default(&c->sched);
     json_t *sm = json_object_get(root, "schedule_ms");
@@ -518,21 +871,40 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
         }
     }
     c->read_timeout_ms = 5000;
-    json_t *rt = json_object_get(root, "read_timeout_ms");
-    if (rt != NULL) {
-        if (!json_is_integer(rt) || json_integer_value(rt) < 100 || json_integer_value(rt) > 30000)
-            cfail(&e, path, "read_timeout_ms", "must be an integer from 100 to 30000");
-        else
-            c->read_timeout_ms = (long)json_integer_value(rt);
-    }
-    c->state_slots = 16384;
-    json_t *ss = json_object_get(root, "state_slots");
-    if (ss != NULL) {
-        if (!json_is_integer(ss) || json_integer_value(ss) < 16 || json_integer_value(ss) > 4194304)
-            cfail(&e, path, "state_slots", "must be an integer from 16 to 4194304");
-        else
-            c->state_slots = (int)json_integer_value(ss);
-    }
+    opt_long(&e, path, root, "read_timeout_ms", 100, 30000, &c->read_timeout_ms, NULL);
+    long slots = 16384;
+    opt_long(&e, path, root, "state_slots", 16, 4194304, &slots, NULL);
+    c->state_slots = (int)slots;
+
+    /* held requests: what the file asks (or the default), then no more
+     * than the descriptors allow */
+    long mh = CONFIG_MAX_HELD_DEFAULT, mhs = 0;
+    bool mh_given = false, mhs_given = false;
+    bool mh_ok = opt_long(&e, path, root, "max_held", 1, CONFIG_MAX_HELD_MAX, &mh, &mh_given);
+    bool mhs_ok = opt_long(&e, path, root, "max_held_per_shop", 1, CONFIG_MAX_HELD_MAX, &mhs, &mhs_given);
+    if (mh_ok && mhs_ok && mhs_given && mhs > mh)
+        cfail(&e, path, "max_held_per_shop", "%ld is more than max_held (%ld)", mhs, mh);
+    struct rlimit rl;
+    long nofile = -1;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        nofile = rl.rlim_cur > (rlim_t)LONG_MAX ? -1 : (long)rl.rlim_cur;
+    c->max_held_wanted = mh_given ? mh : 0;
+    c->max_held = mh < config_held_cap(nofile) ? mh : config_held_cap(nofile);
+    c->max_held_per_shop = mhs_given ? mhs : (c->max_held + 1) / 2;
+    if (c->max_held_per_shop > c->max_held)
+        c->max_held_per_shop = c->max_held;
+
+    /* tenants' files */
+    const char *kd = opt_str(&e, path, "", root, "keys_dir");
+    if (kd != NULL)
+        c->keys_dir = resolve_dir(&e, path, "keys_dir", kd);
+    const char *str = opt_str(&e, path, "", root, "shop_templates_root");
+    if (str != NULL)
+        c->shop_templates_root = resolve_dir(&e, path, "shop_templates_root", str);
+    const char *sdir = opt_str(&e, path, "", root, "shops_dir");
+    if (sdir != NULL && kd == NULL)
+        cfail(&e, path, "keys_dir", "is required with shops_dir: every shop file's secret_key_file must lie "
+              "inside it, so that one tenant's file cannot name another tenant's key");
     c->read_planning = true;
     json_t *rp = json_object_get(root, "read_planning");
     if (rp != NULL) {
@@ -544,7 +916,7 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
 
     /* the default templates must load: shops fall back to them */
     if (e.count == 0)
-        c->default_tpl = get_templates(c, &e, path, "templates_dir", c->templates_dir, "id");
+        c->default_tpl = get_templates(c, &e, path, "templates_dir", c->templates_dir, "id", NULL);
     if (e.count == 0) {
         json_t *shops = json_object_get(root, "shops");
         if (shops != NULL && !json_is_array(shops))
@@ -554,13 +926,11 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
         json_array_foreach(shops, i, so) {
             char where[48];
             snprintf(where, sizeof where, "shops[%zu].", i);
-            load_shop(c, &e, path, where, so, add_shop(c));
+            struct shop *s = add_shop(c, &e, path);
+            if (s == NULL)
+                break;
+            load_shop(c, &e, path, where, so, s, false);
         }
-        const char *sdir = opt_str(&e, path, "", root, "shops_dir");
-        if (sdir != NULL)
-            load_shops_dir(c, &e, path, sdir);
-        if (c->nshops == 0 && e.count == 0)
-            cfail(&e, path, "shops", "no shop is configured (give \"shops\" or \"shops_dir\")");
         for (int a = 0; a < c->nshops; a++) {
             for (int b = a + 1; b < c->nshops; b++) {
                 if (c->shops[a].id[0] && strcmp(c->shops[a].id, c->shops[b].id) == 0)
@@ -572,9 +942,13 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
                                   c->shops[a].hosts[x], c->shops[a].id, c->shops[b].id);
             }
         }
+        if (sdir != NULL && e.count == 0)
+            load_shops_dir(c, prev, &e, path, sdir);
+        if (c->nshops == 0 && e.count == 0 && c->nskipped == 0)
+            cfail(&e, path, "shops", "no shop is configured (give \"shops\" or \"shops_dir\")");
     }
     json_decref(root);
-    if (e.count > 0) {
+    if (e.count > 0 || e.oom) {
         config_unref(c);
         return NULL;
     }
@@ -603,6 +977,16 @@ void config_unref(struct config *c)
     for (int i = 0; i < c->ntpls; i++)
         templates_free(c->tpls[i]);
     free(c->tpls);
+    for (int i = 0; i < c->nkept_tpls; i++)
+        templates_free(c->kept_tpls[i]);
+    free(c->kept_tpls);
+    for (int i = 0; i < c->nskipped; i++) {
+        free(c->skipped[i].file);
+        free(c->skipped[i].why);
+    }
+    free(c->skipped);
+    free(c->keys_dir);
+    free(c->shop_templates_root);
     free(c->path);
     free(c->api_base);
     free(c->state_dir);

@@ -17,6 +17,9 @@
 
 #define CONFIG_MAX_HOSTS 32
 #define CONFIG_MAX_ORIGINS 16
+#define CONFIG_MAX_HELD_DEFAULT 10000L
+#define CONFIG_MAX_HELD_MAX 1000000L
+#define CONFIG_FD_RESERVE 64L          /* descriptors kembali needs besides connections */
 
 struct shop {
     char id[STATE_ID_MAX + 1];
@@ -32,6 +35,15 @@ struct shop {
     int norigins;
     char id_param[33];
     const struct templates *tpl;   /* owned by the config */
+    char *source;                  /* the file in shops_dir it came from; NULL: inline */
+};
+
+/* A file in shops_dir that was skipped (a running kembali serves without
+ * it, or with its previous version). */
+struct config_skip {
+    char *file;                    /* the shop file's path */
+    char *why;                     /* every problem, "file: key: reason" lines */
+    bool kept;                     /* its previous version keeps serving */
 };
 
 struct config {
@@ -49,12 +61,39 @@ struct config {
     const struct templates *default_tpl; /* templates_dir, "id": for answers without a shop */
     struct templates **tpls;       /* distinct template sets, owned */
     int ntpls;
+    struct templates **kept_tpls;  /* references held for shops kept from the previous configuration */
+    int nkept_tpls;
+    char *keys_dir;                /* resolved (realpath), or NULL */
+    char *shop_templates_root;     /* resolved (realpath), or NULL */
+    long max_held;                 /* requests held at once, after the descriptor cap */
+    long max_held_per_shop;        /* <= max_held */
+    long max_held_wanted;          /* what the file asked (0: not given), before the cap */
+    struct config_skip *skipped;   /* bad files in shops_dir */
+    int nskipped;
 };
 
 /* Load, validate and prepare (keys read, templates loaded) the
  * configuration at `path`. Returns NULL and writes every problem found, one
- * per line, into err (capacity errlen). */
+ * per line, into err (capacity errlen), when the main configuration is
+ * broken (out of memory included). A bad file in shops_dir does not fail
+ * the load: it is left out and listed in c->skipped (file and reasons), and
+ * err stays empty. Same as config_reload(path, NULL, err, errlen). */
 struct config *config_load(const char *path, char *err, size_t errlen);
+
+/* Like config_load, for a reload while `prev` serves (prev may be NULL): a
+ * bad file in shops_dir whose previous version is in prev keeps that
+ * version (its key and templates as they were; skip->kept is true), unless
+ * its id or a host now belongs to another shop. prev is only read. */
+struct config *config_reload(const char *path, const struct config *prev, char *err, size_t errlen);
+
+/* The most requests one process may hold when it may open `nofile`
+ * descriptors (RLIMIT_NOFILE's soft limit; < 0: unlimited): each held
+ * request is one connection, and a quarter of the descriptors plus
+ * CONFIG_FD_RESERVE stay free for the process's own files, API
+ * connections and the connections answered at once beyond the cap:
+ * nofile - 64 - nofile / 4, at least 1, at most CONFIG_MAX_HELD_MAX.
+ * Pure; can't fail. */
+long config_held_cap(long nofile);
 
 /* Fill each shop's key identity from the state's salt. Can't fail. */
 void config_bind_state(struct config *c, const struct state *st);

@@ -22,6 +22,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -74,12 +75,15 @@ static void usage(FILE *f)
             "                   state_dir; no read, no running kembali needed; exit 0\n"
             "                   silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
-            "                   print what is wrong, exit 0 if usable, 1 if not\n"
+            "                   print what is wrong (every bad file in shops_dir by\n"
+            "                   name), exit 0 if all is well, 1 if anything is wrong\n"
+            "                   (a shop file a running kembali would skip included)\n"
             "  --version        print the version\n"
             "  --help           print this help\n"
             "\n"
             "Signals: SIGTERM answers the requests in hand and exits 0; SIGHUP reloads\n"
-            "the configuration (a broken one is refused and the old one kept) and\n"
+            "the configuration (a broken one is refused and the old one kept; a bad\n"
+            "file in shops_dir is skipped, keeping that shop's previous version) and\n"
             "reopens the --log file; SIGUSR1 reopens the --log file.\n"
             "Logs: one key=value line per event on standard error (or --log FILE).\n"
             "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
@@ -185,6 +189,29 @@ static int drop_privileges(const char *user, char *err, size_t errlen)
     return 0;
 }
 
+/* One error line per skipped shop file, and a warning when max_held was
+ * capped by the descriptors; `when` is "start" or "reload". */
+static void log_config_notes(const struct config *c, const char *when)
+{
+    for (int i = 0; i < c->nskipped; i++) {
+        struct log_line l;
+        log_begin(&l, "error", "shop_file_skipped");
+        log_str(&l, "file", c->skipped[i].file);
+        log_str(&l, "at", when);
+        log_str(&l, "kept", c->skipped[i].kept ? "previous" : "none");
+        log_str(&l, "errors", c->skipped[i].why);
+        log_end(&l);
+    }
+    if (c->max_held_wanted > c->max_held) {
+        struct log_line l;
+        log_begin(&l, "warn", "max_held");
+        log_str(&l, "msg", "max_held is more than the open-files limit allows (RLIMIT_NOFILE); using less");
+        log_int(&l, "wanted", c->max_held_wanted);
+        log_int(&l, "max_held", c->max_held);
+        log_end(&l);
+    }
+}
+
 static int check_config(const char *path)
 {
     char err[ERRBUF];
@@ -199,19 +226,33 @@ static int check_config(const char *path)
         config_unref(c);
         return 1;
     }
-    fprintf(stdout, "%s: ok: %d shop%s, api_base %s\n", path, c->nshops, c->nshops == 1 ? "" : "s", c->api_base);
+    int rc = 0;
+    if (c->nskipped > 0) {
+        fprintf(stdout, "%s: %d shop file%s would be skipped:\n", path, c->nskipped, c->nskipped == 1 ? "" : "s");
+        for (int i = 0; i < c->nskipped; i++)
+            fprintf(stdout, "%s\n", c->skipped[i].why);
+        rc = 1;
+    }
+    fprintf(stdout, "%s: %s: %d shop%s, api_base %s\n", path, rc ? "usable" : "ok", c->nshops,
+            c->nshops == 1 ? "" : "s", c->api_base);
     for (int i = 0; i < c->nshops; i++)
         fprintf(stdout, "  shop %s: locale %s, %d host%s, read budget %d/min\n", c->shops[i].id,
                 c->shops[i].locale, c->shops[i].nhosts, c->shops[i].nhosts == 1 ? "" : "s", c->shops[i].read_budget);
+    fprintf(stdout, "  max_held %ld, max_held_per_shop %ld", c->max_held, c->max_held_per_shop);
+    if (c->max_held_wanted > c->max_held)
+        fprintf(stdout, " (max_held %ld asked: more than the open-files limit allows)", c->max_held_wanted);
+    fputc('\n', stdout);
     config_unref(c);
-    return 0;
+    return rc;
 }
 
 static void reload(struct app *a, const char *path)
 {
     char err[ERRBUF];
-    struct config *c = config_load(path, err, sizeof err);
+    struct config *old = app_config(a);
+    struct config *c = config_reload(path, old, err, sizeof err);
     if (c == NULL) {
+        config_unref(old);
         struct log_line l;
         log_begin(&l, "error", "reload");
         log_str(&l, "msg", "the new configuration is refused; the old one keeps serving");
@@ -220,7 +261,7 @@ static void reload(struct app *a, const char *path)
         return;
     }
     config_bind_state(c, a->state);
-    struct config *old = app_config(a);
+    log_config_notes(c, "reload");
     if (c->state_slots != old->state_slots || c->read_timeout_ms != old->read_timeout_ms ||
         strcmp(c->state_dir, old->state_dir) != 0)
         log_msg("warn", "reload", "state_dir, state_slots and read_timeout_ms take effect at restart");
@@ -229,6 +270,7 @@ static void reload(struct app *a, const char *path)
     struct log_line l;
     log_begin(&l, "info", "reload");
     log_int(&l, "shops", c->nshops);
+    log_int(&l, "skipped", c->nskipped);
     log_end(&l);
 }
 
@@ -268,6 +310,9 @@ int main(int argc, char **argv)
         {"log", required_argument, NULL, 'L'},    {"notify", no_argument, NULL, 'N'},
         {NULL, 0, NULL, 0},
     };
+    /* before anything reads a key: no core dump, no ptrace by the same
+     * user, no /proc/PID/mem (after --user the kernel keeps it so) */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     const char *config_path = getenv("KEMBALI_CONFIG");
     const char *listen_addr = NULL, *user = NULL, *log_path = NULL;
     bool check_only = false, notify = false;
@@ -298,6 +343,7 @@ int main(int argc, char **argv)
     if (config_path == NULL || *config_path == '\0')
         config_path = KEMBALI_CONFIG_DEFAULT;
     ensure_std_fds(listen_addr == NULL && !check_only);
+    raise_fd_limit(); /* before loading: max_held's cap follows the limit */
     if (check_only)
         return check_config(config_path);
     if (notify)
@@ -335,7 +381,6 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    raise_fd_limit();
     if (user != NULL && drop_privileges(user, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);
         goto out;
@@ -395,6 +440,7 @@ int main(int argc, char **argv)
         log_str(&l, "api_base", cfg->api_base);
         log_end(&l);
     }
+    log_config_notes(cfg, "start");
     while (!sc.stop && !(cgi && front_done(front)))
         if (loop_turn(loop, -1) != 0)
             goto out;

@@ -2,12 +2,18 @@
 #include "render.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
 
 #define TEMPLATE_MAX (256 * 1024)
 
@@ -119,21 +125,69 @@ static int placeholder_at(const char *p, size_t avail, size_t *len)
     return -1;
 }
 
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen, bool *missing)
+/* The bytes of the page at `path` (a regular file under TEMPLATE_MAX,
+ * without NUL bytes), or NULL with a reason in err; *missing tells ENOENT.
+ * With `confine`, the file must resolve inside that folder and is opened by
+ * its resolved name without following a link swapped in since. */
+static char *read_file(const char *path, const char *confine, size_t *len, char *err, size_t errlen, bool *missing)
 {
     *missing = false;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
+    char real[PATH_MAX];
+    const char *open_path = path;
+    int oflags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+    if (confine != NULL) {
+        if (realpath(path, real) == NULL) {
+            *missing = errno == ENOENT;
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return NULL;
+        }
+        if (!util_path_inside(real, confine)) {
+            snprintf(err, errlen, "%s: resolves to %s, outside %s", path, real, confine);
+            return NULL;
+        }
+        open_path = real;
+        oflags |= O_NOFOLLOW;
+    }
+    int fd = open(open_path, oflags);
+    if (fd < 0) {
         *missing = errno == ENOENT;
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    if (st.st_size > TEMPLATE_MAX) {
+        snprintf(err, errlen, "%s: larger than 256 KiB", path);
+        close(fd);
+        return NULL;
+    }
     char *data = malloc(TEMPLATE_MAX + 1);
-    size_t n = data ? fread(data, 1, TEMPLATE_MAX + 1, f) : 0;
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (data == NULL || bad || n > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: %s", path, data == NULL ? "out of memory" : bad ? "read error" : "larger than 256 KiB");
+    if (data == NULL) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        close(fd);
+        return NULL;
+    }
+    size_t n = 0;
+    bool bad = false;
+    while (n <= TEMPLATE_MAX) { /* one byte more than allowed tells "too large" */
+        ssize_t r = read(fd, data + n, TEMPLATE_MAX + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            bad = true;
+            break;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (bad || n > TEMPLATE_MAX) {
+        snprintf(err, errlen, "%s: %s", path, bad ? "read error" : "larger than 256 KiB");
         free(data);
         return NULL;
     }
@@ -184,7 +238,7 @@ static bool check_page(const char *path, const char *p, size_t n, struct templat
     return true;
 }
 
-struct templates *templates_load(const char *dir, const char *fallback, const char *locale,
+struct templates *templates_load(const char *dir, const char *fallback, const char *locale, const char *confine,
                                  char *err, size_t errlen)
 {
     struct templates *t = calloc(1, sizeof *t);
@@ -192,6 +246,7 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    atomic_init(&t->refs, 1);
     snprintf(t->locale, sizeof t->locale, "%s", locale);
     t->dir = strdup(dir);
     if (t->dir == NULL) {
@@ -200,13 +255,23 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
         return NULL;
     }
     for (int w = 0; w < W_COUNT; w++) {
-        char path[4096];
+        char path[PATH_MAX];
         bool missing = false;
-        snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, words[w]);
-        t->page[w] = read_file(path, &t->len[w], err, errlen, &missing);
+        int pn = snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, words[w]);
+        if (pn < 0 || (size_t)pn >= sizeof path) {
+            snprintf(err, errlen, "%.200s...: the path is too long", dir);
+            templates_free(t);
+            return NULL;
+        }
+        t->page[w] = read_file(path, confine, &t->len[w], err, errlen, &missing);
         if (t->page[w] == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
-            snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
-            t->page[w] = read_file(path, &t->len[w], err, errlen, &missing);
+            pn = snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
+            if (pn < 0 || (size_t)pn >= sizeof path) {
+                snprintf(err, errlen, "%.200s...: the path is too long", fallback);
+                templates_free(t);
+                return NULL;
+            }
+            t->page[w] = read_file(path, NULL, &t->len[w], err, errlen, &missing);
         }
         if (t->page[w] == NULL ||
             !check_page(path, t->page[w], t->len[w], &t->slots[w], &t->nslots[w], err, errlen)) {
@@ -217,9 +282,15 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
     return t;
 }
 
+struct templates *templates_ref(struct templates *t)
+{
+    atomic_fetch_add(&t->refs, 1);
+    return t;
+}
+
 void templates_free(struct templates *t)
 {
-    if (t == NULL)
+    if (t == NULL || atomic_fetch_sub(&t->refs, 1) != 1)
         return;
     for (int w = 0; w < W_COUNT; w++) {
         free(t->page[w]);

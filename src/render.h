@@ -7,6 +7,7 @@
 #ifndef KEMBALI_RENDER_H
 #define KEMBALI_RENDER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -43,6 +44,7 @@ struct templates_slot {
 };
 
 struct templates {
+    atomic_int refs;        /* templates_ref / templates_free */
     char locale[3];
     char *dir;              /* where they were loaded from */
     char *page[W_COUNT];
@@ -53,11 +55,22 @@ struct templates {
 
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
  * is taken from fallback/<locale>/ (fallback may be NULL). Each page is
- * checked: readable, under 256 KiB, only known placeholders, and carrying
- * data-status="{{status}}". Returns NULL with a reason in err. */
-struct templates *templates_load(const char *dir, const char *fallback, const char *locale,
+ * checked: a regular file (a FIFO or device is refused, never waited on),
+ * under 256 KiB, only known placeholders, and carrying
+ * data-status="{{status}}". When `confine` is not NULL (an absolute path
+ * with symbolic links resolved), every page taken from `dir` must lie
+ * inside that folder after resolving symbolic links (a tenant's folder
+ * cannot make kembali read another file); pages from `fallback` are not
+ * confined. Returns a set holding one reference, or NULL with a reason in
+ * err (out of memory included). */
+struct templates *templates_load(const char *dir, const char *fallback, const char *locale, const char *confine,
                                  char *err, size_t errlen);
+/* Take one more reference to t (shared by two configurations). Returns t.
+ * This function can't fail. */
+struct templates *templates_ref(struct templates *t);
+/* Drop one reference; the last one frees the set. NULL is ignored. */
 void templates_free(struct templates *t);
+
 
 struct page_vars {
     const char *id, *shop_name, *shop_url, *retry_url; /* NULL reads as "" */

@@ -23,10 +23,24 @@ struct answer {
 void request_answer(const struct state_fact *f, int64_t now, struct answer *out);
 
 /* Find `name` in a query string and URL-decode its first value into out.
- * Returns false when absent, when the decoded value does not fit, or when
- * it would contain a NUL byte (%00). */
+ * Parameters are separated by '&' only (as browsers and the WHATWG URL
+ * standard do: ';' is part of a value, so "id=a;b" gives "a;b"); names are
+ * decoded like values ("%69d" is "id"), a name without '=' has the empty
+ * value. Returns false when absent, when the first value does not fit
+ * (cap includes the NUL), or when it would contain a NUL byte (%00); a
+ * later parameter of the same name is never used instead. Pure. */
 bool request_query_param(const char *query, const char *name, char *out, size_t cap);
-/* True when an Accept header asks for JSON. */
+
+/* True when an Accept header prefers JSON (interface.md "Requests"):
+ * application/json itself is given with q > 0 (the highest q given for it
+ * counts), and that q is not below text/html's, which comes from the most
+ * specific of text/html, text/ *, * / * (0 when none is given; so "* / *"
+ * alone is HTML, and a tie is JSON). Media types and the parameter name q
+ * are case-insensitive; whitespace around ',' and ';', quoted parameter
+ * values and empty list elements are allowed; parameters other than q are
+ * ignored. A malformed media range, or one whose q is not a qvalue ("0",
+ * "0.5", "1.000"; not "1.5", ".5", "0.1234", "\"1\""), is ignored as if it
+ * were not there. Pure. */
 bool request_wants_json(const char *accept);
 
 #define REQUEST_NOTIFY_BODY_MAX 8192 /* bytes of a notify body */

@@ -13,11 +13,25 @@
 #include "request.h"
 #include "util.h"
 
+/* Requests held for one shop (by id: shops come and go with reloads). */
+struct serve_shop {
+    char id[STATE_SHOP_MAX + 1];
+    long held;
+    bool logged;                /* an "over the cap" line was written, */
+    int64_t logged_at;          /* at this time */
+    struct serve_shop *next;
+};
+
+#define SERVE_SHOP_BUCKETS 256
+#define SERVE_CAP_RETRY_S 5      /* Retry-After of an answer given because every slot is taken */
+#define SERVE_CAP_LOG_MS 60000   /* one line per shop per minute */
+
 struct serve {
     struct app *app;
     struct loop *loop;
     struct front *front;
     struct resolver *rs;
+    struct serve_shop *shops[SERVE_SHOP_BUCKETS];
 };
 
 /* One request, from its arrival to its answer. Held requests live on the
@@ -33,6 +47,7 @@ struct serve_req {
     const char *origin;         /* an allowed CORS origin (in cfg), or NULL */
     int64_t arrived;
     bool held;
+    struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
 };
 
@@ -202,6 +217,8 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
     buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
+    buf_printf(&b, "# HELP kembali_held_cap_answers_total Requests answered at once because max_held or max_held_per_shop was reached.\n"
+                   "# TYPE kembali_held_cap_answers_total counter\nkembali_held_cap_answers_total %ld\n", atomic_load(&a->m.over_cap));
     buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
                    "# TYPE kembali_fastcgi_connections_total counter\nkembali_fastcgi_connections_total %lu\n",
                front_connections(r->s->front), front_accepted(r->s->front));
@@ -241,9 +258,12 @@ static void respond_notify(struct serve_req *r, const char *query)
     buf_free(&out);
 }
 
-/* A held request's end: its configuration reference and its memory. */
+/* A held request's end: its shop's count, its configuration reference and
+ * its memory. */
 static void held_free(struct serve_req *r)
 {
+    if (r->counted != NULL)
+        r->counted->held--;
     config_unref(r->cfg);
     free(r);
 }
@@ -272,22 +292,88 @@ static void on_gone(void *ctx, struct front_req *fr, void *user)
     held_free(r);
 }
 
+/* The held-request count of shop `id`, made on first use; NULL when out
+ * of memory. */
+static struct serve_shop *shop_count(struct serve *s, const char *id)
+{
+    uint32_t h = 2166136261u;
+    for (const char *p = id; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    struct serve_shop **pp = &s->shops[h % SERVE_SHOP_BUCKETS];
+    for (struct serve_shop *c = *pp; c; c = c->next)
+        if (strcmp(c->id, id) == 0)
+            return c;
+    struct serve_shop *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    util_copy(c->id, sizeof c->id, id);
+    c->next = *pp;
+    *pp = c;
+    return c;
+}
+
+/* Every slot for holding this request is taken (max_held, or
+ * max_held_per_shop for its shop): log that once a minute per shop. */
+static bool over_cap(struct serve_req *r, struct serve_shop *c)
+{
+    long all = (long)resolver_held(r->s->rs), cap = r->cfg->max_held, shop_cap = r->cfg->max_held_per_shop;
+    if (all < cap && (c == NULL || c->held < shop_cap))
+        return false;
+    int64_t now = util_mono_ms();
+    if (c != NULL && (!c->logged || now - c->logged_at >= SERVE_CAP_LOG_MS)) {
+        c->logged = true;
+        c->logged_at = now;
+        struct log_line l;
+        log_begin(&l, "warn", "held_cap");
+        log_str(&l, "shop", r->shop->id);
+        log_int(&l, "held", all);
+        log_int(&l, "held_shop", c->held);
+        log_int(&l, "max_held", cap);
+        log_int(&l, "max_held_per_shop", shop_cap);
+        log_str(&l, "msg", "every slot for held requests is taken: answering checking at once with Retry-After "
+                           "(this line at most once a minute per shop)");
+        log_end(&l);
+    }
+    atomic_fetch_add(&r->s->app->m.over_cap, 1);
+    return true;
+}
+
+/* Answer now with what is known: no memory or no slot to wait in. */
+static void answer_now(struct serve_req *r, long retry_after)
+{
+    struct state_fact f;
+    struct answer ans;
+    state_lookup(r->s->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
+    request_answer(&f, util_mono_ms(), &ans);
+    if (retry_after >= 0 && !ans.final) {
+        ans.retry_after_s = retry_after;
+        char extra[48];
+        snprintf(extra, sizeof extra, "Retry-After: %ld\r\n", retry_after);
+        respond(r, &ans, word_http(ans.word), r->json ? NULL : extra);
+    } else {
+        respond_word(r, &ans);
+    }
+    config_unref(r->cfg);
+}
+
 /* Hold r: copy it to the heap and give it to the resolver. */
 static void hold(struct serve_req *tmp)
 {
+    struct serve_shop *c = shop_count(tmp->s, tmp->shop->id);
+    if (over_cap(tmp, c)) {
+        answer_now(tmp, SERVE_CAP_RETRY_S);
+        return;
+    }
     struct serve_req *r = malloc(sizeof *r);
     if (r == NULL) { /* no memory to wait: answer with what is known now */
-        struct state_fact f;
-        struct answer ans;
-        state_lookup(tmp->s->app->state, &tmp->shop->key, tmp->id, &tmp->cfg->sched, tmp->shop->read_budget,
-                     util_mono_ms(), &f);
-        request_answer(&f, util_mono_ms(), &ans);
-        respond_word(tmp, &ans);
-        config_unref(tmp->cfg);
+        answer_now(tmp, -1);
         return;
     }
     *r = *tmp;
     r->held = true;
+    r->counted = c;
+    if (c != NULL)
+        c->held++;
     r->rw = (struct resolver_waiter){
         .cfg = r->cfg,
         .shop = r->shop,
@@ -416,6 +502,12 @@ void serve_free(struct serve *s)
 {
     if (s == NULL)
         return;
+    for (int i = 0; i < SERVE_SHOP_BUCKETS; i++)
+        while (s->shops[i]) {
+            struct serve_shop *c = s->shops[i];
+            s->shops[i] = c->next;
+            free(c);
+        }
     resolver_free(s->rs);
     free(s);
 }

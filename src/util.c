@@ -53,3 +53,13 @@ bool util_contains_ci(const char *hay, size_t len, const char *needle)
     }
     return false;
 }
+
+bool util_path_inside(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    if (path[0] != '/' || dir[0] != '/')
+        return false;
+    if (n == 1)
+        return true; /* everything is inside "/" */
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}

@@ -36,6 +36,11 @@ bool util_copy(char *dst, size_t cap, const char *src);
 /* Case-insensitive search for needle in the first len bytes of hay. */
 bool util_contains_ci(const char *hay, size_t len, const char *needle);
 
+/* True when `path` is `dir` or lies inside it, compared as strings: both
+ * absolute and already resolved (realpath), `dir` without a trailing slash
+ * unless it is "/". "/a/bc" is not inside "/a/b". Pure; can't fail. */
+bool util_path_inside(const char *path, const char *dir);
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -171,7 +171,7 @@ def print_flash(cases, one):
                      "%.1f" % c["p90"] if c["p90"] is not None else "-"])
     table(["buyers", "procs", "order", "saw succeeded", "checking", "other", "reads", "most in 60 s",
            "delay s median", "delay s p90"], rows)
-    print("  targets: 40 and 80 buyers: >= 95%% see succeeded; 150: >= 110; 20 and one at a time: as greedy")
+    print("  targets: 40 and 80 buyers: >= 95% see succeeded; 150: >= 110; 20 and one at a time: as greedy")
     print("  one buyer at a time, reads at: %s (the seed: 0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5)" % (one,))
 
 

@@ -229,5 +229,39 @@ def test_hostile_records_close_only_their_connection(tmpdir):
     assert status < 64 * 1024, "RSS stays small (%d kB)" % status
 
 
+def test_caps_on_held_requests(tmpdir):
+    """max_held and max_held_per_shop: beyond either, checking at once with
+    Retry-After (never a refused connection), one log line per shop per
+    minute; the other shop keeps its slots."""
+    sb, k = kit.start(tmpdir, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a"), hosts=["a.test"]),
+        harness.make_shop("toko-b", k.key_path("b"), hosts=["b.test"])],
+        top={"max_held": 6, "max_held_per_shop": 4})
+    for t in ("a1", "b1"):
+        sb.put_tx(t, "pending")
+    held = [harness.fcgi_send(k.addr, harness.cgi_params("id=a1", host="a.test")) for _ in range(4)]
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 4, 5, msg="4 held for toko-a")
+    r = k.get("id=a1", host="a.test")  # the shop's fifth: over its cap
+    assert_eq(r.header("kembali-status"), "checking")
+    assert r.header("retry-after") is not None, r
+    assert r.elapsed < 2.0, "answered at once"
+    j = k.get("id=a1&format=json", host="a.test")
+    assert_eq((j.header("kembali-status"), j.json()["final"]), ("checking", False))
+    assert j.header("retry-after") is not None
+    # toko-b still has room, up to the process's cap of 6
+    held += [harness.fcgi_send(k.addr, harness.cgi_params("id=b1", host="b.test")) for _ in range(2)]
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 6, 5, msg="6 held in all")
+    r = k.get("id=b1", host="b.test")
+    assert_eq(r.header("kembali-status"), "checking")
+    assert r.header("retry-after") is not None
+    m = k.metrics()
+    assert_eq(m["kembali_held_cap_answers_total"], 3)
+    lines = k.find_log(event="held_cap")
+    assert_eq(sorted(l["shop"] for l in lines), ["toko-a", "toko-b"], "one line per shop")
+    for s in held:  # the held ones are answered as usual, at their deadline
+        assert_eq(harness.fcgi_receive(s, timeout=15).header("kembali-status"), "checking")
+    assert_eq(k.metrics()["kembali_held_requests"], 0)
+
+
 if __name__ == "__main__":
     harness.run(globals())

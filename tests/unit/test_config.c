@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +55,7 @@ static void make_dir(const char *rel)
 static int group_setup(void **state)
 {
     (void)state;
+    umask(077); /* key files 0600: others' modes are tested one by one */
     snprintf(g_dir, sizeof g_dir, "/tmp/kembali-test-config-XXXXXX");
     if (mkdtemp(g_dir) == NULL)
         return -1;
@@ -470,56 +472,434 @@ static void test_hosts_urls_origins(void **unused)
     expect_error(load_one_shop(shop), g_cfg, "shops[0].cors_origins", NULL);
 }
 
+/* The configuration text that names shops_dir `sub` with keys_dir g_dir/keys
+ * (and `more` top-level members). */
+static struct config *load_dir(const char *sub, const char *more)
+{
+    return load_fmt(HEAD "\"keys_dir\": \"%s/keys\", \"shops_dir\": \"%s/%s\"%s%s}", g_dir, g_dir, sub,
+                    more ? ", " : "", more ? more : "");
+}
+
+/* The skipped entry of c for shops_dir file `rel` (relative to g_dir), or fail. */
+static const struct config_skip *skipped(const struct config *c, const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    for (int i = 0; i < c->nskipped; i++)
+        if (strcmp(c->skipped[i].file, path) == 0)
+            return &c->skipped[i];
+    print_error("%s was not skipped (%d skipped)\n", path, c->nskipped);
+    fail();
+    return NULL;
+}
+
+static void make_keys_dir(void)
+{
+    make_dir("keys");
+    put_file("keys/a", "sk_test_aaa\n");
+    put_file("keys/b", "sk_test_bbb\n");
+}
+
 static void test_shops_dir(void **unused)
 {
     (void)unused;
+    make_keys_dir();
     make_dir("shops_ok");
     char text[512];
-    snprintf(text, sizeof text, "{\"id\": \"shop-b\", \"hosts\": [\"b.example\"], \"secret_key_file\": \"%s/key_b\"}", g_dir);
+    snprintf(text, sizeof text, "{\"id\": \"shop-b\", \"hosts\": [\"b.example\"], \"secret_key_file\": \"%s/keys/b\"}", g_dir);
     put_file("shops_ok/b.json", text);
-    snprintf(text, sizeof text, "{\"id\": \"shop-a\", \"hosts\": [\"a.example\"], \"secret_key_file\": \"%s/key_a\"}", g_dir);
+    snprintf(text, sizeof text, "{\"id\": \"shop-a\", \"hosts\": [\"a.example\"], \"secret_key_file\": \"%s/keys/a\"}", g_dir);
     put_file("shops_ok/a.json", text);
     put_file("shops_ok/notes.txt", "not a shop");
     put_file("shops_ok/.hidden.json", "{ broken");
     put_file("shops_ok/a.json.bak", "{ broken");
-    struct config *c = expect_ok(load_fmt(HEAD "\"shops_dir\": \"%s/shops_ok\"}", g_dir));
+    struct config *c = expect_ok(load_dir("shops_ok", NULL));
     assert_int_equal(c->nshops, 2);
+    assert_int_equal(c->nskipped, 0);
     assert_string_equal(c->shops[0].id, "shop-a"); /* name order */
     assert_string_equal(c->shops[1].id, "shop-b");
     assert_string_equal(c->shops[0].secret, "sk_test_aaa");
+    assert_non_null(strstr(c->shops[0].source, "shops_ok/a.json"));
     config_unref(c);
 
     /* together with inline shops */
-    c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}], "
-                                "\"shops_dir\": \"%s/shops_ok\"}",
-                           g_dir));
+    c = expect_ok(load_dir("shops_ok", "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]"));
     assert_int_equal(c->nshops, 3);
     assert_string_equal(c->shops[0].id, "inline");
+    assert_null(c->shops[0].source);
     config_unref(c);
 
-    /* a broken file is named, with its line */
+    /* a broken file is skipped and named, with its line; the others load */
     make_dir("shops_bad");
     put_file("shops_bad/a.json", text);
     put_file("shops_bad/c.json", "{\n  \"id\": \"shop-c\",\n  \"hosts\": [\"c.example\"\n}\n");
-    char cpath[512];
-    snprintf(cpath, sizeof cpath, "%s/shops_bad/c.json", g_dir);
-    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_bad\"}", g_dir), cpath, "line", NULL);
+    c = expect_ok(load_dir("shops_bad", NULL));
+    assert_int_equal(c->nshops, 1);
+    assert_string_equal(c->shops[0].id, "shop-a");
+    const struct config_skip *k = skipped(c, "shops_bad/c.json");
+    assert_non_null(strstr(k->why, "line"));
+    assert_false(k->kept);
+    config_unref(c);
 
     /* a bad key in a shop file is named with that file */
     make_dir("shops_key");
-    snprintf(text, sizeof text, "{\"id\": \"shop-d\", \"secret_key_file\": \"%s/key_a\", \"locale\": \"fr\"}", g_dir);
+    snprintf(text, sizeof text, "{\"id\": \"shop-d\", \"secret_key_file\": \"%s/keys/a\", \"locale\": \"fr\"}", g_dir);
     put_file("shops_key/d.json", text);
-    snprintf(cpath, sizeof cpath, "%s/shops_key/d.json", g_dir);
-    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_key\"}", g_dir), cpath, "locale", NULL);
+    c = expect_ok(load_dir("shops_key", "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]"));
+    k = skipped(c, "shops_key/d.json");
+    assert_non_null(strstr(k->why, "shops_key/d.json: locale"));
+    config_unref(c);
 
-    /* a duplicate id across the folder and the inline list */
-    c = load_fmt(HEAD "\"shops\": [{\"id\": \"shop-a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}], "
-                      "\"shops_dir\": \"%s/shops_ok\"}",
-                 g_dir);
-    expect_error(c, g_cfg, "shops", "shop-a");
+    /* a shop file taking an id of the inline list: that file is skipped */
+    c = expect_ok(load_dir("shops_ok", "\"shops\": [{\"id\": \"shop-a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]"));
+    assert_int_equal(c->nshops, 2);
+    k = skipped(c, "shops_ok/a.json");
+    assert_non_null(strstr(k->why, "shop-a"));
+    config_unref(c);
 
-    /* a missing folder */
-    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/no_such_dir\"}", g_dir), g_cfg, "shops_dir", "no_such_dir");
+    /* a missing folder is the main configuration's error */
+    expect_error(load_dir("no_such_dir", NULL), g_cfg, "shops_dir", "no_such_dir");
+    /* shops_dir needs keys_dir, and keys_dir must exist */
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_ok\"}", g_dir), g_cfg, "keys_dir", "required");
+    expect_error(load_fmt(HEAD "\"keys_dir\": \"%s/no_keys\", \"shops_dir\": \"%s/shops_ok\"}", g_dir, g_dir), g_cfg,
+                 "keys_dir", "no_keys");
+}
+
+/* One tenant's typo: that file is skipped with its name and the reason,
+ * every other shop loads. */
+static void test_shop_file_typo_others_load(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    make_dir("shops_typo");
+    char text[512];
+    const char *ids[] = {"t1", "t2", "t3", "t4"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(text, sizeof text, "{\"id\": \"%s\", \"secret_key_file\": \"%s/keys/a\"%s}", ids[i], g_dir,
+                 i == 2 ? ", \"read_budget_per_mnute\": 60" : "");
+        char rel[64];
+        snprintf(rel, sizeof rel, "shops_typo/%s.json", ids[i]);
+        put_file(rel, text);
+    }
+    struct config *c = expect_ok(load_dir("shops_typo", NULL));
+    assert_int_equal(c->nshops, 3);
+    assert_int_equal(c->nskipped, 1);
+    const struct config_skip *k = skipped(c, "shops_typo/t3.json");
+    assert_non_null(strstr(k->why, "read_budget_per_mnute: unknown key"));
+    assert_null(config_pick_shop(c, "t3", NULL));
+    assert_non_null(config_pick_shop(c, "t4", NULL));
+    assert_null(strstr(k->why, "sk_test_aaa"));
+    config_unref(c);
+}
+
+/* keys_dir: every secret_key_file must lie inside it after resolving
+ * symbolic links; a `..` or a link out is refused. */
+static void test_keys_dir(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    make_dir("keys/sub");
+    put_file("keys/sub/c", "sk_test_ccc\n");
+    put_file("outside_key", "sk_test_out\n");
+    char link[512], target[512];
+    snprintf(link, sizeof link, "%s/keys/escape", g_dir);
+    snprintf(target, sizeof target, "%s/outside_key", g_dir);
+    unlink(link);
+    assert_int_equal(symlink(target, link), 0);
+    snprintf(link, sizeof link, "%s/keys/inner", g_dir);
+    unlink(link);
+    assert_int_equal(symlink("sub/c", link), 0); /* a link that stays inside */
+    snprintf(link, sizeof link, "%s/keys/up", g_dir);
+    unlink(link);
+    assert_int_equal(symlink("..", link), 0); /* a folder link out */
+    make_dir("keys2"); /* a sibling whose name starts like keys_dir */
+    put_file("keys2/a", "sk_test_k2\n");
+
+    const char *bad[] = {"keys/escape", "keys/../outside_key", "keys/sub/../../outside_key", "keys/up/outside_key",
+                         "keys2/a", "outside_key", "keys"};
+    char shop[600];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        /* inline shops are held to keys_dir too */
+        struct config *c = load_fmt(HEAD "\"keys_dir\": \"%s/keys/\", \"shops\": [{\"id\": \"a\", "
+                                         "\"secret_key_file\": \"%s/%s\"}]}", g_dir, g_dir, bad[i]);
+        expect_error(c, g_cfg, "shops[0].secret_key_file", i < 6 ? "outside keys_dir" : NULL);
+        assert_null(strstr(g_err, "sk_test_out"));
+        /* in a shop file: the file is skipped */
+        make_dir("shops_esc");
+        snprintf(shop, sizeof shop, "{\"id\": \"esc\", \"secret_key_file\": \"%s/%s\"}", g_dir, bad[i]);
+        put_file("shops_esc/esc.json", shop);
+        snprintf(shop, sizeof shop, "{\"id\": \"fine\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
+        put_file("shops_esc/fine.json", shop);
+        c = expect_ok(load_dir("shops_esc", NULL));
+        assert_int_equal(c->nshops, 1);
+        const struct config_skip *k = skipped(c, "shops_esc/esc.json");
+        assert_non_null(strstr(k->why, "secret_key_file"));
+        config_unref(c);
+    }
+    const char *good[] = {"keys/a", "keys/sub/c", "keys/inner", "keys/sub/../a"};
+    const char *want[] = {"sk_test_aaa", "sk_test_ccc", "sk_test_ccc", "sk_test_aaa"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        struct config *c = expect_ok(load_fmt(HEAD "\"keys_dir\": \"%s/keys\", \"shops\": [{\"id\": \"a\", "
+                                                   "\"secret_key_file\": \"%s/%s\"}]}", g_dir, g_dir, good[i]));
+        assert_string_equal(c->shops[0].secret, want[i]);
+        config_unref(c);
+    }
+    /* keys_dir itself through a link: resolved once */
+    snprintf(link, sizeof link, "%s/keys_link", g_dir);
+    snprintf(target, sizeof target, "%s/keys", g_dir);
+    unlink(link);
+    assert_int_equal(symlink(target, link), 0);
+    struct config *c = expect_ok(load_fmt(HEAD "\"keys_dir\": \"%s/keys_link\", \"shops\": [{\"id\": \"a\", "
+                                               "\"secret_key_file\": \"%s/keys/a\"}]}", g_dir, g_dir));
+    config_unref(c);
+}
+
+/* A shop file may not use secret_key_env, nor set templates_dir outside
+ * shop_templates_root (nor at all without it). */
+static void test_shop_file_tenant_rules(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    make_dir("shops_env");
+    put_file("shops_env/env.json", "{\"id\": \"env\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}");
+    char text[600];
+    snprintf(text, sizeof text, "{\"id\": \"fine\", \"secret_key_file\": \"%s/keys/a\"}", g_dir);
+    put_file("shops_env/fine.json", text);
+    struct config *c = expect_ok(load_dir("shops_env", NULL));
+    assert_int_equal(c->nshops, 1);
+    const struct config_skip *k = skipped(c, "shops_env/env.json");
+    assert_non_null(strstr(k->why, "secret_key_env"));
+    assert_null(strstr(k->why, "sk_env_bbb"));
+    config_unref(c);
+
+    /* tenants' templates: root/<tenant>/<locale>/<word>.html */
+    make_dir("troot");
+    make_dir("troot/t1");
+    make_dir("troot/t1/id");
+    put_file("troot/t1/id/failed.html", "<html data-status=\"{{status}}\">T1 GAGAL</html>");
+    make_dir("troot/t2");
+    make_dir("troot/t2/id");
+    char link[512], target[512];
+    snprintf(link, sizeof link, "%s/troot/t2/id/failed.html", g_dir);
+    snprintf(target, sizeof target, "%s/outside_page.html", g_dir);
+    put_file("outside_page.html", "<html data-status=\"{{status}}\">SECRET PAGE</html>");
+    unlink(link);
+    assert_int_equal(symlink(target, link), 0); /* a page linking out of the root */
+    make_dir("tout");
+    make_dir("tout/id");
+    snprintf(link, sizeof link, "%s/troot/t3", g_dir);
+    snprintf(target, sizeof target, "%s/tout", g_dir);
+    unlink(link);
+    assert_int_equal(symlink(target, link), 0); /* a folder linking out of the root */
+
+    make_dir("shops_tpl");
+    const struct {
+        const char *file, *dir;
+        bool ok;
+    } cases[] = {
+        {"shops_tpl/ok.json", "troot/t1", true},
+        {"shops_tpl/outside.json", "tout", false},
+        {"shops_tpl/dotdot.json", "troot/t1/../../tout", false},
+        {"shops_tpl/root.json", "troot", false},
+        {"shops_tpl/pagelink.json", "troot/t2", false},
+        {"shops_tpl/dirlink.json", "troot/t3", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "{\"id\": \"s%zu\", \"secret_key_file\": \"%s/keys/a\", \"templates_dir\": \"%s/%s\"}",
+                 i, g_dir, g_dir, cases[i].dir);
+        put_file(cases[i].file, text);
+    }
+    char more[300];
+    snprintf(more, sizeof more, "\"shop_templates_root\": \"%s/troot\"", g_dir);
+    c = expect_ok(load_dir("shops_tpl", more));
+    assert_int_equal(c->nshops, 1);
+    assert_int_equal(c->nskipped, 5);
+    for (size_t i = 1; i < sizeof cases / sizeof cases[0]; i++) {
+        k = skipped(c, cases[i].file);
+        assert_non_null(strstr(k->why, "templates_dir"));
+        assert_null(strstr(k->why, "SECRET PAGE"));
+    }
+    assert_non_null(strstr(skipped(c, "shops_tpl/pagelink.json")->why, "outside"));
+    const struct shop *s = config_pick_shop(c, "s0", NULL);
+    assert_non_null(s);
+    struct buf b = {0};
+    struct page_vars v = {.id = "T1"};
+    render_html(s->tpl, W_FAILED, &v, &b);
+    assert_string_equal(b.p, "<html data-status=\"failed\">T1 GAGAL</html>");
+    buf_free(&b);
+    config_unref(c);
+
+    /* without shop_templates_root, a shop file cannot set templates_dir */
+    c = expect_ok(load_dir("shops_tpl", NULL));
+    assert_int_equal(c->nshops, 0);
+    k = skipped(c, "shops_tpl/ok.json");
+    assert_non_null(strstr(k->why, "shop_templates_root"));
+    config_unref(c);
+    /* the main configuration's shops are trusted */
+    c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/keys/a\", \"templates_dir\": "
+                                "\"%s/tout\"}]}", g_dir, g_dir));
+    config_unref(c);
+    /* a shop_templates_root that does not exist */
+    expect_error(load_dir("shops_tpl", "\"shop_templates_root\": \"/nonexistent/root\""), g_cfg,
+                 "shop_templates_root", "/nonexistent/root");
+}
+
+/* A reload with one broken shop file: that shop keeps its previous version
+ * (key, templates), the others load anew. */
+static void test_reload_keeps_previous_version(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    make_dir("shops_rl");
+    char text[600];
+    snprintf(text, sizeof text, "{\"id\": \"ra\", \"name\": \"A old\", \"hosts\": [\"ra.example\"], "
+                                "\"secret_key_file\": \"%s/keys/a\"}", g_dir);
+    put_file("shops_rl/a.json", text);
+    snprintf(text, sizeof text, "{\"id\": \"rb\", \"name\": \"B old\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
+    put_file("shops_rl/b.json", text);
+    struct config *old = expect_ok(load_dir("shops_rl", NULL));
+    assert_int_equal(old->nshops, 2);
+
+    snprintf(text, sizeof text, "{\"id\": \"ra\", \"name\": \"A new\", \"hosts\": [\"ra.example\"], "
+                                "\"secret_key_file\": \"%s/keys/a\", \"colour\": 1}", g_dir);
+    put_file("shops_rl/a.json", text);
+    snprintf(text, sizeof text, "{\"id\": \"rb\", \"name\": \"B new\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
+    put_file("shops_rl/b.json", text);
+    put_file("shops_rl/c.json", "{\"id\": \"rc\"");
+    memset(g_err, 0, sizeof g_err);
+    struct config *c = config_reload(g_cfg, old, g_err, sizeof g_err);
+    expect_ok(c);
+    config_unref(old); /* the kept version must not depend on the old configuration */
+    assert_int_equal(c->nshops, 2);
+    const struct shop *a = config_pick_shop(c, "ra", NULL), *b = config_pick_shop(c, "rb", NULL);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_string_equal(a->name, "A old");
+    assert_string_equal(a->secret, "sk_test_aaa");
+    assert_ptr_equal(config_pick_shop(c, NULL, "ra.example"), a);
+    assert_string_equal(b->name, "B new");
+    assert_true(skipped(c, "shops_rl/a.json")->kept);
+    assert_false(skipped(c, "shops_rl/c.json")->kept); /* new and broken: nothing to keep */
+    struct buf buf = {0};
+    struct page_vars v = {.id = "T1"};
+    render_html(a->tpl, W_SUCCEEDED, &v, &buf);
+    assert_non_null(strstr(buf.p, "data-status=\"succeeded\""));
+    buf_free(&buf);
+
+    /* and again: still the old version, still kept */
+    struct config *c2 = config_reload(g_cfg, c, g_err, sizeof g_err);
+    expect_ok(c2);
+    config_unref(c);
+    a = config_pick_shop(c2, "ra", NULL);
+    assert_non_null(a);
+    assert_string_equal(a->name, "A old");
+    /* a broken main configuration is refused as a whole */
+    FILE *f = fopen(g_cfg, "w");
+    assert_non_null(f);
+    fputs("{\"shops_dir\": 5}", f);
+    fclose(f);
+    expect_error(config_reload(g_cfg, c2, g_err, sizeof g_err), g_cfg, "shops_dir", NULL);
+    config_unref(c2);
+}
+
+/* Key files others can read, or group or others can write, are refused
+ * with a message naming the file; 0600 and 0640 are fine. */
+static void test_key_file_modes(void **unused)
+{
+    (void)unused;
+    const struct {
+        mode_t mode;
+        bool ok;
+    } cases[] = {{0644, false}, {0660, false}, {0602, false}, {0604, false}, {0620, false},
+                 {0600, true}, {0640, true}, {0400, true}, {0440, true}};
+    char path[512], shop[600];
+    snprintf(path, sizeof path, "%s/key_mode", g_dir);
+    put_file("key_mode", "sk_test_mode\n");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(chmod(path, cases[i].mode), 0);
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s\"", path);
+        struct config *c = load_one_shop(shop);
+        if (cases[i].ok != (c != NULL))
+            print_error("mode %04o: %s (%s)\n", (unsigned)cases[i].mode, c ? "accepted" : "refused", g_err);
+        if (cases[i].ok) {
+            assert_non_null(c);
+            assert_string_equal(c->shops[0].secret, "sk_test_mode");
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].secret_key_file", path);
+            assert_non_null(strstr(g_err, "mode"));
+            assert_null(strstr(g_err, "sk_test_mode"));
+        }
+    }
+    /* not a regular file: refused, never waited on (a FIFO would block) */
+    snprintf(path, sizeof path, "%s/key_fifo", g_dir);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s\"", path);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", "not a regular file");
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s\"", g_dir);
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].secret_key_file", NULL);
+}
+
+static void test_max_held(void **unused)
+{
+    (void)unused;
+    char shop[512];
+    snprintf(shop, sizeof shop, "\"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]", g_dir);
+    struct rlimit saved;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    struct rlimit big = saved;
+    if (big.rlim_max == RLIM_INFINITY || big.rlim_max >= 65536)
+        big.rlim_cur = 65536;
+    setrlimit(RLIMIT_NOFILE, &big);
+    long cap = config_held_cap(big.rlim_cur == RLIM_INFINITY ? -1 : (long)big.rlim_cur);
+
+    struct config *c = expect_ok(load_fmt(HEAD "%s}", shop));
+    assert_int_equal(c->max_held, cap < 10000 ? cap : 10000);
+    assert_int_equal(c->max_held_per_shop, (c->max_held + 1) / 2);
+    assert_int_equal(c->max_held_wanted, 0);
+    config_unref(c);
+    c = expect_ok(load_fmt(HEAD "\"max_held\": 300, \"max_held_per_shop\": 300, %s}", shop));
+    assert_int_equal(c->max_held, 300);
+    assert_int_equal(c->max_held_per_shop, 300);
+    config_unref(c);
+    c = expect_ok(load_fmt(HEAD "\"max_held\": 301, %s}", shop));
+    assert_int_equal(c->max_held_per_shop, 151);
+    config_unref(c);
+    c = expect_ok(load_fmt(HEAD "\"max_held\": 1, %s}", shop));
+    assert_int_equal(c->max_held_per_shop, 1);
+    config_unref(c);
+    c = expect_ok(load_fmt(HEAD "\"max_held_per_shop\": 7000, %s}", shop));
+    assert_int_equal(c->max_held_per_shop, 7000 < c->max_held ? 7000 : c->max_held);
+    config_unref(c);
+
+    const char *bad[] = {"\"max_held\": 0", "\"max_held\": 1000001", "\"max_held\": \"10\"", "\"max_held\": 1.5",
+                         "\"max_held_per_shop\": 0", "\"max_held_per_shop\": -1",
+                         "\"max_held\": 100, \"max_held_per_shop\": 101", "\"max_held_per_shop\": 10001"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_error(load_fmt(HEAD "%s, %s}", bad[i], shop), g_cfg, i < 4 ? "max_held" : "max_held_per_shop", NULL);
+
+    /* the cap from the open-files limit */
+    assert_int_equal(config_held_cap(1024), 1024 - 64 - 256);
+    assert_int_equal(config_held_cap(65536), 65536 - 64 - 16384);
+    assert_int_equal(config_held_cap(80), 1);
+    assert_int_equal(config_held_cap(0), 1);
+    assert_int_equal(config_held_cap(-1), 1000000);
+    assert_int_equal(config_held_cap(1L << 40), 1000000);
+    struct rlimit small = saved;
+    small.rlim_cur = 1024;
+    if (setrlimit(RLIMIT_NOFILE, &small) == 0) {
+        c = expect_ok(load_fmt(HEAD "\"max_held\": 5000, %s}", shop));
+        assert_int_equal(c->max_held, 704);
+        assert_int_equal(c->max_held_wanted, 5000);
+        assert_int_equal(c->max_held_per_shop, 352);
+        config_unref(c);
+        c = expect_ok(load_fmt(HEAD "\"max_held_per_shop\": 1000, %s}", shop));
+        assert_int_equal(c->max_held, 704);
+        assert_int_equal(c->max_held_per_shop, 704);
+        config_unref(c);
+    }
+    setrlimit(RLIMIT_NOFILE, &saved);
 }
 
 static void test_syntax_errors(void **unused)
@@ -762,6 +1142,12 @@ int main(void)
         cmocka_unit_test(test_id_param),
         cmocka_unit_test(test_hosts_urls_origins),
         cmocka_unit_test(test_shops_dir),
+        cmocka_unit_test(test_shop_file_typo_others_load),
+        cmocka_unit_test(test_keys_dir),
+        cmocka_unit_test(test_shop_file_tenant_rules),
+        cmocka_unit_test(test_reload_keeps_previous_version),
+        cmocka_unit_test(test_key_file_modes),
+        cmocka_unit_test(test_max_held),
         cmocka_unit_test(test_syntax_errors),
         cmocka_unit_test(test_no_shops),
         cmocka_unit_test(test_templates_problems),

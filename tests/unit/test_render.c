@@ -144,7 +144,7 @@ static void test_buf(void **unused)
 static struct templates *load_ok(const char *dir, const char *fallback, const char *locale)
 {
     char err[1024] = "";
-    struct templates *t = templates_load(dir, fallback, locale, err, sizeof err);
+    struct templates *t = templates_load(dir, fallback, locale, NULL, err, sizeof err);
     if (t == NULL)
         print_error("templates_load(%s, %s): %s\n", dir, locale, err);
     assert_non_null(t);
@@ -259,7 +259,7 @@ static void test_fallback_for_missing_pages(void **state)
 
     /* without a fallback the missing pages are an error naming the file */
     char err[1024] = "";
-    t = templates_load(dir, NULL, "en", err, sizeof err);
+    t = templates_load(dir, NULL, "en", NULL, err, sizeof err);
     assert_null(t);
     assert_non_null(strstr(err, dir));
     assert_non_null(strstr(err, ".html"));
@@ -271,7 +271,7 @@ static void test_refuses_unknown_placeholder(void **state)
     write_all(dir, "id", "<html data-status=\"{{status}}\">ok</html>");
     write_file(dir, "id", "failed.html", "<html data-status=\"{{status}}\">{{nope}}</html>");
     char err[1024] = "";
-    struct templates *t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    struct templates *t = templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err);
     assert_null(t);
     assert_non_null(strstr(err, "failed.html"));
     assert_non_null(strstr(err, dir));
@@ -279,7 +279,7 @@ static void test_refuses_unknown_placeholder(void **state)
 
     /* a near miss is unknown too */
     write_file(dir, "id", "failed.html", "<html data-status=\"{{status}}\">{{ id }}</html>");
-    t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    t = templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err);
     assert_null(t);
     assert_non_null(strstr(err, "failed.html"));
 }
@@ -290,7 +290,7 @@ static void test_refuses_missing_data_status(void **state)
     write_all(dir, "id", "<html data-status=\"{{status}}\">ok</html>");
     write_file(dir, "id", "expired.html", "<html lang=\"id\">{{status}}</html>");
     char err[1024] = "";
-    struct templates *t = templates_load(dir, TEMPLATES, "id", err, sizeof err);
+    struct templates *t = templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err);
     assert_null(t);
     assert_non_null(strstr(err, "expired.html"));
     assert_non_null(strstr(err, "data-status"));
@@ -308,7 +308,7 @@ static void test_refuses_bad_files(void **state)
     assert_non_null(f);
     fwrite("<html data-status=\"{{status}}\">\0</html>", 1, 39, f);
     fclose(f);
-    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_null(templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err));
     assert_non_null(strstr(err, "invalid.html"));
 
     /* too large */
@@ -318,18 +318,18 @@ static void test_refuses_bad_files(void **state)
     for (int i = 0; i < 300 * 1024; i++)
         fputc('x', f);
     fclose(f);
-    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_null(templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err));
     assert_non_null(strstr(err, "invalid.html"));
 
     /* a directory where a page should be: unreadable, not "missing" */
     remove(path);
     assert_int_equal(mkdir(path, 0700), 0);
-    assert_null(templates_load(dir, TEMPLATES, "id", err, sizeof err));
+    assert_null(templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err));
     assert_non_null(strstr(err, "invalid.html"));
     rmdir(path);
 
     /* no such directory, no fallback */
-    assert_null(templates_load("/nonexistent/kembali", NULL, "id", err, sizeof err));
+    assert_null(templates_load("/nonexistent/kembali", NULL, "id", NULL, err, sizeof err));
     assert_non_null(strstr(err, "/nonexistent/kembali"));
 }
 

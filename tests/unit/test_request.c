@@ -76,7 +76,8 @@ static void test_query_name_without_value(void **unused)
     expect_param("id", "id", "");
     expect_param("id&id=2", "id", "");
     expect_param("x=1&id", "id", "");
-    expect_param("x=1;id;y=2", "id", "");
+    expect_param("x=1&id&y=2", "id", "");
+    expect_param("x=1;id;y=2", "id", NULL); /* one parameter named "x" */
 }
 
 static void test_query_suffix_and_separators(void **unused)
@@ -84,11 +85,21 @@ static void test_query_suffix_and_separators(void **unused)
     (void)unused;
     expect_param("xid=1&id=2", "id", "2");
     expect_param("a_id=1&id=2", "id", "2");
-    expect_param("a=1;id=7", "id", "7");
-    expect_param("a=1;id=7;b=2", "id", "7");
-    expect_param("id=7;8", "id", "7");
+    /* '&' only separates (WHATWG; CVE-2021-23336): ';' is part of a value */
+    expect_param("a=1;id=7", "id", NULL);
+    expect_param("a=1;id=7;b=2", "a", "1;id=7;b=2");
+    expect_param("id=7;8", "id", "7;8");
+    expect_param("id=tx;1", "id", "tx;1");
+    expect_param("id=tx;id=T2&id=T3", "id", "tx;id=T2");
+    expect_param("id=tx%3B1", "id", "tx;1");
     expect_param("trx=T5&id=T6", "trx", "T5");
     expect_param("x=id=3&id=4", "id", "4");
+    /* names are decoded like values: the first "id", however spelt, counts */
+    expect_param("%69d=T7&id=T8", "id", "T7");
+    expect_param("i%64=T7", "id", "T7");
+    expect_param("id%3D=T7&id=T8", "id", "T8"); /* that name is "id=" */
+    expect_param("i+d=T7&id=T8", "id", "T8");
+    expect_param("%49D=T7&id=T8", "id", "T8");
 }
 
 static void test_query_too_long(void **unused)
@@ -126,14 +137,89 @@ static void test_query_nul_escape(void **unused)
 static void test_wants_json(void **unused)
 {
     (void)unused;
-    assert_true(request_wants_json("application/json"));
-    assert_true(request_wants_json("Application/JSON"));
-    assert_true(request_wants_json("text/html;q=0.9, application/json"));
-    assert_true(request_wants_json("application/json; charset=utf-8"));
-    assert_false(request_wants_json("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"));
-    assert_false(request_wants_json("*/*"));
-    assert_false(request_wants_json(""));
+    static const struct {
+        const char *accept;
+        bool json;
+    } cases[] = {
+        {"application/json", true},
+        {"Application/JSON", true},
+        {"text/html;q=0.9, application/json", true},
+        {"application/json; charset=utf-8", true},
+        {"application/json;charset=\"utf-8\"", true},
+        {"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", false},
+        {"*/*", false},
+        {"application/*", false},               /* not "given" */
+        {"", false},
+        {"   ", false},
+        {",,,", false},
+        /* q = 0 is "not acceptable" */
+        {"application/json;q=0", false},
+        {"application/json; q=0.000", false},
+        {"application/json;Q=0", false},
+        {"application/json ; q=0 , text/html", false},
+        /* preferred, or not below text/html */
+        {"application/json, text/html", true},
+        {"text/html, application/json", true},  /* a tie is JSON */
+        {"text/html;q=0.5, application/json;q=0.5", true},
+        {"text/html;q=0.501, application/json;q=0.5", false},
+        {"application/json;q=0.9, text/html", false},
+        {"application/json;q=0.1", true},
+        {"application/json;q=0.5, */*", false},  /* text/html gets 1 from * / * */
+        {"application/json;q=0.5, */*;q=0.4", true},
+        {"application/json;q=0.5, text/*;q=0.6", false},
+        {"application/json;q=0.5, text/*;q=0.6, text/html;q=0.1", true}, /* the most specific counts */
+        {"application/json;q=0.5, text/html;q=0, */*", true},
+        {"application/json;q=1.000", true},
+        {"application/json;q=1.", true},
+        {"application/json;q=0.001", true},
+        {"application/json;q=0.5;foo=bar, text/html;q=0.4", true},
+        {"application/json;q=0.5;q=0, text/html;q=0.4", true}, /* a second q is an extension */
+        {"application/json;q=0, application/json;q=0.2", true}, /* the highest given counts */
+        {"  application/json  ;  q=0.7  ", true},
+        {"\tapplication/json\t", true},
+        {"text/plain, application/json;level=\"a,b;q=0\"", true},
+        /* a malformed q: that range is ignored */
+        {"application/json;q=1.5", false},
+        {"application/json;q=.5", false},
+        {"application/json;q=0.1234", false},
+        {"application/json;q=2", false},
+        {"application/json;q=-1", false},
+        {"application/json;q=", false},
+        {"application/json;q=\"1\"", false},
+        {"application/json;q=1.001", false},
+        {"application/json;q=0.5x", false},
+        {"application/json;q = 0.5", false},
+        {"text/html;q=abc, application/json;q=0.1", true}, /* the bad text/html is ignored */
+        /* malformed ranges */
+        {"application/jsonx", false},
+        {"application/json-seq", false},
+        {"xapplication/json", false},
+        {"application / json", false},
+        {"application/json junk", false},
+        {"application/json;", false},
+        {"application/json;=1", false},
+        {"application/json;a=\"unterminated", false},
+        {"*/json", false},
+        {"application", false},
+        {"garbage, application/json", true},
+        {"application/json\"x\", text/html;q=0.1", false},
+        {"text/html;x=\"a\\\"b,application/json\", application/xml", false}, /* the comma was quoted */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool got = request_wants_json(cases[i].accept);
+        if (got != cases[i].json)
+            print_error("Accept: %s -> %s\n", cases[i].accept, got ? "JSON" : "HTML");
+        assert_true(got == cases[i].json);
+    }
     assert_false(request_wants_json(NULL));
+    /* a long header is read to its end, in linear time */
+    static char big[64 * 1024];
+    const char *item = "text/plain;q=0.1, ", *last = "application/json";
+    size_t n = 0;
+    for (int k = 0; k < 3000; k++, n += strlen(item))
+        memcpy(big + n, item, strlen(item));
+    memcpy(big + n, last, strlen(last) + 1);
+    assert_true(request_wants_json(big));
 }
 
 /* ---- request_answer ---- */
