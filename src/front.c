@@ -629,6 +629,18 @@ void front_stop_accepting(struct front *f)
     loop_timer_stop(f->loop, &f->emfile_timer);
     for (struct front_conn *c = f->conns, *n; c; c = n) {
         n = c->next;
+        if (!c->req.live && !c->eof) {
+            /* a request that has arrived is answered, not dropped: read what
+             * the socket holds (the handler answers at once while stopping) */
+            c->busy++;
+            conn_read(c);
+            if (!c->dead)
+                conn_after_output(c);
+            bool dead = c->dead;
+            conn_release(c);
+            if (dead)
+                continue;
+        }
         if (c->req.live)
             continue; /* answered shortly */
         if (c->out_off < c->out_len)

@@ -278,6 +278,7 @@ struct signal_ctx {
     struct app *app;
     const char *config_path;
     const char *log_path;       /* --log, or NULL */
+    struct serve *serve;
     int fd;
     bool stop;
 };
@@ -295,7 +296,10 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
         if (si.ssi_signo == SIGHUP) {
             reload(sc->app, sc->config_path);
         } else if (si.ssi_signo != SIGUSR1) {
+            /* at once, before anything else of this turn: no read starts
+             * from here on, and every request in hand is answered */
             sc->stop = true;
+            serve_stop(sc->serve);
             loop_stop(l);
         }
     }
@@ -423,8 +427,10 @@ int main(int argc, char **argv)
         goto out;
     }
     serve_attach(serve, front);
-    struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd};
+    struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd,
+                            .serve = serve};
     loop_io_init(&sig_io, sfd, on_signal, &sc);
+    sig_io.first = true;
     if (loop_io_set(loop, &sig_io, EPOLLIN) != 0) {
         fprintf(stderr, "kembali: epoll: %s\n", strerror(errno));
         goto out;
@@ -450,8 +456,8 @@ int main(int argc, char **argv)
 out:
     /* in reverse order of what was set up; each step copes with "not done" */
     if (front != NULL) {
-        front_stop_accepting(front);
-        serve_stop(serve); /* every held request answered; no read starts */
+        serve_stop(serve); /* every held request answered; no read starts from here on */
+        front_stop_accepting(front); /* requests already arrived are answered at once */
         /* let the answers go out, but no peer may keep us from exiting */
         int64_t until = util_mono_ms() + STOP_FLUSH_MS;
         while (!front_done(front) && util_mono_ms() < until)

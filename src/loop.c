@@ -61,6 +61,7 @@ void loop_io_init(struct loop_io *io, int fd, loop_io_fn *fn, void *data)
     io->fn = fn;
     io->data = data;
     io->events = 0;
+    io->first = false;
 }
 
 int loop_io_set(struct loop *l, struct loop_io *io, uint32_t events)
@@ -199,6 +200,13 @@ int loop_turn(struct loop *l, int timeout_ms)
     }
     l->now = util_mono_ms();
     l->nbatch = n;
+    for (l->ibatch = 0; l->ibatch < l->nbatch; l->ibatch++) { /* the urgent ones first */
+        struct loop_io *io = l->batch[l->ibatch].data.ptr;
+        if (io != NULL && io->first) {
+            l->batch[l->ibatch].data.ptr = NULL;
+            io->fn(l, io, l->batch[l->ibatch].events);
+        }
+    }
     for (l->ibatch = 0; l->ibatch < l->nbatch; l->ibatch++) {
         struct loop_io *io = l->batch[l->ibatch].data.ptr;
         if (io != NULL)

@@ -26,6 +26,8 @@ struct loop_io {
     loop_io_fn *fn;
     void *data;
     uint32_t events;   /* what is registered now; 0 when not on the set */
+    bool first;        /* run before the others of its turn (signals: a SIGTERM that
+                        * comes with a request is seen before that request) */
 };
 
 struct loop_timer {

@@ -533,7 +533,9 @@ void resolver_stop(struct resolver *rs)
         struct state_report rep;
         kasera_abort(rs->api, &rd->kr);
         rd->ticket.sent = rd->kr.sent;
+        util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
+        log_read(rd, &none);
         read_release(rs, rd);
     }
 }

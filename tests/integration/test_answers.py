@@ -266,6 +266,32 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     assert time.monotonic() - t0 < 3, "answered promptly"
 
 
+def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
+    """A request that has arrived when SIGTERM comes is answered (not
+    dropped), from what is known, and no read is started for it: kembali is
+    stopped while both arrive, so they are seen in the same turn."""
+    import signal
+    import socket as so
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-late", "pending")
+    s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    s.connect(k.addr)
+    harness.wait_for(lambda: k.metrics()["kembali_fastcgi_connections"] >= 2, 5, msg="the idle connection accepted")
+    os.kill(k.pid, signal.SIGSTOP)
+    try:
+        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t-late")))
+        os.kill(k.pid, signal.SIGTERM)
+    finally:
+        os.kill(k.pid, signal.SIGCONT)
+    r = harness.fcgi_receive(s, timeout=10)
+    assert_eq(r.header("kembali-status"), "checking")
+    assert_eq(k.wait(10), 0)
+    assert_eq(sb.reads("t-late"), [], "no read after SIGTERM")
+    # nor one claimed and abandoned (which would spend the budget and move
+    # the pace for the other processes): kembali logs every read it starts
+    assert_eq(k.find_log(event="read", id="t-late"), [], "no read started")
+
+
 def test_listen_tcp_and_user_drop(tmpdir):
     port = harness.free_port()
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
