@@ -24,13 +24,15 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "ratelimit.h"
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 2
+#define ST_VERSION 3
 #define EVICT_SAMPLE 64
 
 struct st_tx {
@@ -71,16 +73,37 @@ struct st_hdr {
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
-    long tx_used, evictions, full, recoveries;
+    long tx_used, evictions, full, recoveries, repairs, stale_locks;
     size_t buckets_off, txs_off, keys_off;
+};
+
+/* What a check or repair found, kept in the process (never in the shared
+ * region) while the lock is held and logged once after it is released. */
+enum st_damage {
+    DMG_HEADER = 0, /* geometry, free list head, counters, serial, strings */
+    DMG_TX_ENTRY,   /* an entry that did not read as whole: dropped */
+    DMG_TX_LINKS,   /* bucket heads, chains, free list or tx_used: relinked */
+    DMG_KEY_ENTRY,  /* a key entry whose ring did not read as whole: dropped */
+    DMG_TIME,       /* a time beyond its longest span (another boot's clock): clamped */
+    DMG_N
+};
+
+struct st_notice {
+    bool owner_died;   /* EOWNERDEAD: a process died holding the lock */
+    long dmg[DMG_N];
 };
 
 struct state {
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
+    int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
+    /* the geometry, copied when attached: every index is checked against
+     * these, never against the (writable, shared) header */
+    int32_t txn, keyn, nb;
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
     struct st_keyent *keys;
+    struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
 };
 
 /* ---- SipHash-2-4 (Aumasson & Bernstein), for key ids and hashing ---- */
@@ -131,7 +154,7 @@ uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
-/* ---- locking ---- */
+/* ---- checking the region ---- */
 
 static bool valid_id(const char *id)
 {
@@ -146,23 +169,125 @@ static bool valid_id(const char *id)
     return true;
 }
 
+static bool nul_within(const char *s, size_t cap)
+{
+    return strnlen(s, cap) < cap;
+}
+
 static uint32_t tx_bucket(struct state *st, const struct state_key *key, const char *id);
 
-/* After a holder died mid-update: rebuild everything derived (hash chains,
- * free list, counters) from the entries themselves, dropping any entry or
- * budget ring that does not read as whole. Leases of the dead process's
- * reads stay and expire on their own. O(slots); runs only after a crash. */
-static void st_rebuild(struct state *st)
+/* The longest a time can honestly lie ahead of `now`: anything later was
+ * written by another boot's clock (a restored file) or is damage. */
+#define SPAN_LEASE (STATE_LEASE_MAX_MS + 1000)
+#define SPAN_RETRY (RL_MAX_WAIT_MS > PACE_EPISODE_MS + 1 ? RL_MAX_WAIT_MS : PACE_EPISODE_MS + 1)
+#define SPAN_KEY_PAUSE (RL_MAX_WAIT_MS > STATE_UNAUTH_PAUSE_MS ? RL_MAX_WAIT_MS : STATE_UNAUTH_PAUSE_MS)
+#define SPAN_HOST_PAUSE (RL_MAX_WAIT_MS > STATE_HOST_PAUSE_MS * 2 ? RL_MAX_WAIT_MS : STATE_HOST_PAUSE_MS * 2)
+
+/* Callers' clocks may lag a little behind the one a check reads. */
+#define SPAN_SLACK 10000
+
+/* Keep *t within [0, now + span (+ slack)]; counts a clamp. */
+static void clamp_time(int64_t *t, int64_t now, int64_t span, long *dmg)
+{
+    if (*t < 0) {
+        *t = 0;
+        dmg[DMG_TIME]++;
+    } else if (*t > now + span + SPAN_SLACK) {
+        *t = now + span;
+        dmg[DMG_TIME]++;
+    }
+}
+
+/* The header's own fields. The geometry is restored from the process's
+ * copy (the region was sized by it); counters and strings are made sane. */
+static void hdr_check(struct state *st, int64_t now, long *dmg)
 {
     struct st_hdr *h = st->h;
-    for (int32_t i = 0; i < h->nbuckets; i++)
+    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb) {
+        h->tx_slots = st->txn;
+        h->key_slots = st->keyn;
+        h->nbuckets = st->nb;
+        dmg[DMG_HEADER]++;
+    }
+    if (!nul_within(h->last_401_shop, sizeof h->last_401_shop)) {
+        memset(h->last_401_shop, 0, sizeof h->last_401_shop);
+        dmg[DMG_HEADER]++;
+    }
+    long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks};
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        if (*counters[i] < 0) {
+            *counters[i] = 0;
+            dmg[DMG_HEADER]++;
+        }
+    clamp_time(&h->host_paused_until, now, SPAN_HOST_PAUSE, dmg);
+    if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
+        h->read_timeout_ms = 5000;
+        dmg[DMG_HEADER]++;
+    }
+}
+
+/* One transaction entry: drop it unless every field reads as whole. */
+static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long *dmg)
+{
+    if (e->used == 0)
+        return;
+    if (e->used != 1 || !valid_id(e->id) || e->status > TXS_UNKNOWN ||
+        !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
+        e->reads < 0) {
+        int32_t next = e->next;
+        memset(e, 0, sizeof *e);
+        e->next = next; /* the links are checked (and rebuilt) next */
+        dmg[DMG_TX_ENTRY]++;
+        return;
+    }
+    clamp_time(&e->known_until, now, STATE_TTL_FINAL_MS, dmg);
+    clamp_time(&e->last_start, now, 0, dmg);
+    clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
+    clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);
+    clamp_time(&e->last_used, now, 0, dmg);
+    if (e->inflight_serial > st->h->serial) { /* no serial may be handed out twice */
+        st->h->serial = e->inflight_serial;
+        dmg[DMG_HEADER]++;
+    }
+}
+
+/* Are bucket heads, chains, the free list and tx_used exactly what the
+ * entries say? Every walk is bounded by the table size. */
+static bool tx_links_ok(struct state *st)
+{
+    int32_t n = st->txn, steps = 0, in_chains = 0, in_free = 0, used = 0;
+    for (int32_t b = 0; b < st->nb; b++) {
+        for (int32_t i = st->buckets[b]; i != -1; i = st->txs[i].next) {
+            if (i < 0 || i >= n || steps++ >= n)
+                return false;
+            const struct st_tx *e = &st->txs[i];
+            if (!e->used || tx_bucket(st, &e->key, e->id) != (uint32_t)b)
+                return false; /* in no chain or in two: a count below says so */
+            in_chains++;
+        }
+    }
+    for (int32_t i = st->h->free_head; i != -1; i = st->txs[i].next) {
+        if (i < 0 || i >= n || steps++ >= n || st->txs[i].used)
+            return false;
+        in_free++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        used += st->txs[i].used != 0;
+    return in_chains == used && in_free == n - used && st->h->tx_used == used;
+}
+
+/* Rebuild everything derived (hash chains, free list, tx_used) from the
+ * entries themselves. O(slots). */
+static void tx_relink(struct state *st)
+{
+    struct st_hdr *h = st->h;
+    for (int32_t i = 0; i < st->nb; i++)
         st->buckets[i] = -1;
     h->free_head = -1;
     h->tx_used = 0;
-    for (int32_t i = h->tx_slots - 1; i >= 0; i--) {
+    for (int32_t i = st->txn - 1; i >= 0; i--) {
         struct st_tx *e = &st->txs[i];
-        if (e->used == 1 && valid_id(e->id) && e->status <= TXS_UNKNOWN &&
-            strnlen(e->status_word, sizeof e->status_word) < sizeof e->status_word) {
+        if (e->used) {
             uint32_t b = tx_bucket(st, &e->key, e->id);
             e->next = st->buckets[b];
             st->buckets[b] = i;
@@ -173,30 +298,100 @@ static void st_rebuild(struct state *st)
             h->free_head = i;
         }
     }
-    for (int32_t i = 0; i < h->key_slots; i++) {
-        struct st_keyent *k = &st->keys[i];
-        if (k->used > 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
-            k->ring_n > STATE_BUDGET_MAX)
-            memset(k, 0, sizeof *k);
-    }
-    h->last_401_shop[sizeof h->last_401_shop - 1] = '\0';
-    h->recoveries++;
 }
 
-static void st_lock(struct state *st)
+/* One key entry: a budget ring that does not read as whole is dropped
+ * (a budget forgotten is better than an index out of bounds); its times
+ * are clamped, so that a damaged ring can never pause a key for longer
+ * than its spans. */
+static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
+{
+    if (k->used == 0)
+        return;
+    if (k->used != 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
+        k->ring_n > STATE_BUDGET_MAX) {
+        memset(k, 0, sizeof *k);
+        dmg[DMG_KEY_ENTRY]++;
+        return;
+    }
+    clamp_time(&k->paused_until, now, SPAN_KEY_PAUSE, dmg);
+    clamp_time(&k->last_used, now, 0, dmg);
+    for (int32_t i = 0; i < STATE_BUDGET_MAX; i++)
+        clamp_time(&k->ring[i], now, 0, dmg);
+}
+
+/* Check every table of the region and repair what is wrong, with the
+ * region to ourselves (the lock held, or no other user). Returns the
+ * number of repairs; what was found is added to st->notice. */
+static long region_check(struct state *st, int64_t now)
+{
+    long *dmg = st->notice.dmg, before = 0, after = 0;
+    for (int i = 0; i < DMG_N; i++)
+        before += dmg[i];
+    hdr_check(st, now, dmg);
+    for (int32_t i = 0; i < st->txn; i++)
+        tx_check_entry(st, &st->txs[i], now, dmg);
+    if (!tx_links_ok(st)) {
+        tx_relink(st);
+        dmg[DMG_TX_LINKS]++;
+    }
+    for (int32_t i = 0; i < st->keyn; i++)
+        key_check_entry(&st->keys[i], now, dmg);
+    for (int i = 0; i < DMG_N; i++)
+        after += dmg[i];
+    if (after > before)
+        st->h->repairs++;
+    return after - before;
+}
+
+/* ---- locking ---- */
+
+static void st_lock(struct state *st, int64_t now)
 {
     int rc = pthread_mutex_lock(&st->h->mu);
     if (rc == EOWNERDEAD) {
-        /* A process died holding the lock (SIGKILL at any moment). */
-        st_rebuild(st);
+        /* A process died holding the lock (SIGKILL at any moment): what it
+         * was changing may be half done. Leases of its reads stay and
+         * expire on their own. */
+        st->notice.owner_died = true;
+        region_check(st, now);
+        st->h->recoveries++;
         pthread_mutex_consistent(&st->h->mu);
-        log_msg("warn", "state", "a kembali process died holding the state lock; state checked and rebuilt");
     }
+}
+
+static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "times"};
+
+/* Log what a check found (never under the lock). */
+static void notice_log(const struct st_notice *n, const char *msg)
+{
+    struct log_line ll;
+    log_begin(&ll, "warn", "state");
+    log_str(&ll, "msg", msg);
+    for (int i = 0; i < DMG_N; i++)
+        if (n->dmg[i] > 0)
+            log_int(&ll, dmg_names[i], n->dmg[i]);
+    log_end(&ll);
+}
+
+static bool notice_any(const struct st_notice *n)
+{
+    if (n->owner_died)
+        return true;
+    for (int i = 0; i < DMG_N; i++)
+        if (n->dmg[i] > 0)
+            return true;
+    return false;
 }
 
 static void st_unlock(struct state *st)
 {
+    struct st_notice n = st->notice;
+    if (notice_any(&n))
+        memset(&st->notice, 0, sizeof st->notice);
     pthread_mutex_unlock(&st->h->mu);
+    if (n.owner_died)
+        notice_log(&n, "a kembali process died holding the state lock; state checked and repaired");
 }
 
 /* ---- waiting for reads of other processes ---- */
@@ -225,13 +420,115 @@ uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms)
     return state_generation(st);
 }
 
+/* The mutex's lock word (glibc: the first int of pthread_mutex_t). Read
+ * only when nobody else can use the region, to say in the log whether a
+ * copy was taken while the lock was held. */
+static uint32_t mutex_word(const pthread_mutex_t *mu)
+{
+    uint32_t w;
+    memcpy(&w, mu, sizeof w);
+    return w;
+}
+
+static int mutex_init(pthread_mutex_t *mu, char *err, size_t errlen)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int rc = pthread_mutex_init(mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc != 0) {
+        snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
 #ifdef KEMBALI_TESTING
-void state_test_die_holding_lock(struct state *st, void (*damage)(void *base))
+void state_test_die_holding_lock(struct state *st, void (*damage)(struct state *st))
 {
     pthread_mutex_lock(&st->h->mu);
     if (damage != NULL)
-        damage(st->h);
+        damage(st);
     _exit(0);
+}
+
+/* The first entry in use (or the first free one), for the scribbles. */
+static int32_t test_pick(struct state *st, bool used)
+{
+    for (int32_t i = 0; i < st->txn; i++)
+        if ((st->txs[i].used != 0) == used)
+            return i;
+    return 0;
+}
+
+void state_test_damage(struct state *st, enum state_test_damage what)
+{
+    struct st_hdr *h = st->h;
+    struct st_tx *u = &st->txs[test_pick(st, true)], *f = &st->txs[test_pick(st, false)];
+    struct st_keyent *k = &st->keys[0];
+    switch (what) {
+    case STATE_TEST_BUCKET_OOB:
+        for (int32_t b = 0; b < st->nb; b++)
+            st->buckets[b] = b % 2 ? st->txn + b : -2 - b;
+        break;
+    case STATE_TEST_CHAIN_LOOP:
+        u->next = (int32_t)(u - st->txs);
+        break;
+    case STATE_TEST_CHAIN_OOB:
+        u->next = INT32_MAX;
+        break;
+    case STATE_TEST_FREE_OOB:
+        h->free_head = st->txn;
+        break;
+    case STATE_TEST_FREE_LOOP:
+        f->next = (int32_t)(f - st->txs);
+        h->free_head = (int32_t)(f - st->txs);
+        break;
+    case STATE_TEST_TX_USED:
+        h->tx_used = -3;
+        break;
+    case STATE_TEST_USED_FLAG:
+        f->used = 7;
+        break;
+    case STATE_TEST_ID_NUL:
+        memset(u->id, 'A', sizeof u->id);
+        break;
+    case STATE_TEST_WORD_NUL:
+        memset(u->status_word, 'w', sizeof u->status_word);
+        break;
+    case STATE_TEST_STATUS:
+        u->status = 200;
+        u->not_found = 9;
+        break;
+    case STATE_TEST_TIMES:
+        u->last_start = INT64_MAX;
+        u->not_before = INT64_MAX - 5;
+        u->known_until = INT64_MAX;
+        u->inflight_until = INT64_MIN;
+        u->reads = -4;
+        h->host_paused_until = INT64_MAX;
+        break;
+    case STATE_TEST_KEY_RING:
+        k->ring_head = -1;
+        k->ring_n = 100000;
+        break;
+    case STATE_TEST_KEY_TIMES:
+        for (int32_t i = 0; i < STATE_BUDGET_MAX; i++)
+            k->ring[i] = INT64_MAX - i;
+        k->paused_until = INT64_MAX;
+        break;
+    case STATE_TEST_HEADER:
+        h->tx_slots = 1 << 30;
+        h->nbuckets = 3;
+        h->key_slots = -1;
+        memset(h->last_401_shop, 'x', sizeof h->last_401_shop);
+        h->serial = 0;
+        h->recoveries = -8;
+        h->read_timeout_ms = -1;
+        break;
+    }
 }
 #endif
 
@@ -265,10 +562,14 @@ static uint64_t layout_stamp(void)
            ((uint64_t)sizeof(pthread_mutex_t) << 40);
 }
 
-/* Point st at a region laid out as the header says. */
+/* Point st at a region laid out as the header says (checked by
+ * region_usable() for a file) and keep a copy of its geometry. */
 static void attach(struct state *st, uint8_t *base)
 {
     st->h = (struct st_hdr *)base;
+    st->txn = st->h->tx_slots;
+    st->keyn = st->h->key_slots;
+    st->nb = st->h->nbuckets;
     st->buckets = (int32_t *)(base + st->h->buckets_off);
     st->txs = (struct st_tx *)(base + st->h->txs_off);
     st->keys = (struct st_keyent *)(base + st->h->keys_off);
@@ -293,16 +594,8 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         return -1;
     }
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    int rc = pthread_mutex_init(&h->mu, &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc != 0) {
-        snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
+    if (mutex_init(&h->mu, err, errlen) != 0)
         return -1;
-    }
     int32_t *buckets = (int32_t *)(base + l->off_b);
     struct st_tx *txs = (struct st_tx *)(base + l->off_t);
     for (int32_t i = 0; i < l->nb; i++)
@@ -327,7 +620,15 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
         return NULL;
     }
     attach(st, base);
+    st->users_fd = -1;
     return st;
+}
+
+/* Does [off, off + n * size) lie within [lo, len), aligned for 64-bit
+ * fields? Overflow-safe for any values read from a file. */
+static bool span_ok(size_t off, int32_t n, size_t size, size_t lo, size_t len)
+{
+    return n >= 1 && off % 64 == 0 && off >= lo && off <= len && (size_t)n <= (len - off) / size;
 }
 
 /* Is the region at base (len bytes, from a file) one this build can use? */
@@ -338,9 +639,9 @@ static bool region_usable(const uint8_t *base, size_t len)
         return false;
     if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0)
         return false;
-    return h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t) <= h->txs_off &&
-           h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx) <= h->keys_off &&
-           h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent) <= len;
+    return span_ok(h->buckets_off, h->nbuckets, sizeof(int32_t), sizeof *h, len) &&
+           span_ok(h->txs_off, h->tx_slots, sizeof(struct st_tx), h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t), len) &&
+           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len);
 }
 
 int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
@@ -421,17 +722,110 @@ out:
     return rc;
 }
 
+/* What state_open() found, logged once it holds no lock. */
+struct open_notes {
+    bool replaced;          /* an incompatible or damaged file was replaced */
+    bool other_size;        /* the file has another tx_slots than asked */
+    bool alone;             /* no other live process used the file */
+    bool lock_was_held;     /* alone, yet its lock word said held */
+    long leases;            /* alone: reads in flight of dead processes, released */
+    struct st_notice n;     /* what the check found */
+};
+
+/* Nobody else uses the region (we hold kembali.users exclusively): forget
+ * what only a live process could still hold (the lock, its reads in
+ * flight) and check every table. What counts is whether a live process
+ * uses the file, not the boot: a copy taken while a process held the lock
+ * (power cut, VM snapshot, backup) has a lock word that no kernel will
+ * ever release, so the mutex is made anew. */
+static int region_reset(struct state *st, int64_t now, struct open_notes *on, char *err, size_t errlen)
+{
+    on->lock_was_held = mutex_word(&st->h->mu) != 0;
+    if (mutex_init(&st->h->mu, err, errlen) != 0)
+        return -1;
+    for (int32_t i = 0; i < st->txn; i++)
+        if (st->txs[i].inflight_until != 0) {
+            st->txs[i].inflight_until = 0;
+            on->leases++;
+        }
+    region_check(st, now);
+    if (on->lock_was_held)
+        st->h->stale_locks++;
+    return 0;
+}
+
+/* Others use the region: check it under its lock, waiting at most
+ * OPEN_LOCK_MS (it is never held for more than microseconds). */
+#define OPEN_LOCK_MS 2000
+static int region_check_locked(struct state *st, int64_t now, char *err, size_t errlen)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += OPEN_LOCK_MS / 1000;
+    int rc = pthread_mutex_timedlock(&st->h->mu, &ts);
+    if (rc != 0 && rc != EOWNERDEAD) {
+        snprintf(err, errlen, "the state lock has been held for more than %d s by a live kembali process "
+                 "(%s); stop every kembali process using this state_dir and start again",
+                 OPEN_LOCK_MS / 1000, strerror(rc));
+        return -1;
+    }
+    if (rc == EOWNERDEAD) {
+        st->notice.owner_died = true;
+        st->h->recoveries++;
+    }
+    region_check(st, now);
+    if (rc == EOWNERDEAD)
+        pthread_mutex_consistent(&st->h->mu);
+    pthread_mutex_unlock(&st->h->mu);
+    return 0;
+}
+
+static void open_notes_log(const struct open_notes *on, int32_t slots)
+{
+    struct log_line ll;
+    if (on->replaced)
+        log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+    if (on->other_size) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", "the state file was made with another state_slots; "
+                            "keeping its size (remove it while no kembali runs to change it)");
+        log_int(&ll, "slots", slots);
+        log_end(&ll);
+    }
+    if (on->alone && (on->lock_was_held || on->leases > 0 || notice_any(&on->n))) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", on->lock_was_held
+                                ? "no live process uses the state file, yet its lock is held (a copy taken while "
+                                  "a process held it, or a crashed host): lock and reads in flight reset, tables checked"
+                                : "no live process uses the state file: reads in flight of stopped processes "
+                                  "released, tables checked");
+        log_int(&ll, "lock_was_held", on->lock_was_held);
+        log_int(&ll, "leases", on->leases);
+        for (int i = 0; i < DMG_N; i++)
+            if (on->n.dmg[i] > 0)
+                log_int(&ll, dmg_names[i], on->n.dmg[i]);
+        log_end(&ll);
+    } else if (!on->alone && notice_any(&on->n)) {
+        notice_log(&on->n, on->n.owner_died ? "a kembali process died holding the state lock; state checked "
+                                              "and repaired"
+                                            : "the state file was damaged; repaired");
+    }
+}
+
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen)
 {
-    char path[4096], lockpath[4096];
+    char path[4096], lockpath[4096], userspath[4096];
     struct layout l;
     layout_for(opts, &l);
     if (state_check_dir(dir, true, err, errlen) != 0)
         return NULL;
     snprintf(path, sizeof path, "%s/kembali.state", dir);
     snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
+    snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
 
-    /* One process at a time checks, creates or replaces the file. */
+    /* One process at a time checks, creates, replaces or resets the file,
+     * and decides under this lock whether it is alone (below): two
+     * processes starting together are ordered by it. */
     int lk = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (lk < 0 || flock(lk, LOCK_EX) != 0) {
         snprintf(err, errlen, "%s: %s", lockpath, strerror(errno));
@@ -439,6 +833,21 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
             close(lk);
         return NULL;
     }
+    /* Every process that maps the file holds a shared flock of
+     * kembali.users for as long as it does (the kernel drops it when the
+     * process dies, however it dies). Getting it exclusively means that no
+     * live process uses the file. */
+    struct open_notes on;
+    memset(&on, 0, sizeof on);
+    int users = open(userspath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (users < 0) {
+        snprintf(err, errlen, "%s: %s", userspath, strerror(errno));
+        flock(lk, LOCK_UN);
+        close(lk);
+        return NULL;
+    }
+    on.alone = flock(users, LOCK_EX | LOCK_NB) == 0;
+    int64_t now = util_mono_ms();
     struct state *st = NULL;
     uint8_t *base = MAP_FAILED;
     size_t len = 0;
@@ -464,30 +873,46 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                 st = calloc(1, sizeof *st);
                 if (st == NULL) {
                     snprintf(err, errlen, "out of memory");
+                    munmap(base, len);
                     break;
                 }
                 attach(st, base);
                 st->mapped = len;
-                if ((int32_t)st->h->tx_slots != l.txn) {
-                    struct log_line ll;
-                    log_begin(&ll, "warn", "state");
-                    log_str(&ll, "msg", "the state file was made with another state_slots; "
-                                        "keeping its size (remove it while no kembali runs to change it)");
-                    log_int(&ll, "slots", st->h->tx_slots);
-                    log_end(&ll);
+                st->users_fd = users;
+                on.other_size = st->txn != l.txn;
+                int rc = on.alone ? region_reset(st, now, &on, err, errlen)
+                                  : region_check_locked(st, now, err, errlen);
+                on.n = st->notice;
+                memset(&st->notice, 0, sizeof st->notice);
+                if (rc != 0) {
+                    st->users_fd = -1;
+                    state_free(st);
+                    st = NULL;
                 }
                 break;
             }
             if (base != MAP_FAILED)
                 munmap(base, len);
             base = MAP_FAILED;
-            log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+            on.replaced = true;
         }
         if (attempt == 0 && create_file(path, &l, opts, err, errlen) != 0)
             break;
     }
+    /* from now on a user like any other (a conversion: under kembali.lock,
+     * no other process can be deciding whether it is alone meanwhile) */
+    if (st != NULL && flock(users, LOCK_SH) != 0) {
+        snprintf(err, errlen, "%s: %s", userspath, strerror(errno));
+        st->users_fd = -1;
+        state_free(st);
+        st = NULL;
+    }
     flock(lk, LOCK_UN);
     close(lk);
+    if (st == NULL)
+        close(users);
+    else
+        open_notes_log(&on, st->txn);
     return st;
 }
 
@@ -501,6 +926,8 @@ void state_free(struct state *st)
         pthread_mutex_destroy(&st->h->mu);
         free(st->h);
     }
+    if (st->users_fd >= 0)
+        close(st->users_fd); /* no longer a user of the file */
     free(st);
 }
 
@@ -523,12 +950,13 @@ static uint32_t tx_bucket(struct state *st, const struct state_key *key, const c
     size_t n = strnlen(id, STATE_ID_MAX);
     memcpy(buf, key->b, 16);
     memcpy(buf + 16, id, n);
-    return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->h->nbuckets - 1));
+    return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->nb - 1));
 }
 
 static struct st_tx *tx_find(struct state *st, const struct state_key *key, const char *id)
 {
-    for (int32_t i = st->buckets[tx_bucket(st, key, id)]; i >= 0 && i < st->h->tx_slots; i = st->txs[i].next) {
+    int32_t steps = 0;
+    for (int32_t i = st->buckets[tx_bucket(st, key, id)]; i >= 0 && i < st->txn && steps++ < st->txn; i = st->txs[i].next) {
         struct st_tx *e = &st->txs[i];
         if (e->used && memcmp(e->key.b, key->b, 16) == 0 && strcmp(e->id, id) == 0)
             return e;
@@ -544,8 +972,8 @@ static bool tx_idle(const struct st_tx *e, int64_t now)
 static void tx_unlink(struct state *st, int32_t idx)
 {
     struct st_tx *e = &st->txs[idx];
-    int32_t *pp = &st->buckets[tx_bucket(st, &e->key, e->id)];
-    while (*pp >= 0 && *pp != idx)
+    int32_t *pp = &st->buckets[tx_bucket(st, &e->key, e->id)], steps = 0;
+    while (*pp >= 0 && *pp < st->txn && *pp != idx && steps++ < st->txn)
         pp = &st->txs[*pp].next;
     if (*pp == idx)
         *pp = e->next;
@@ -559,11 +987,11 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
     if (e != NULL)
         return e;
     int32_t idx = st->h->free_head;
-    if (idx >= 0) {
+    if (idx >= 0 && idx < st->txn) { /* (checked on open and after a crash; bounds kept anyway) */
         st->h->free_head = st->txs[idx].next;
         st->h->tx_used++;
     } else {
-        int32_t n = st->h->tx_slots, best = -1;
+        int32_t n = st->txn, best = -1;
         int32_t start = (int32_t)util_jitter(n - 1);
         for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
             int32_t i = (start + k * 97) % n; /* a spread-out sample */
@@ -598,7 +1026,7 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
 static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
 {
     struct st_keyent *free_slot = NULL, *idle = NULL;
-    for (int32_t i = 0; i < st->h->key_slots; i++) {
+    for (int32_t i = 0; i < st->keyn; i++) {
         struct st_keyent *k = &st->keys[i];
         if (k->used && memcmp(k->key.b, key->b, 16) == 0)
             return k;
@@ -687,7 +1115,7 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
                   const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out)
 {
-    st_lock(st);
+    st_lock(st, now);
     compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out);
     st_unlock(st);
 }
@@ -703,7 +1131,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         out->next_read = now + 1000;
         return false;
     }
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_find(st, key, id);
     struct st_keyent *k = key_get(st, key, now, false);
     compute(st, e, k, sched, budget, now, out);
@@ -789,7 +1217,7 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
                   const struct outcome *oc, int64_t now, struct state_report *report)
 {
     memset(report, 0, sizeof *report);
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_find(st, &t->key, t->id);
     struct st_keyent *k = key_get(st, &t->key, now, true);
     if (e != NULL) {
@@ -870,7 +1298,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         strlen(word) > STATUS_WORD_MAX)
         return STATE_TOLD_BAD;
     enum state_told done = STATE_TOLD_RECORDED;
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_get(st, key, id, now);
     if (e == NULL) {
         done = STATE_TOLD_FULL;
@@ -894,11 +1322,13 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
 
 void state_metrics(struct state *st, struct state_metrics *out)
 {
-    st_lock(st);
+    st_lock(st, util_mono_ms());
     out->tx_used = st->h->tx_used;
-    out->tx_slots = st->h->tx_slots;
+    out->tx_slots = st->txn;
     out->evictions = st->h->evictions;
     out->full = st->h->full;
     out->recoveries = st->h->recoveries;
+    out->repairs = st->h->repairs;
+    out->stale_locks = st->h->stale_locks;
     st_unlock(st);
 }

@@ -39,6 +39,7 @@
 #define STATE_KEY_PAUSE_MS (60 * 1000LL)   /* after the key's 300/min is spent */
 #define STATE_UNAUTH_PAUSE_MS (300 * 1000LL)
 #define STATE_HOST_PAUSE_MS (60 * 1000LL)  /* after the failed-authentication 429 */
+#define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
 
 struct state;
 
@@ -92,7 +93,10 @@ struct state_opts {
 };
 
 struct state_metrics {
-    long tx_used, tx_slots, evictions, full, recoveries;
+    long tx_used, tx_slots, evictions, full;
+    long recoveries;   /* a process died holding the lock; the next one repaired */
+    long repairs;      /* checks (open, recovery) that found something to repair */
+    long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
 };
 
 /* Create a state in this process's memory (tests). Returns NULL and writes
@@ -100,12 +104,28 @@ struct state_metrics {
 struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
 
 /* Open the state shared by every process started with the same `dir`:
- * the file dir/kembali.state (created 0600, mapped shared), made or checked
- * under an flock of dir/kembali.lock. A file from an incompatible build
- * (version and layout stamp) or a damaged one is replaced, never misread.
+ * the file dir/kembali.state (created 0600, mapped shared), made, checked
+ * or reset under an flock of dir/kembali.lock. A file from an incompatible
+ * build (version and layout stamp) or one whose geometry does not fit its
+ * size is replaced, never misread.
+ *
+ * Every process holds a shared flock of dir/kembali.users from this call
+ * to state_free() (the kernel drops it when the process dies, however).
+ * A process that can take it exclusively is the only live user: it makes
+ * the lock anew (a copy taken while a process held it, after a power cut,
+ * a restored snapshot or backup, would otherwise make everybody wait for
+ * ever), releases the leases of reads in flight (their processes are
+ * gone; the pace stays) and checks every table. Otherwise the tables are
+ * checked under the lock (waiting at most 2 s for it: beyond that the
+ * open fails with a reason rather than hang). The check bounds every index,
+ * count, walk, string and enum, and every time to its longest span from now
+ * (a file from another boot has another clock); what does not read as
+ * whole is dropped or relinked from the entries, counted (metrics repairs)
+ * and logged once after the locks are released.
+ *
  * The directory is created 0700 when missing and refused when other users
- * can write it. An existing file keeps its size (tx_slots). Returns NULL
- * with a reason in err. */
+ * can write it. An existing file keeps its size (tx_slots, key_slots).
+ * Returns NULL with a reason in err. */
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen);
 
 /* Check that `dir` can hold the state (see state_open); 0 or -1 with err.
@@ -124,9 +144,32 @@ uint32_t state_generation(struct state *st);
 uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms);
 
 #ifdef KEMBALI_TESTING
-/* Tests only: take the lock, let `damage` scribble on the region, and
- * _exit() while holding it, as a process killed mid-update would. */
-void state_test_die_holding_lock(struct state *st, void (*damage)(void *base));
+/* Tests only: take the lock, call `damage` (which may scribble on the
+ * region, or copy the file), and _exit() while holding it, as a process
+ * killed mid-update would. */
+void state_test_die_holding_lock(struct state *st, void (*damage)(struct state *st));
+
+/* Tests only: scribble on one kind of field, as a torn write or a
+ * damaged copy would (no lock taken: the caller has the region to itself
+ * or holds the lock in state_test_die_holding_lock). */
+enum state_test_damage {
+    STATE_TEST_BUCKET_OOB,  /* bucket heads out of range, both ways */
+    STATE_TEST_CHAIN_LOOP,  /* an entry's next points at itself */
+    STATE_TEST_CHAIN_OOB,   /* an entry's next far out of range */
+    STATE_TEST_FREE_OOB,    /* the free list's head out of range */
+    STATE_TEST_FREE_LOOP,   /* the free list loops */
+    STATE_TEST_TX_USED,     /* tx_used wrong */
+    STATE_TEST_USED_FLAG,   /* a free entry's used flag neither 0 nor 1 */
+    STATE_TEST_ID_NUL,      /* an id without its NUL */
+    STATE_TEST_WORD_NUL,    /* a status word without its NUL */
+    STATE_TEST_STATUS,      /* a status and a flag out of their enums */
+    STATE_TEST_TIMES,       /* times far in the future and past, negative reads */
+    STATE_TEST_KEY_RING,    /* a key's ring head and count out of range */
+    STATE_TEST_KEY_TIMES,   /* a key's ring and pause far in the future */
+    STATE_TEST_HEADER,      /* geometry, strings, serial, counters */
+};
+#define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)
+void state_test_damage(struct state *st, enum state_test_damage what);
 #endif
 
 /* The identity of a secret key: a keyed hash with a salt kept in the state,
