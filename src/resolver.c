@@ -338,7 +338,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
-                      w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
+                      lead->cfg->read_timeout_ms, w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
             for (struct resolver_waiter *r = w->waiters; r; r = r->next)

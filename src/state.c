@@ -49,7 +49,8 @@ struct st_tx {
     int64_t last_start;     /* start of the last read */
     int64_t not_before;     /* Retry-After, stated reset, rejected episode */
     int64_t inflight_until; /* lease of the read in flight; 0 when none */
-    uint64_t inflight_serial;
+    uint64_t inflight_serial; /* serial of the last read claimed */
+    uint64_t facts_serial;    /* serial of the read whose outcome is recorded (a told one: the last claimed) */
     int64_t last_used;
 };
 
@@ -245,8 +246,9 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
     clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
     clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);
     clamp_time(&e->last_used, now, 0, dmg);
-    if (e->inflight_serial > st->h->serial) { /* no serial may be handed out twice */
-        st->h->serial = e->inflight_serial;
+    if (e->inflight_serial > st->h->serial || e->facts_serial > st->h->serial) {
+        /* no serial may be handed out twice */
+        st->h->serial = e->inflight_serial > e->facts_serial ? e->inflight_serial : e->facts_serial;
         dmg[DMG_HEADER]++;
     }
 }
@@ -1121,7 +1123,7 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 }
 
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct pace_schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out)
 {
     bool claimed = false;
@@ -1151,7 +1153,12 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     e->reads++;
     e->last_start = now;
     e->last_used = now;
-    e->inflight_until = now + st->h->read_timeout_ms + 1000;
+    /* the lease is the timeout this read is made with (plus 1 s) */
+    if (timeout_ms <= 0)
+        timeout_ms = st->h->read_timeout_ms;
+    if (timeout_ms > STATE_LEASE_MAX_MS)
+        timeout_ms = STATE_LEASE_MAX_MS;
+    e->inflight_until = now + timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
     budget_push(k, now);
@@ -1159,6 +1166,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
     ticket->started = now;
+    ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
@@ -1213,6 +1221,26 @@ static void status_record(struct st_tx *e, enum tx_status s, const char *word, i
         e->known_until = 0;
 }
 
+/* Record what the read of ticket t found (status s, or a 404), by the
+ * rules of state.h ("A read's outcome"). `current`: t's lease holds and no
+ * other read of the transaction started since. */
+static bool read_may_record(const struct st_tx *e, const struct state_ticket *t, bool current, bool not_found,
+                            enum tx_status s, int64_t now)
+{
+    bool older = t->serial < e->facts_serial; /* a later read's outcome (or a told status) is recorded */
+    if (not_found) {
+        if (current)
+            return !final_cached(e, now); /* a 404 cannot hide a cached final status */
+        return !older && e->status == TXS_NONE && !e->not_found; /* nothing known at all */
+    }
+    if (current)
+        return status_may_replace(e, s, false, now);
+    if (tx_status_final(s)) /* a final status stays true: only forward, never backwards */
+        return status_may_replace(e, s, true, now);
+    /* a late pending (or unknown word) only fills what nothing else says */
+    return !older && !tx_status_final((enum tx_status)e->status) && !(e->not_found && e->known_until > now);
+}
+
 void state_finish(struct state *st, const struct state_ticket *t, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report)
 {
@@ -1220,6 +1248,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     st_lock(st, now);
     struct st_tx *e = tx_find(st, &t->key, t->id);
     struct st_keyent *k = key_get(st, &t->key, now, true);
+    bool current = e != NULL && e->inflight_serial == t->serial && now <= t->lease_until;
+    report->stale = !current;
     if (e != NULL) {
         if (e->inflight_serial == t->serial) {
             e->inflight_until = 0;
@@ -1235,20 +1265,26 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     case OUT_STATUS:
         if (e == NULL)
             break;
-        if (status_may_replace(e, oc->status, false, now))
+        if (read_may_record(e, t, current, false, oc->status, now)) {
             status_record(e, oc->status, oc->status_word, now);
+            if (t->serial > e->facts_serial)
+                e->facts_serial = t->serial;
+        }
         if (oc->status == TXS_UNKNOWN && !e->unknown_seen) {
             e->unknown_seen = 1;
             report->first_unknown = true;
         }
         break;
     case OUT_NOT_FOUND:
-        /* a late 404 cannot hide a cached final status */
-        if (e != NULL && !final_cached(e, now)) {
+        if (e != NULL && read_may_record(e, t, current, true, TXS_NONE, now)) {
             e->not_found = 1;
             e->known_until = now + STATE_TTL_NOT_FOUND_MS;
+            if (t->serial > e->facts_serial)
+                e->facts_serial = t->serial;
         }
         break;
+    /* What limits and pauses say happened at Kasera, late or not: they
+     * are kept however stale the read (each only ever extends a wait). */
     case OUT_TX_LIMITED:
         if (e != NULL)
             pause_until(&e->not_before, now + (oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000));
@@ -1275,8 +1311,9 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         break;
     }
     case OUT_REJECTED:
-        if (e != NULL) /* no further read until the episode ends */
-            pause_until(&e->not_before, e->last_start + PACE_EPISODE_MS + 1);
+        /* no further read until the episode of that read ends */
+        if (e != NULL)
+            pause_until(&e->not_before, (current ? e->last_start : t->started) + PACE_EPISODE_MS + 1);
         break;
     case OUT_NO_ANSWER:
         break;
@@ -1306,6 +1343,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         e->last_used = now;
         if (status_may_replace(e, status, true, now)) {
             status_record(e, status, word, now);
+            e->facts_serial = st->h->serial; /* newer than every read started before it */
         } else {
             done = STATE_TOLD_KEPT;
             if (e->not_found) { /* the shop knows it: no 404 stands (a kept status is final) */

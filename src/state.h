@@ -73,8 +73,9 @@ struct state_fact {
 struct state_ticket {
     struct state_key key;
     char id[STATE_ID_MAX + 1];
-    uint64_t serial;
+    uint64_t serial;     /* this read's place among every read claimed */
     int64_t started;
+    int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
 };
 
@@ -83,13 +84,14 @@ struct state_report {
     bool key_paused;       /* this outcome started a key pause */
     bool host_paused;      /* this outcome started a host pause */
     bool first_unknown;    /* first sighting of an unknown status for this transaction */
+    bool stale;            /* the read ended after its lease, or after another read of it started */
     char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
 };
 
 struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
     int key_slots;            /* distinct keys (default 256) */
-    int64_t read_timeout_ms;  /* a ticket is released after this plus 1 s */
+    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
 };
 
 struct state_metrics {
@@ -184,15 +186,41 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 /* As state_lookup(); in addition, when a read may start now (nothing final or
  * remembered, none in flight, fact.next_read <= now), records its start
  * (pace, budget), fills *ticket and returns true. The caller must then make
- * the read and call state_finish() exactly once with that ticket. */
+ * the read and call state_finish() exactly once with that ticket.
+ * The read's lease is the timeout it is made with: `timeout_ms` (at most
+ * STATE_LEASE_MAX_MS; <= 0: the state's read_timeout_ms) plus 1 s. Until
+ * then every process waits for it rather than read again, whatever its own
+ * timeout (ticket->lease_until, fact.in_flight_until). */
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct pace_schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out);
 
 /* Record the outcome of the read of `ticket`, made for shop `shop_id`, at
- * `now`; updates the cache, pace and pauses and releases the ticket. A
- * ticket that expired (its lease passed) still records its outcome.
- * *report says what started that deserves one log line. */
+ * `now`; updates the cache, pace and pauses and releases the ticket (the
+ * pace counts from ticket->sent when set). *report says what started that
+ * deserves one log line.
+ *
+ * A read's outcome: a read is current when it ends within its lease and no
+ * other read of the transaction was claimed since; otherwise it is stale
+ * (report->stale), and what it found never overwrites what is newer:
+ *   - a status, current: recorded, except that a cached final status is
+ *     only replaced as state_tell() allows (a late pending cannot clear it);
+ *     once its cache ran out, a current read's word replaces it;
+ *   - a final status, stale: recorded only forward, as state_tell() allows,
+ *     whatever the cache (Kasera does not take a final status back);
+ *   - pending or an unknown word, stale: recorded only when no later read's
+ *     outcome or told status is recorded, no final status is known and no
+ *     404 is remembered;
+ *   - a 404, current: remembered unless a final status is cached;
+ *   - a 404, stale: remembered only when nothing at all is known (no status,
+ *     no later outcome): a late 404 cannot hide a succeeded, cached or not;
+ *   - Retry-After windows, stated exhausted windows, key pauses (429, 401),
+ *     the host pause, a rejected episode (counted from this read's start):
+ *     applied however stale, since they happened at Kasera and each only
+ *     extends a wait;
+ *   - the budget: the read was counted when claimed and stays counted.
+ * Only the ticket that is the transaction's last claim releases the lease;
+ * a stale one leaves a newer read's lease alone. */
 void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report);
 

@@ -65,7 +65,7 @@ static bool claim(struct state *st, const struct state_key *k, const char *id, i
     struct pace_schedule s = sched_default();
     struct state_ticket dummy;
     struct state_fact fd;
-    return state_claim(st, k, id, &s, BUDGET, now, t ? t : &dummy, f ? f : &fd);
+    return state_claim(st, k, id, &s, BUDGET, TIMEOUT, now, t ? t : &dummy, f ? f : &fd);
 }
 
 static struct state_fact lookup(struct state *st, const struct state_key *k, const char *id, int64_t now)
@@ -297,7 +297,7 @@ static void test_min_gap_random(void **unused)
             int s = (int)(RND() % 6);
             struct state_ticket t;
             struct state_fact f;
-            if (!state_claim(st, &keys[s / 3], ids[s % 3], &scheds[si], BUDGET, now, &t, &f)) {
+            if (!state_claim(st, &keys[s / 3], ids[s % 3], &scheds[si], BUDGET, TIMEOUT, now, &t, &f)) {
                 assert_true(f.final || f.not_found || f.in_flight || f.next_read > now || f.wait == WAIT_FULL);
                 continue;
             }
@@ -688,25 +688,25 @@ static void test_budget(void **unused)
     const int budget = 3;
     const char *ids[] = {"T1", "T2", "T3"};
     for (int i = 0; i < 3; i++) {
-        assert_true(state_claim(st, &k, ids[i], &s, budget, T0 + 10 * i, &t, &f));
+        assert_true(state_claim(st, &k, ids[i], &s, budget, TIMEOUT, T0 + 10 * i, &t, &f));
         struct outcome o = oc_status(TXS_PENDING, NULL);
         struct state_report r;
         state_finish(st, &t, "toko-a", &o, T0 + 10 * i + 5, &r);
     }
-    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 30, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 30, &t, &f));
     assert_int_equal(f.wait, WAIT_BUDGET);
     assert_true(f.next_read >= T0 + 60000);
     assert_true(f.next_read <= T0 + 61000);
     state_lookup(st, &k, "T1", &s, budget, T0 + 2000, &f);
     assert_int_equal(f.wait, WAIT_BUDGET);
-    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 59999, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 59999, &t, &f));
     /* another key has its own budget */
-    assert_true(state_claim(st, &k2, "T4", &s, budget, T0 + 40, &t, &f));
+    assert_true(state_claim(st, &k2, "T4", &s, budget, TIMEOUT, T0 + 40, &t, &f));
     state_lookup(st, &k, "T4", &s, budget, T0 + 59999, &f);
     int64_t at = f.next_read;
-    assert_true(state_claim(st, &k, "T4", &s, budget, at, &t, &f));
+    assert_true(state_claim(st, &k, "T4", &s, budget, TIMEOUT, at, &t, &f));
     /* and the next one waits for the second read + 60 s */
-    assert_false(state_claim(st, &k, "T5", &s, budget, at + 1, &t, &f));
+    assert_false(state_claim(st, &k, "T5", &s, budget, TIMEOUT, at + 1, &t, &f));
     assert_int_equal(f.wait, WAIT_BUDGET);
     assert_true(f.next_read >= T0 + 10 + 60000);
     state_free(st);
@@ -959,6 +959,203 @@ static void test_lease_released(void **unused)
     finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 600);
     f = lookup(st, &k, "T1", T0 + LEASE + 600);
     assert_false(f.in_flight);
+    state_free(st);
+}
+
+/* ---- leases and stale reads ---- */
+
+static bool claim_to(struct state *st, const struct state_key *k, const char *id, int64_t timeout, int64_t now,
+                     struct state_ticket *t, struct state_fact *f)
+{
+    struct pace_schedule s = sched_default();
+    return state_claim(st, k, id, &s, BUDGET, timeout, now, t, f);
+}
+
+static void test_lease_is_the_claims_timeout(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    /* a process with a 20 s timeout: everybody waits 21 s for its read,
+     * also one whose own timeout is 5 s */
+    assert_true(claim_to(st, &k, "T1", 20000, T0, &t, &f));
+    assert_int_equal(f.in_flight_until, T0 + 21000);
+    assert_int_equal(t.lease_until, T0 + 21000);
+    assert_false(claim_to(st, &k, "T1", 5000, T0 + LEASE + 1, &t, &f));
+    assert_true(f.in_flight);
+    assert_false(claim_to(st, &k, "T1", 5000, T0 + 20999, &t, &f));
+    assert_true(claim_to(st, &k, "T1", 5000, T0 + 21000, &t, &f));
+    assert_int_equal(f.in_flight_until, T0 + 21000 + 6000);
+    /* no timeout given: the state's; more than the most allowed: capped */
+    assert_true(claim_to(st, &k, "T2", 0, T0, &t, &f));
+    assert_int_equal(t.lease_until, T0 + TIMEOUT + 1000);
+    assert_true(claim_to(st, &k, "T3", 999999, T0, &t, &f));
+    assert_int_equal(t.lease_until, T0 + STATE_LEASE_MAX_MS + 1000);
+    state_free(st);
+}
+
+/* t1 claimed at T0 and given up (its lease passed), t2 claimed at `second`. */
+static void two_reads(struct state *st, const struct state_key *k, const char *id, struct state_ticket *t1,
+                      struct state_ticket *t2, int64_t second)
+{
+    assert_true(claim(st, k, id, T0, t1, NULL));
+    assert_true(claim(st, k, id, second, t2, NULL));
+    assert_true(t2->serial > t1->serial);
+}
+
+static void test_late_404_never_hides_a_succeeded(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    struct state_report r = finish(st, &t2, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 100);
+    assert_false(r.stale);
+    r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    assert_true(r.stale);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_false(f.in_flight);
+
+    /* the same when the newer read found pending: the id exists */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    f = lookup(st, &k, "T2", T0 + LEASE + 200);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_PENDING);
+
+    /* and while the newer read is still in flight, nothing known: the late
+     * 404 is what there is, but that lease stays */
+    two_reads(st, &k, "T3", &t1, &t2, T0 + LEASE);
+    r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    assert_true(r.stale);
+    f = lookup(st, &k, "T3", T0 + LEASE + 200);
+    assert_true(f.not_found);
+    assert_true(f.in_flight);
+    /* the newer read's answer replaces it */
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 300);
+    f = lookup(st, &k, "T3", T0 + LEASE + 300);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_late_404_after_the_cache_ran_out(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 100);
+    int64_t late = T0 + LEASE + 100 + STATE_TTL_EXPIRED_MS + 1; /* its cache is over */
+    finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), late);
+    struct state_fact f = lookup(st, &k, "T1", late);
+    assert_false(f.not_found); /* a later read knew it: no 404 from an older one */
+    assert_int_equal(f.status, TXS_EXPIRED);
+    state_free(st);
+}
+
+static void test_late_pending_never_clears_a_final(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_FAILED, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_FAILED);
+
+    /* expired, its cache over: a stale pending still does not replace it */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 100);
+    int64_t late = T0 + LEASE + 100 + STATE_TTL_EXPIRED_MS + 1;
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), late);
+    assert_int_equal(lookup(st, &k, "T2", late).status, TXS_EXPIRED);
+    /* while a current read's pending, after the cache, does (Kasera's word now) */
+    struct state_ticket t3;
+    assert_true(claim(st, &k, "T2", late + 1, &t3, NULL));
+    finish(st, &t3, "toko-a", oc_status(TXS_PENDING, NULL), late + 100);
+    assert_int_equal(lookup(st, &k, "T2", late + 100).status, TXS_PENDING);
+
+    /* a read that outlived its lease, with nothing newer: its pending is
+     * recorded (the id exists), but it is reported stale */
+    assert_true(claim(st, &k, "T3", T0, &t1, NULL));
+    struct state_report r = finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 1);
+    assert_true(r.stale);
+    assert_int_equal(lookup(st, &k, "T3", T0 + LEASE + 1).status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_late_final_moves_forward_only(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    /* newer read: pending; the older, late: succeeded. Kasera does not take
+     * a final status back, so it is recorded */
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    /* newer: succeeded; the older, late: expired. Never backwards */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 200);
+    assert_int_equal(lookup(st, &k, "T2", T0 + LEASE + 200).status, TXS_SUCCEEDED);
+    state_free(st);
+}
+
+static void test_late_limits_still_count(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    /* a late 429 with Retry-After: it happened at Kasera */
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    struct outcome o = oc_kind(OUT_TX_LIMITED);
+    o.retry_after_ms = 20000;
+    finish(st, &t1, "toko-a", o, T0 + LEASE + 100);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    assert_int_equal(f.next_read, T0 + LEASE + 100 + 20000);
+    /* a late key 429: the key pauses, and the report says so once */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_KEY_LIMITED), T0 + LEASE + 100);
+    assert_true(r.stale);
+    assert_true(r.key_paused);
+    f = lookup(st, &k, "T9", T0 + LEASE + 100);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    state_free(st);
+
+    /* both reads stay counted in the budget */
+    st = mk(64);
+    k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    assert_true(state_claim(st, &k, "T1", &s, 2, TIMEOUT, T0, &t1, &f));
+    assert_true(state_claim(st, &k, "T1", &s, 2, TIMEOUT, T0 + LEASE, &t2, &f));
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    assert_false(state_claim(st, &k, "T2", &s, 2, TIMEOUT, T0 + LEASE + 300, &t1, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
     state_free(st);
 }
 
@@ -1222,6 +1419,12 @@ int main(void)
         cmocka_unit_test(test_tell_refuses),
         cmocka_unit_test(test_tell_full),
         cmocka_unit_test(test_lease_released),
+        cmocka_unit_test(test_lease_is_the_claims_timeout),
+        cmocka_unit_test(test_late_404_never_hides_a_succeeded),
+        cmocka_unit_test(test_late_404_after_the_cache_ran_out),
+        cmocka_unit_test(test_late_pending_never_clears_a_final),
+        cmocka_unit_test(test_late_final_moves_forward_only),
+        cmocka_unit_test(test_late_limits_still_count),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
         cmocka_unit_test(test_full_in_flight),

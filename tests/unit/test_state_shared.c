@@ -108,8 +108,8 @@ static void test_two_mappings_share_everything(void **ctx)
     struct state_fact f;
     int64_t now = util_mono_ms();
     uint32_t gen = state_generation(b);
-    assert_true(state_claim(a, &ka, "T1", &s, 120, now, &t, &f));
-    assert_false(state_claim(b, &kb, "T1", &s, 120, now + 10, &t, &f));
+    assert_true(state_claim(a, &ka, "T1", &s, 120, TIMEOUT, now, &t, &f));
+    assert_false(state_claim(b, &kb, "T1", &s, 120, TIMEOUT, now + 10, &t, &f));
     assert_true(f.in_flight); /* b sees a's read in flight */
 
     struct outcome oc = status_outcome(TXS_SUCCEEDED);
@@ -141,7 +141,7 @@ static void test_wake_across_processes(void **ctx)
         struct state_fact f;
         struct state_report rep;
         struct outcome oc = status_outcome(TXS_PENDING);
-        if (c == NULL || !state_claim(c, &k, "T2", &s, 120, util_mono_ms(), &t, &f))
+        if (c == NULL || !state_claim(c, &k, "T2", &s, 120, TIMEOUT, util_mono_ms(), &t, &f))
             _exit(2);
         usleep(200 * 1000);
         state_finish(c, &t, "toko-a", &oc, util_mono_ms(), &rep);
@@ -240,7 +240,7 @@ static void test_dead_lock_holder_is_recovered(void **ctx)
     struct state_report rep;
     int64_t now = util_mono_ms();
     /* a cached final status that must survive the recovery */
-    assert_true(state_claim(st, &k, "KEEP", &s, 120, now, &t, &f));
+    assert_true(state_claim(st, &k, "KEEP", &s, 120, TIMEOUT, now, &t, &f));
     struct outcome oc = status_outcome(TXS_FAILED);
     state_finish(st, &t, "toko-a", &oc, now, &rep);
 
@@ -268,7 +268,7 @@ static void test_dead_lock_holder_is_recovered(void **ctx)
     for (int i = 0; i < 40; i++) {
         char id[16];
         snprintf(id, sizeof id, "N%d", i);
-        assert_true(state_claim(st, &k, id, &s, 300, now + 20 + i, &t, &f));
+        assert_true(state_claim(st, &k, id, &s, 300, TIMEOUT, now + 20 + i, &t, &f));
         oc = status_outcome(TXS_PENDING);
         state_finish(st, &t, "toko-a", &oc, now + 21 + i, &rep);
     }
@@ -304,7 +304,7 @@ static void claim_finish(struct state *st, const struct state_key *k, const char
     struct state_ticket t;
     struct state_fact f;
     struct state_report rep;
-    assert_true(state_claim(st, k, id, &sc, 300, now, &t, &f));
+    assert_true(state_claim(st, k, id, &sc, 300, TIMEOUT, now, &t, &f));
     struct outcome oc = status_outcome(s);
     state_finish(st, &t, "toko-a", &oc, now + 1, &rep);
 }
@@ -336,7 +336,7 @@ static void test_copy_taken_under_lock_never_hangs(void **ctx)
     claim_finish(st, &k, "KEEP", TXS_SUCCEEDED, now);
     struct state_ticket t;
     struct state_fact f;
-    assert_true(state_claim(st, &k, "INFLIGHT", &s, 300, now, &t, &f));
+    assert_true(state_claim(st, &k, "INFLIGHT", &s, 300, TIMEOUT, now, &t, &f));
 
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -369,7 +369,7 @@ static void test_copy_taken_under_lock_never_hangs(void **ctx)
         if (f.in_flight)
             _exit(5); /* a dead process's read is not waited for */
         struct state_ticket ct;
-        if (!state_claim(c, &ck, "NEW", &s, 300, n, &ct, &f))
+        if (!state_claim(c, &ck, "NEW", &s, 300, TIMEOUT, n, &ct, &f))
             _exit(6);
         struct state_metrics m;
         state_metrics(c, &m);
@@ -394,7 +394,7 @@ static void test_a_live_user_keeps_its_reads(void **ctx)
     state_key_id(st, "sk", &k);
     struct state_ticket t;
     struct state_fact f;
-    assert_true(state_claim(st, &k, "T", &s, 300, util_mono_ms(), &t, &f));
+    assert_true(state_claim(st, &k, "T", &s, 300, TIMEOUT, util_mono_ms(), &t, &f));
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) { /* another process joins: it is not alone, nothing is reset */
@@ -421,7 +421,7 @@ static void test_last_user_gone_releases_leases(void **ctx)
     claim_finish(st, &k, "KEEP", TXS_FAILED, now);
     struct state_ticket t;
     struct state_fact f;
-    assert_true(state_claim(st, &k, "T", &s, 300, now, &t, &f));
+    assert_true(state_claim(st, &k, "T", &s, 300, TIMEOUT, now, &t, &f));
     state_free(st); /* the last user stops (its read dies with it) */
     st = open_ok();
     state_lookup(st, &k, "T", &s, 300, now + 10, &f);
@@ -464,7 +464,7 @@ static void test_processes_starting_together_share_one_file(void **ctx)
                 struct state_ticket t;
                 struct state_fact f;
                 state_key_id(st, "sk", &k);
-                r = state_claim(st, &k, "T", &s, 300, util_mono_ms(), &t, &f) ? 'C' : 'W';
+                r = state_claim(st, &k, "T", &s, 300, TIMEOUT, util_mono_ms(), &t, &f) ? 'C' : 'W';
             }
             if (write(res[1], &r, 1) != 1)
                 _exit(2);
@@ -533,7 +533,7 @@ static void check_repaired(struct state *st, const struct state_key *k, enum sta
         snprintf(id, sizeof id, "N%d", i);
         struct state_ticket t;
         int64_t at = now + 100000 + i * 70000; /* each one's episode over before the next */
-        if (state_claim(st, &k2, id, &s, 300, at, &t, &f)) {
+        if (state_claim(st, &k2, id, &s, 300, TIMEOUT, at, &t, &f)) {
             struct outcome oc = status_outcome(TXS_PENDING);
             struct state_report rep;
             state_finish(st, &t, "toko-a", &oc, at + 1, &rep);
@@ -553,7 +553,7 @@ static void populate(struct state *st, struct state_key *k, int64_t now)
     claim_finish(st, k, "P", TXS_PENDING, now + 2);
     struct state_ticket t;
     struct state_fact f;
-    assert_true(state_claim(st, k, "INFLIGHT", &s, 300, now + 4, &t, &f));
+    assert_true(state_claim(st, k, "INFLIGHT", &s, 300, TIMEOUT, now + 4, &t, &f));
 }
 
 static void test_each_damage_after_a_crash(void **ctx)
