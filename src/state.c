@@ -1,9 +1,12 @@
 /* state.c - see state.h.
  *
  * Layout of the region (all offsets from its start, no pointers inside):
- *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots] | struct st_keyent keys[key_slots]
+ *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots]
+ *   | int32 key_buckets[key_nbuckets] | struct st_keyent keys[key_slots]
  * Transactions are kept in a chained hash table (bucket heads and `next`
- * are indexes; -1 ends a chain) keyed by SipHash(salt, key id || tx id).
+ * are indexes; -1 ends a chain; unused entries on a free list) keyed by
+ * SipHash(salt, key id || tx id); keys likewise, by their id (itself a
+ * keyed hash).
  * When the table is full, an idle entry is evicted: like Redis' approximate
  * LRU, a sample of entries is examined and the least recently used idle one
  * goes. An entry is idle when no read of it is in flight, its episode is
@@ -56,6 +59,7 @@ struct st_tx {
 
 struct st_keyent {
     struct state_key key;
+    int32_t next;
     uint8_t used;
     int64_t paused_until;
     int64_t last_used;
@@ -71,11 +75,13 @@ struct st_hdr {
     uint32_t pad0;
     uint64_t serial;
     int32_t tx_slots, key_slots, nbuckets, free_head;
+    int32_t key_nbuckets, key_free_head;
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
     long tx_used, evictions, full, recoveries, repairs, stale_locks;
-    size_t buckets_off, txs_off, keys_off;
+    long key_used, key_evictions, key_full;
+    size_t buckets_off, txs_off, key_buckets_off, keys_off;
 };
 
 /* What a check or repair found, kept in the process (never in the shared
@@ -85,6 +91,7 @@ enum st_damage {
     DMG_TX_ENTRY,   /* an entry that did not read as whole: dropped */
     DMG_TX_LINKS,   /* bucket heads, chains, free list or tx_used: relinked */
     DMG_KEY_ENTRY,  /* a key entry whose ring did not read as whole: dropped */
+    DMG_KEY_LINKS,  /* key bucket heads, chains, free list or key_used: relinked */
     DMG_TIME,       /* a time beyond its longest span (another boot's clock): clamped */
     DMG_N
 };
@@ -99,10 +106,11 @@ struct state {
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     /* the geometry, copied when attached: every index is checked against
      * these, never against the (writable, shared) header */
-    int32_t txn, keyn, nb;
+    int32_t txn, keyn, nb, knb;
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
+    int32_t *key_buckets;
     struct st_keyent *keys;
     struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
 };
@@ -204,17 +212,19 @@ static void clamp_time(int64_t *t, int64_t now, int64_t span, long *dmg)
 static void hdr_check(struct state *st, int64_t now, long *dmg)
 {
     struct st_hdr *h = st->h;
-    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb) {
+    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb || h->key_nbuckets != st->knb) {
         h->tx_slots = st->txn;
         h->key_slots = st->keyn;
         h->nbuckets = st->nb;
+        h->key_nbuckets = st->knb;
         dmg[DMG_HEADER]++;
     }
     if (!nul_within(h->last_401_shop, sizeof h->last_401_shop)) {
         memset(h->last_401_shop, 0, sizeof h->last_401_shop);
         dmg[DMG_HEADER]++;
     }
-    long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks};
+    long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks,
+                        &h->key_evictions, &h->key_full};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (*counters[i] < 0) {
             *counters[i] = 0;
@@ -312,25 +322,77 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
         return;
     if (k->used != 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
         k->ring_n > STATE_BUDGET_MAX) {
+        int32_t next = k->next;
         memset(k, 0, sizeof *k);
+        k->next = next; /* the links are checked (and rebuilt) next */
         dmg[DMG_KEY_ENTRY]++;
         return;
     }
     clamp_time(&k->paused_until, now, SPAN_KEY_PAUSE, dmg);
     clamp_time(&k->last_used, now, 0, dmg);
-    for (int32_t i = 0; i < STATE_BUDGET_MAX; i++)
-        clamp_time(&k->ring[i], now, 0, dmg);
+    for (int32_t j = 0; j < k->ring_n; j++) /* only the ring_n newest are ever read */
+        clamp_time(&k->ring[(k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX], now, 0, dmg);
 }
 
-/* Check every table of the region and repair what is wrong, with the
- * region to ourselves (the lock held, or no other user). Returns the
- * number of repairs; what was found is added to st->notice. */
-static long region_check(struct state *st, int64_t now)
+static uint32_t key_bucket(const struct state *st, const struct state_key *key);
+
+/* As tx_links_ok(), for the key table. */
+static bool key_links_ok(struct state *st)
+{
+    int32_t n = st->keyn, steps = 0, in_chains = 0, in_free = 0, used = 0;
+    for (int32_t b = 0; b < st->knb; b++) {
+        for (int32_t i = st->key_buckets[b]; i != -1; i = st->keys[i].next) {
+            if (i < 0 || i >= n || steps++ >= n)
+                return false;
+            if (!st->keys[i].used || key_bucket(st, &st->keys[i].key) != (uint32_t)b)
+                return false;
+            in_chains++;
+        }
+    }
+    for (int32_t i = st->h->key_free_head; i != -1; i = st->keys[i].next) {
+        if (i < 0 || i >= n || steps++ >= n || st->keys[i].used)
+            return false;
+        in_free++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        used += st->keys[i].used != 0;
+    return in_chains == used && in_free == n - used && st->h->key_used == used;
+}
+
+static void key_relink(struct state *st)
+{
+    struct st_hdr *h = st->h;
+    for (int32_t i = 0; i < st->knb; i++)
+        st->key_buckets[i] = -1;
+    h->key_free_head = -1;
+    h->key_used = 0;
+    for (int32_t i = st->keyn - 1; i >= 0; i--) {
+        struct st_keyent *k = &st->keys[i];
+        if (k->used) {
+            uint32_t b = key_bucket(st, &k->key);
+            k->next = st->key_buckets[b];
+            st->key_buckets[b] = i;
+            h->key_used++;
+        } else {
+            memset(k, 0, sizeof *k);
+            k->next = h->key_free_head;
+            h->key_free_head = i;
+        }
+    }
+}
+
+/* Check every table of the region (`full`), or only the header, and
+ * repair what is wrong, with the region to ourselves (the lock held, or no
+ * other user). Returns the number of repairs; what was found is added to
+ * st->notice. */
+static long region_check(struct state *st, int64_t now, bool full)
 {
     long *dmg = st->notice.dmg, before = 0, after = 0;
     for (int i = 0; i < DMG_N; i++)
         before += dmg[i];
     hdr_check(st, now, dmg);
+    if (!full)
+        goto out;
     for (int32_t i = 0; i < st->txn; i++)
         tx_check_entry(st, &st->txs[i], now, dmg);
     if (!tx_links_ok(st)) {
@@ -339,6 +401,11 @@ static long region_check(struct state *st, int64_t now)
     }
     for (int32_t i = 0; i < st->keyn; i++)
         key_check_entry(&st->keys[i], now, dmg);
+    if (!key_links_ok(st)) {
+        key_relink(st);
+        dmg[DMG_KEY_LINKS]++;
+    }
+out:
     for (int i = 0; i < DMG_N; i++)
         after += dmg[i];
     if (after > before)
@@ -356,13 +423,13 @@ static void st_lock(struct state *st, int64_t now)
          * was changing may be half done. Leases of its reads stay and
          * expire on their own. */
         st->notice.owner_died = true;
-        region_check(st, now);
+        region_check(st, now, true);
         st->h->recoveries++;
         pthread_mutex_consistent(&st->h->mu);
     }
 }
 
-static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "times"};
+static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "key_links", "times"};
 
 /* Log what a check found (never under the lock). */
 static void notice_log(const struct st_notice *n, const char *msg)
@@ -521,10 +588,25 @@ void state_test_damage(struct state *st, enum state_test_damage what)
             k->ring[i] = INT64_MAX - i;
         k->paused_until = INT64_MAX;
         break;
+    case STATE_TEST_KEY_LINKS:
+        for (int32_t b = 0; b < st->knb; b++)
+            st->key_buckets[b] = b % 2 ? -9 : st->keyn;
+        k->next = 0;
+        h->key_free_head = INT32_MIN;
+        h->key_used = st->keyn + 9;
+        break;
+    case STATE_TEST_KEY_USED_FLAG:
+        for (int32_t i = 0; i < st->keyn; i++)
+            if (!st->keys[i].used) {
+                st->keys[i].used = 3;
+                break;
+            }
+        break;
     case STATE_TEST_HEADER:
         h->tx_slots = 1 << 30;
         h->nbuckets = 3;
         h->key_slots = -1;
+        h->key_nbuckets = 6;
         memset(h->last_401_shop, 'x', sizeof h->last_401_shop);
         h->serial = 0;
         h->recoveries = -8;
@@ -538,20 +620,26 @@ void state_test_damage(struct state *st, enum state_test_damage what)
 
 /* The region's geometry for the given options. */
 struct layout {
-    int32_t txn, keyn, nb;
-    size_t off_b, off_t, off_k, size;
+    int32_t txn, keyn, nb, knb;
+    size_t off_b, off_t, off_kb, off_k, size;
 };
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
 {
     l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
-    l->keyn = opts->key_slots > 0 ? opts->key_slots : 256;
+    l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
+    if (l->keyn > STATE_KEY_SLOTS_MAX)
+        l->keyn = STATE_KEY_SLOTS_MAX;
     l->nb = 1;
     while (l->nb < l->txn && l->nb < (1 << 28))
         l->nb <<= 1;
     l->off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
     l->off_t = (l->off_b + (size_t)l->nb * sizeof(int32_t) + 63) & ~(size_t)63;
-    l->off_k = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    l->knb = 1;
+    while (l->knb < l->keyn && l->knb < (1 << 28))
+        l->knb <<= 1;
+    l->off_kb = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    l->off_k = (l->off_kb + (size_t)l->knb * sizeof(int32_t) + 63) & ~(size_t)63;
     l->size = l->off_k + (size_t)l->keyn * sizeof(struct st_keyent);
 }
 
@@ -572,8 +660,10 @@ static void attach(struct state *st, uint8_t *base)
     st->txn = st->h->tx_slots;
     st->keyn = st->h->key_slots;
     st->nb = st->h->nbuckets;
+    st->knb = st->h->key_nbuckets;
     st->buckets = (int32_t *)(base + st->h->buckets_off);
     st->txs = (struct st_tx *)(base + st->h->txs_off);
+    st->key_buckets = (int32_t *)(base + st->h->key_buckets_off);
     st->keys = (struct st_keyent *)(base + st->h->keys_off);
 }
 
@@ -588,9 +678,11 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->tx_slots = l->txn;
     h->key_slots = l->keyn;
     h->nbuckets = l->nb;
+    h->key_nbuckets = l->knb;
     h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
+    h->key_buckets_off = l->off_kb;
     h->keys_off = l->off_k;
     if (getrandom(h->salt, sizeof h->salt, 0) != (ssize_t)sizeof h->salt) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
@@ -605,6 +697,13 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     for (int32_t i = 0; i < l->txn; i++)
         txs[i].next = i + 1 < l->txn ? i + 1 : -1;
     h->free_head = 0;
+    int32_t *kb = (int32_t *)(base + l->off_kb);
+    struct st_keyent *keys = (struct st_keyent *)(base + l->off_k);
+    for (int32_t i = 0; i < l->knb; i++)
+        kb[i] = -1;
+    for (int32_t i = 0; i < l->keyn; i++)
+        keys[i].next = i + 1 < l->keyn ? i + 1 : -1;
+    h->key_free_head = 0;
     return 0;
 }
 
@@ -639,11 +738,13 @@ static bool region_usable(const uint8_t *base, size_t len)
     const struct st_hdr *h = (const struct st_hdr *)base;
     if (len < sizeof *h || h->magic != ST_MAGIC || h->version != layout_stamp() || h->size != len)
         return false;
-    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0)
+    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0 ||
+        h->key_nbuckets < 1 || (h->key_nbuckets & (h->key_nbuckets - 1)) != 0)
         return false;
     return span_ok(h->buckets_off, h->nbuckets, sizeof(int32_t), sizeof *h, len) &&
            span_ok(h->txs_off, h->tx_slots, sizeof(struct st_tx), h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t), len) &&
-           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len);
+           span_ok(h->key_buckets_off, h->key_nbuckets, sizeof(int32_t), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len) &&
+           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->key_buckets_off + (size_t)h->key_nbuckets * sizeof(int32_t), len);
 }
 
 int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
@@ -728,6 +829,7 @@ out:
 struct open_notes {
     bool replaced;          /* an incompatible or damaged file was replaced */
     bool other_size;        /* the file has another tx_slots than asked */
+    int32_t keys_wanted;    /* more key slots asked for than the file has: how many */
     bool alone;             /* no other live process used the file */
     bool lock_was_held;     /* alone, yet its lock word said held */
     long leases;            /* alone: reads in flight of dead processes, released */
@@ -750,14 +852,17 @@ static int region_reset(struct state *st, int64_t now, struct open_notes *on, ch
             st->txs[i].inflight_until = 0;
             on->leases++;
         }
-    region_check(st, now);
+    region_check(st, now, true);
     if (on->lock_was_held)
         st->h->stale_locks++;
     return 0;
 }
 
-/* Others use the region: check it under its lock, waiting at most
- * OPEN_LOCK_MS (it is never held for more than microseconds). */
+/* Others use the region: it was checked whole when the first of them took
+ * it over, and again after any crash under its lock (the only ways it can
+ * be damaged), so only its header is checked here, under the lock, waiting
+ * at most OPEN_LOCK_MS (it is never held for more than microseconds): an
+ * open (a CGI request) must not hold every process up for a whole walk. */
 #define OPEN_LOCK_MS 2000
 static int region_check_locked(struct state *st, int64_t now, char *err, size_t errlen)
 {
@@ -775,14 +880,14 @@ static int region_check_locked(struct state *st, int64_t now, char *err, size_t 
         st->notice.owner_died = true;
         st->h->recoveries++;
     }
-    region_check(st, now);
+    region_check(st, now, rc == EOWNERDEAD);
     if (rc == EOWNERDEAD)
         pthread_mutex_consistent(&st->h->mu);
     pthread_mutex_unlock(&st->h->mu);
     return 0;
 }
 
-static void open_notes_log(const struct open_notes *on, int32_t slots)
+static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t key_slots)
 {
     struct log_line ll;
     if (on->replaced)
@@ -792,6 +897,15 @@ static void open_notes_log(const struct open_notes *on, int32_t slots)
         log_str(&ll, "msg", "the state file was made with another state_slots; "
                             "keeping its size (remove it while no kembali runs to change it)");
         log_int(&ll, "slots", slots);
+        log_end(&ll);
+    }
+    if (on->keys_wanted > 0) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", "more keys are configured than the state file has key slots: the least recently "
+                            "used idle keys make room, and a key finds none only while every slot holds a key "
+                            "in use (paused, or read within 60 s); remove the file while no kembali runs to resize it");
+        log_int(&ll, "key_slots", key_slots);
+        log_int(&ll, "wanted", on->keys_wanted);
         log_end(&ll);
     }
     if (on->alone && (on->lock_was_held || on->leases > 0 || notice_any(&on->n))) {
@@ -882,6 +996,8 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                 st->mapped = len;
                 st->users_fd = users;
                 on.other_size = st->txn != l.txn;
+                if (l.keyn > st->keyn)
+                    on.keys_wanted = l.keyn;
                 int rc = on.alone ? region_reset(st, now, &on, err, errlen)
                                   : region_check_locked(st, now, err, errlen);
                 on.n = st->notice;
@@ -914,7 +1030,7 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
     if (st == NULL)
         close(users);
     else
-        open_notes_log(&on, st->txn);
+        open_notes_log(&on, st->txn, st->keyn);
     return st;
 }
 
@@ -1024,28 +1140,81 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
     return e;
 }
 
-/* Find or create the key entry; NULL when every slot holds a key in use. */
-static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+static uint32_t key_bucket(const struct state *st, const struct state_key *key)
 {
-    struct st_keyent *free_slot = NULL, *idle = NULL;
-    for (int32_t i = 0; i < st->keyn; i++) {
+    uint32_t v;
+    memcpy(&v, key->b, sizeof v); /* a key id is a keyed hash already */
+    return v & (uint32_t)(st->knb - 1);
+}
+
+static struct st_keyent *key_find(struct state *st, const struct state_key *key)
+{
+    int32_t steps = 0;
+    for (int32_t i = st->key_buckets[key_bucket(st, key)]; i >= 0 && i < st->keyn && steps++ < st->keyn;
+         i = st->keys[i].next) {
         struct st_keyent *k = &st->keys[i];
         if (k->used && memcmp(k->key.b, key->b, 16) == 0)
             return k;
-        if (!k->used && free_slot == NULL)
-            free_slot = k;
-        else if (k->used && k->paused_until <= now && now - k->last_used > PACE_EPISODE_MS &&
-                 (idle == NULL || k->last_used < idle->last_used))
-            idle = k;
     }
-    if (!create)
-        return NULL;
-    struct st_keyent *k = free_slot ? free_slot : idle;
-    if (k != NULL) {
-        memset(k, 0, sizeof *k);
-        k->used = 1;
-        k->key = *key;
+    return NULL;
+}
+
+/* May this key's entry be forgotten? Only when that forgets nothing in
+ * force: no pause runs and its budget ring holds no read newer than the
+ * budget's span (so a new entry's empty ring allows exactly as much), and
+ * so no read of it is in flight either (a claim pushes the ring). */
+static bool key_idle(const struct st_keyent *k, int64_t now)
+{
+    if (!k->used || k->paused_until > now)
+        return false;
+    if (k->ring_n > 0 && k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] > now - STATE_KEY_IDLE_MS)
+        return false;
+    return true;
+}
+
+static void key_unlink(struct state *st, int32_t idx)
+{
+    struct st_keyent *k = &st->keys[idx];
+    int32_t *pp = &st->key_buckets[key_bucket(st, &k->key)], steps = 0;
+    while (*pp >= 0 && *pp < st->keyn && *pp != idx && steps++ < st->keyn)
+        pp = &st->keys[*pp].next;
+    if (*pp == idx)
+        *pp = k->next;
+}
+
+/* Find the key entry; with `create`, make one when missing: a free slot,
+ * or the least recently used idle key's. NULL when every slot holds a key
+ * in use (counted: key_full). */
+static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+{
+    struct st_keyent *k = key_find(st, key);
+    if (k != NULL || !create)
+        return k;
+    int32_t idx = st->h->key_free_head;
+    if (idx >= 0 && idx < st->keyn) {
+        st->h->key_free_head = st->keys[idx].next;
+        st->h->key_used++;
+    } else {
+        int32_t best = -1;
+        for (int32_t i = 0; i < st->keyn; i++) /* rare: only when full; bounded */
+            if (key_idle(&st->keys[i], now) && (best < 0 || st->keys[i].last_used < st->keys[best].last_used))
+                best = i;
+        if (best < 0) {
+            st->h->key_full++;
+            return NULL;
+        }
+        key_unlink(st, best);
+        st->h->key_evictions++;
+        idx = best;
     }
+    k = &st->keys[idx];
+    memset(k, 0, sizeof *k);
+    k->used = 1;
+    k->key = *key;
+    k->last_used = now;
+    uint32_t b = key_bucket(st, key);
+    k->next = st->key_buckets[b];
+    st->key_buckets[b] = idx;
     return k;
 }
 
@@ -1367,6 +1536,19 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->full = st->h->full;
     out->recoveries = st->h->recoveries;
     out->repairs = st->h->repairs;
+    out->key_used = st->h->key_used;
+    out->key_slots = st->keyn;
+    out->key_evictions = st->h->key_evictions;
+    out->key_full = st->h->key_full;
     out->stale_locks = st->h->stale_locks;
     st_unlock(st);
+}
+
+int state_key_slots_for(int keys)
+{
+    if (keys < 0)
+        keys = 0;
+    if (keys > STATE_KEY_SLOTS_MAX / 2)
+        return STATE_KEY_SLOTS_MAX;
+    return keys * 2 < STATE_KEY_SLOTS_MIN ? STATE_KEY_SLOTS_MIN : keys * 2;
 }

@@ -88,18 +88,34 @@ struct state_report {
     char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
 };
 
+#define STATE_KEY_SLOTS_DEFAULT 256   /* key_slots when state_opts gives none */
+#define STATE_KEY_SLOTS_MIN 64
+#define STATE_KEY_SLOTS_MAX (1 << 20)
+#define STATE_KEY_IDLE_MS (60 * 1000LL) /* a key read within this is in use (its budget ring) */
+
 struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
-    int key_slots;            /* distinct keys (default 256) */
+    int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
     int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
 };
 
 struct state_metrics {
     long tx_used, tx_slots, evictions, full;
+    long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
     long recoveries;   /* a process died holding the lock; the next one repaired */
     long repairs;      /* checks (open, recovery) that found something to repair */
     long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
 };
+
+/* The key slots for a configuration with `keys` keys (distinct secrets;
+ * counting shops gives an upper bound): twice as many, at least
+ * STATE_KEY_SLOTS_MIN, at most STATE_KEY_SLOTS_MAX, so that keys added by
+ * reloads find room. A full key table makes room by forgetting the least
+ * recently used idle key (no pause in force, nothing in its budget ring
+ * newer than STATE_KEY_IDLE_MS: forgetting it forgets nothing that limits
+ * a read); a key finds no slot (WAIT_FULL: checking) only while every slot
+ * holds a key in use. This function can't fail. */
+int state_key_slots_for(int keys);
 
 /* Create a state in this process's memory (tests). Returns NULL and writes
  * a reason into err on failure (allocation, mutex). */
@@ -168,6 +184,8 @@ enum state_test_damage {
     STATE_TEST_TIMES,       /* times far in the future and past, negative reads */
     STATE_TEST_KEY_RING,    /* a key's ring head and count out of range */
     STATE_TEST_KEY_TIMES,   /* a key's ring and pause far in the future */
+    STATE_TEST_KEY_LINKS,   /* key bucket heads, a chain, the free list, key_used */
+    STATE_TEST_KEY_USED_FLAG, /* a free key entry's used flag neither 0 nor 1 */
     STATE_TEST_HEADER,      /* geometry, strings, serial, counters */
 };
 #define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)

@@ -1159,6 +1159,101 @@ static void test_late_limits_still_count(void **unused)
     state_free(st);
 }
 
+/* ---- key slots ---- */
+
+static struct state *mk_keys(int key_slots)
+{
+    struct state_opts o = {.tx_slots = 1024, .key_slots = key_slots, .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    return st;
+}
+
+static struct state_key key_n(struct state *st, int i)
+{
+    char secret[32];
+    snprintf(secret, sizeof secret, "sk_test_%d", i);
+    return key_of(st, secret);
+}
+
+static void test_key_slots_follow_the_configuration(void **unused)
+{
+    (void)unused;
+    assert_int_equal(state_key_slots_for(0), STATE_KEY_SLOTS_MIN);
+    assert_int_equal(state_key_slots_for(20), STATE_KEY_SLOTS_MIN);
+    assert_int_equal(state_key_slots_for(300), 600);
+    assert_int_equal(state_key_slots_for(1 << 30), STATE_KEY_SLOTS_MAX);
+    /* 300 shops with their own keys: the 257th key reads like the first */
+    struct state *st = mk_keys(state_key_slots_for(300));
+    for (int i = 0; i < 300; i++) {
+        struct state_key k = key_n(st, i);
+        assert_true(claim(st, &k, "T1", T0 + i, NULL, NULL));
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_slots, 600);
+    assert_int_equal(m.key_used, 300);
+    assert_int_equal(m.key_full, 0);
+    state_free(st);
+}
+
+static void test_key_full_evicts_an_idle_key(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_keys(4);
+    struct state_key k[6];
+    for (int i = 0; i < 6; i++)
+        k[i] = key_n(st, i);
+    for (int i = 0; i < 4; i++)
+        assert_true(claim(st, &k[i], "T1", T0 + i, NULL, NULL));
+    /* every key read within 60 s: its budget ring is in force, none goes */
+    struct state_fact f;
+    assert_false(claim(st, &k[4], "T1", T0 + 1000, NULL, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    /* key 0 paused (a 429): never evicted while the pause runs */
+    struct state_ticket t;
+    assert_true(claim(st, &k[0], "T2", T0 + 2000, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_KEY_LIMITED), T0 + 2100);
+    /* 60 s after their last reads keys 1..3 are idle; the oldest goes */
+    int64_t later = T0 + STATE_KEY_IDLE_MS + 2101;
+    assert_true(claim(st, &k[4], "T1", later, NULL, NULL));
+    assert_true(claim(st, &k[5], "T1", later + 1, NULL, NULL));
+    f = lookup(st, &k[0], "T3", later + 2);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE); /* kept, with its pause */
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_evictions, 2);
+    assert_int_equal(m.key_full, 1);
+    assert_int_equal(m.key_used, 4);
+    /* an evicted key comes back with an empty ring */
+    assert_true(claim(st, &k[3], "T9", later + 3, NULL, NULL) || lookup(st, &k[3], "T9", later + 3).wait == WAIT_FULL);
+    state_free(st);
+}
+
+static void test_key_eviction_keeps_the_budget(void **unused)
+{
+    (void)unused;
+    /* a key with reads inside the last 60 s is never forgotten, so its
+     * budget cannot be reset by other keys coming and going */
+    struct state *st = mk_keys(2);
+    struct state_key a = key_n(st, 0), b = key_n(st, 1), c = key_n(st, 2);
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "A%d", i);
+        assert_true(state_claim(st, &a, id, &s, 3, TIMEOUT, T0 + 30000 + i * 5000, &t, &f));
+    }
+    assert_true(claim(st, &b, "B", T0, NULL, NULL));
+    /* at T0 + 61 s: b is idle, a is not (3 reads within 31 s) */
+    assert_true(claim(st, &c, "C", T0 + 61000, NULL, NULL));
+    assert_false(state_claim(st, &a, "A9", &s, 3, TIMEOUT, T0 + 61000, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    state_free(st);
+}
+
 /* ---- eviction ---- */
 
 static int count_known(struct state *st, const struct state_key *k, int n, int64_t now)
@@ -1425,6 +1520,9 @@ int main(void)
         cmocka_unit_test(test_late_pending_never_clears_a_final),
         cmocka_unit_test(test_late_final_moves_forward_only),
         cmocka_unit_test(test_late_limits_still_count),
+        cmocka_unit_test(test_key_slots_follow_the_configuration),
+        cmocka_unit_test(test_key_full_evicts_an_idle_key),
+        cmocka_unit_test(test_key_eviction_keeps_the_budget),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
         cmocka_unit_test(test_full_in_flight),

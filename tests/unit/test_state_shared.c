@@ -210,11 +210,13 @@ static void test_existing_file_keeps_its_size(void **ctx)
     struct state *a = open_ok();
     struct state_opts bigger = OPTS;
     bigger.tx_slots = 4096;
+    bigger.key_slots = 500; /* more keys than it has slots: logged, idle keys make room */
     struct state *b = state_open(dir, &bigger, err, sizeof err);
     assert_non_null(b);
     struct state_metrics m;
     state_metrics(b, &m);
     assert_int_equal(m.tx_slots, OPTS.tx_slots); /* joined, not replaced under a */
+    assert_int_equal(m.key_slots, OPTS.key_slots);
     state_free(a);
     state_free(b);
 }
