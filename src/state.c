@@ -3,10 +3,14 @@
  * Layout of the region (all offsets from its start, no pointers inside):
  *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots]
  *   | int32 key_buckets[key_nbuckets] | struct st_keyent keys[key_slots]
+ *   | struct st_client clients[client_slots]
  * Transactions are kept in a chained hash table (bucket heads and `next`
  * are indexes; -1 ends a chain; unused entries on a free list) keyed by
  * SipHash(salt, key id || tx id); keys likewise, by their id (itself a
- * keyed hash).
+ * keyed hash). Clients (the 404s charged to an address) live in a
+ * set-associative table: a client's entry is one of CLIENT_WAYS slots from
+ * its home slot, so a lookup looks at no more than CLIENT_WAYS entries and
+ * nothing links them.
  * When the table is full, an idle entry is evicted: like Redis' approximate
  * LRU, a sample of entries is examined and the least recently used idle one
  * goes. An entry is idle when no read of it is in flight, its episode is
@@ -22,6 +26,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <arpa/inet.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -67,6 +72,18 @@ struct st_keyent {
     int64_t ring[STATE_BUDGET_MAX];
 };
 
+struct st_client {
+    struct state_client id;
+    uint8_t used;
+    uint8_t nhits;              /* 404s in hit_*[0..nhits), oldest first */
+    int64_t blocked_until;
+    int64_t last_used;
+    uint32_t hit_what[STATE_CLIENT_404S]; /* a hash of (key, id): ids counted once */
+    int64_t hit_at[STATE_CLIENT_404S];
+};
+
+#define CLIENT_WAYS 8
+
 struct st_hdr {
     uint64_t magic, version, size;
     pthread_mutex_t mu;
@@ -76,12 +93,14 @@ struct st_hdr {
     uint64_t serial;
     int32_t tx_slots, key_slots, nbuckets, free_head;
     int32_t key_nbuckets, key_free_head;
+    int32_t client_slots, pad1;
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
     long tx_used, evictions, full, recoveries, repairs, stale_locks;
     long key_used, key_evictions, key_full;
-    size_t buckets_off, txs_off, key_buckets_off, keys_off;
+    long client_blocks, client_full;
+    size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
 };
 
 /* What a check or repair found, kept in the process (never in the shared
@@ -92,6 +111,7 @@ enum st_damage {
     DMG_TX_LINKS,   /* bucket heads, chains, free list or tx_used: relinked */
     DMG_KEY_ENTRY,  /* a key entry whose ring did not read as whole: dropped */
     DMG_KEY_LINKS,  /* key bucket heads, chains, free list or key_used: relinked */
+    DMG_CLIENT,     /* a client entry that did not read as whole, or out of its ways: dropped */
     DMG_TIME,       /* a time beyond its longest span (another boot's clock): clamped */
     DMG_N
 };
@@ -106,12 +126,13 @@ struct state {
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     /* the geometry, copied when attached: every index is checked against
      * these, never against the (writable, shared) header */
-    int32_t txn, keyn, nb, knb;
+    int32_t txn, keyn, nb, knb, cln;
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
     int32_t *key_buckets;
     struct st_keyent *keys;
+    struct st_client *clients;
     struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
 };
 
@@ -212,7 +233,9 @@ static void clamp_time(int64_t *t, int64_t now, int64_t span, long *dmg)
 static void hdr_check(struct state *st, int64_t now, long *dmg)
 {
     struct st_hdr *h = st->h;
-    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb || h->key_nbuckets != st->knb) {
+    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb || h->key_nbuckets != st->knb ||
+        h->client_slots != st->cln) {
+        h->client_slots = st->cln;
         h->tx_slots = st->txn;
         h->key_slots = st->keyn;
         h->nbuckets = st->nb;
@@ -224,7 +247,7 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks,
-                        &h->key_evictions, &h->key_full};
+                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (*counters[i] < 0) {
             *counters[i] = 0;
@@ -335,6 +358,27 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
 }
 
 static uint32_t key_bucket(const struct state *st, const struct state_key *key);
+static int32_t client_home(const struct state *st, const struct state_client *c);
+
+/* One client entry: dropped unless whole and within its ways (a lookup
+ * would never find it elsewhere); its times clamped. */
+static void client_check_entry(struct state *st, int32_t idx, int64_t now, long *dmg)
+{
+    struct st_client *c = &st->clients[idx];
+    if (c->used == 0)
+        return;
+    int32_t ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
+    int32_t off = (idx - client_home(st, &c->id) + st->cln) % st->cln;
+    if (c->used != 1 || c->nhits > STATE_CLIENT_404S || off >= ways) {
+        memset(c, 0, sizeof *c);
+        dmg[DMG_CLIENT]++;
+        return;
+    }
+    clamp_time(&c->blocked_until, now, STATE_CLIENT_BLOCK_MS, dmg);
+    clamp_time(&c->last_used, now, 0, dmg);
+    for (int i = 0; i < c->nhits; i++)
+        clamp_time(&c->hit_at[i], now, 0, dmg);
+}
 
 /* As tx_links_ok(), for the key table. */
 static bool key_links_ok(struct state *st)
@@ -405,6 +449,8 @@ static long region_check(struct state *st, int64_t now, bool full)
         key_relink(st);
         dmg[DMG_KEY_LINKS]++;
     }
+    for (int32_t i = 0; i < st->cln; i++)
+        client_check_entry(st, i, now, dmg);
 out:
     for (int i = 0; i < DMG_N; i++)
         after += dmg[i];
@@ -429,7 +475,7 @@ static void st_lock(struct state *st, int64_t now)
     }
 }
 
-static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "key_links", "times"};
+static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "key_links", "clients", "times"};
 
 /* Log what a check found (never under the lock). */
 static void notice_log(const struct st_notice *n, const char *msg)
@@ -602,8 +648,18 @@ void state_test_damage(struct state *st, enum state_test_damage what)
                 break;
             }
         break;
+    case STATE_TEST_CLIENTS:
+        for (int32_t i = 0; i < st->cln; i += 3) {
+            st->clients[i].used = (uint8_t)(i % 2 ? 1 : 5);
+            st->clients[i].nhits = (uint8_t)(i % 4 ? 200 : 1);
+            st->clients[i].id.b[0] = (uint8_t)i;
+            st->clients[i].blocked_until = INT64_MAX;
+            st->clients[i].hit_at[0] = INT64_MAX;
+        }
+        break;
     case STATE_TEST_HEADER:
         h->tx_slots = 1 << 30;
+        h->client_slots = 0;
         h->nbuckets = 3;
         h->key_slots = -1;
         h->key_nbuckets = 6;
@@ -620,8 +676,8 @@ void state_test_damage(struct state *st, enum state_test_damage what)
 
 /* The region's geometry for the given options. */
 struct layout {
-    int32_t txn, keyn, nb, knb;
-    size_t off_b, off_t, off_kb, off_k, size;
+    int32_t txn, keyn, nb, knb, cln;
+    size_t off_b, off_t, off_kb, off_k, off_c, size;
 };
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
@@ -640,7 +696,11 @@ static void layout_for(const struct state_opts *opts, struct layout *l)
         l->knb <<= 1;
     l->off_kb = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
     l->off_k = (l->off_kb + (size_t)l->knb * sizeof(int32_t) + 63) & ~(size_t)63;
-    l->size = l->off_k + (size_t)l->keyn * sizeof(struct st_keyent);
+    l->cln = opts->client_slots > 0 ? opts->client_slots : STATE_CLIENT_SLOTS_DEFAULT;
+    if (l->cln > STATE_CLIENT_SLOTS_MAX)
+        l->cln = STATE_CLIENT_SLOTS_MAX;
+    l->off_c = (l->off_k + (size_t)l->keyn * sizeof(struct st_keyent) + 63) & ~(size_t)63;
+    l->size = l->off_c + (size_t)l->cln * sizeof(struct st_client);
 }
 
 /* A fingerprint of this build's data layout: a region written by a build
@@ -661,10 +721,12 @@ static void attach(struct state *st, uint8_t *base)
     st->keyn = st->h->key_slots;
     st->nb = st->h->nbuckets;
     st->knb = st->h->key_nbuckets;
+    st->cln = st->h->client_slots;
     st->buckets = (int32_t *)(base + st->h->buckets_off);
     st->txs = (struct st_tx *)(base + st->h->txs_off);
     st->key_buckets = (int32_t *)(base + st->h->key_buckets_off);
     st->keys = (struct st_keyent *)(base + st->h->keys_off);
+    st->clients = (struct st_client *)(base + st->h->clients_off);
 }
 
 /* Initialise a zeroed region of l->size bytes. */
@@ -679,11 +741,13 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->key_slots = l->keyn;
     h->nbuckets = l->nb;
     h->key_nbuckets = l->knb;
+    h->client_slots = l->cln;
     h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
     h->key_buckets_off = l->off_kb;
     h->keys_off = l->off_k;
+    h->clients_off = l->off_c;
     if (getrandom(h->salt, sizeof h->salt, 0) != (ssize_t)sizeof h->salt) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         return -1;
@@ -744,7 +808,8 @@ static bool region_usable(const uint8_t *base, size_t len)
     return span_ok(h->buckets_off, h->nbuckets, sizeof(int32_t), sizeof *h, len) &&
            span_ok(h->txs_off, h->tx_slots, sizeof(struct st_tx), h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t), len) &&
            span_ok(h->key_buckets_off, h->key_nbuckets, sizeof(int32_t), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len) &&
-           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->key_buckets_off + (size_t)h->key_nbuckets * sizeof(int32_t), len);
+           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->key_buckets_off + (size_t)h->key_nbuckets * sizeof(int32_t), len) &&
+           span_ok(h->clients_off, h->client_slots, sizeof(struct st_client), h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent), len);
 }
 
 int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
@@ -1071,6 +1136,17 @@ static uint32_t tx_bucket(struct state *st, const struct state_key *key, const c
     return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->nb - 1));
 }
 
+/* What a client's 404 is counted against: (key, id), hashed. */
+static uint32_t tx_what(struct state *st, const struct state_key *key, const char *id)
+{
+    uint8_t buf[17 + STATE_ID_MAX];
+    size_t n = strnlen(id, STATE_ID_MAX);
+    buf[0] = 'w';
+    memcpy(buf + 1, key->b, 16);
+    memcpy(buf + 17, id, n);
+    return (uint32_t)state_siphash(st->h->salt, buf, 17 + n);
+}
+
 static struct st_tx *tx_find(struct state *st, const struct state_key *key, const char *id)
 {
     int32_t steps = 0;
@@ -1218,6 +1294,94 @@ static struct st_keyent *key_get(struct state *st, const struct state_key *key, 
     return k;
 }
 
+/* ---- clients: 404s charged to an address ---- */
+
+static bool client_none(const struct state_client *c)
+{
+    static const struct state_client zero;
+    return memcmp(c->b, zero.b, sizeof c->b) == 0;
+}
+
+static int32_t client_home(const struct state *st, const struct state_client *c)
+{
+    uint32_t v;
+    memcpy(&v, c->b + 4, sizeof v); /* a keyed hash already */
+    return (int32_t)(v % (uint32_t)st->cln);
+}
+
+/* Is the entry worth keeping at `now`? A block, or a 404 inside the window. */
+static bool client_busy(const struct st_client *c, int64_t now)
+{
+    return c->blocked_until > now || (c->nhits > 0 && c->hit_at[c->nhits - 1] > now - STATE_CLIENT_WINDOW_MS);
+}
+
+/* Find the client's entry among its ways; with `create`, make one: a free
+ * way, else the least recently used idle one, else the least recently used
+ * that is not blocked (its 404s forgotten: only a flood of addresses in one
+ * set does that). NULL when every way holds a blocked client (client_full). */
+static struct st_client *client_get(struct state *st, const struct state_client *id, int64_t now, bool create)
+{
+    int32_t home = client_home(st, id), ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
+    int32_t free_i = -1, idle = -1, open = -1;
+    for (int32_t w = 0; w < ways; w++) {
+        int32_t i = (home + w) % st->cln;
+        struct st_client *c = &st->clients[i];
+        if (c->used && memcmp(c->id.b, id->b, sizeof id->b) == 0)
+            return c;
+        if (!c->used) {
+            if (free_i < 0)
+                free_i = i;
+        } else if (!client_busy(c, now)) {
+            if (idle < 0 || c->last_used < st->clients[idle].last_used)
+                idle = i;
+        } else if (c->blocked_until <= now) {
+            if (open < 0 || c->last_used < st->clients[open].last_used)
+                open = i;
+        }
+    }
+    if (!create)
+        return NULL;
+    int32_t i = free_i >= 0 ? free_i : idle >= 0 ? idle : open;
+    if (i < 0) {
+        st->h->client_full++;
+        return NULL;
+    }
+    struct st_client *c = &st->clients[i];
+    memset(c, 0, sizeof *c);
+    c->used = 1;
+    c->id = *id;
+    c->last_used = now;
+    return c;
+}
+
+/* Charge a 404 for `what` to client id at `now`. Returns true when this
+ * starts the client's block. */
+static bool client_charge(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
+{
+    struct st_client *c = client_get(st, id, now, true);
+    if (c == NULL || c->blocked_until > now)
+        return false;
+    c->last_used = now;
+    int keep = 0;
+    for (int i = 0; i < c->nhits; i++) /* forget what left the window, and an earlier 404 of this id */
+        if (c->hit_at[i] > now - STATE_CLIENT_WINDOW_MS && c->hit_what[i] != what) {
+            c->hit_what[keep] = c->hit_what[i];
+            c->hit_at[keep] = c->hit_at[i];
+            keep++;
+        }
+    if (keep >= STATE_CLIENT_404S) /* cannot happen: a full window blocks */
+        keep = STATE_CLIENT_404S - 1;
+    c->hit_what[keep] = what;
+    c->hit_at[keep] = now;
+    c->nhits = (uint8_t)(keep + 1);
+    if (c->nhits < STATE_CLIENT_404S)
+        return false;
+    c->blocked_until = now + STATE_CLIENT_BLOCK_MS;
+    c->nhits = 0;
+    st->h->client_blocks++;
+    return true;
+}
+
 /* When may the key read again under `budget` reads per any 60 s span? */
 static int64_t budget_next(const struct st_keyent *k, int budget, int64_t now)
 {
@@ -1337,6 +1501,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     ticket->started = now;
     ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
+    memset(&ticket->client, 0, sizeof ticket->client); /* the caller sets it before finishing */
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
     claimed = true;
@@ -1445,6 +1610,11 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         }
         break;
     case OUT_NOT_FOUND:
+        /* charged to the client that asked, for an id kembali knows
+         * nothing about (a 404 for an id with a known status is not
+         * a probe), late or not: it happened at Kasera */
+        if (!client_none(&t->client) && (e == NULL || e->status == TXS_NONE))
+            report->client_blocked = client_charge(st, &t->client, tx_what(st, &t->key, t->id), now);
         if (e != NULL && read_may_record(e, t, current, true, TXS_NONE, now)) {
             e->not_found = 1;
             e->known_until = now + STATE_TTL_NOT_FOUND_MS;
@@ -1529,6 +1699,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
 
 void state_metrics(struct state *st, struct state_metrics *out)
 {
+    memset(out, 0, sizeof *out);
     st_lock(st, util_mono_ms());
     out->tx_used = st->h->tx_used;
     out->tx_slots = st->txn;
@@ -1540,6 +1711,12 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->key_slots = st->keyn;
     out->key_evictions = st->h->key_evictions;
     out->key_full = st->h->key_full;
+    out->client_slots = st->cln;
+    out->client_blocks = st->h->client_blocks;
+    out->client_full = st->h->client_full;
+    int64_t now = util_mono_ms();
+    for (int32_t i = 0; i < st->cln; i++) /* bounded: client_slots */
+        out->clients_blocked += st->clients[i].used && st->clients[i].blocked_until > now;
     out->stale_locks = st->h->stale_locks;
     st_unlock(st);
 }
@@ -1551,4 +1728,66 @@ int state_key_slots_for(int keys)
     if (keys > STATE_KEY_SLOTS_MAX / 2)
         return STATE_KEY_SLOTS_MAX;
     return keys * 2 < STATE_KEY_SLOTS_MIN ? STATE_KEY_SLOTS_MIN : keys * 2;
+}
+
+void state_client_id(const struct state *st, const char *addr, struct state_client *out)
+{
+    /* the address as a client: IPv4 whole; IPv6 by its /64 (one site or
+     * household, whose interface ids it chooses freely); an IPv4-mapped
+     * IPv6 as its IPv4; anything else as written */
+    uint8_t buf[1 + 64];
+    size_t n;
+    char a[64];
+    util_copy(a, sizeof a, addr != NULL ? addr : "");
+    char *zone = strchr(a, '%');
+    if (zone != NULL)
+        *zone = '\0';
+    struct in_addr v4;
+    struct in6_addr v6;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, a, &v4) == 1) {
+        buf[0] = 4;
+        memcpy(buf + 1, &v4, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1 && memcmp(v6.s6_addr, mapped, 12) == 0) {
+        buf[0] = 4;
+        memcpy(buf + 1, v6.s6_addr + 12, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1) {
+        buf[0] = 6;
+        memcpy(buf + 1, v6.s6_addr, 8);
+        n = 9;
+    } else {
+        buf[0] = 0;
+        n = strlen(a);
+        memcpy(buf + 1, a, n);
+        n++;
+    }
+    uint8_t salt2[16];
+    memcpy(salt2, st->h->salt, 16);
+    salt2[1] ^= 0xc1; /* not the key ids' hash */
+    salt2[2] ^= 0x1e;
+    uint64_t x = state_siphash(salt2, buf, n);
+    salt2[3] ^= 0x77;
+    uint64_t y = state_siphash(salt2, buf, n);
+    memcpy(out->b, &x, 8);
+    memcpy(out->b + 8, &y, 8);
+    if (client_none(out))
+        out->b[0] = 1; /* all zero means "no client" */
+}
+
+bool state_client_blocked(struct state *st, const struct state_client *c, int64_t now)
+{
+    if (client_none(c))
+        return false;
+    st_lock(st, now);
+    const struct st_client *e = client_get(st, c, now, false);
+    bool blocked = e != NULL && e->blocked_until > now;
+    st_unlock(st);
+    return blocked;
+}
+
+bool state_fact_unknown(const struct state_fact *f)
+{
+    return f->status == TXS_NONE;
 }

@@ -47,6 +47,18 @@ struct state_key {
     uint8_t b[16];
 };
 
+/* A client (REMOTE_ADDR) as the state knows it: a keyed hash, never the
+ * address. All zero: no client (nothing is charged). */
+struct state_client {
+    uint8_t b[16];
+};
+
+#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 ... */
+#define STATE_CLIENT_WINDOW_MS (600 * 1000LL)   /* ... within 10 minutes ... */
+#define STATE_CLIENT_BLOCK_MS (600 * 1000LL)    /* ... block unknown ids for 10 minutes */
+#define STATE_CLIENT_SLOTS_DEFAULT 4096
+#define STATE_CLIENT_SLOTS_MAX (1 << 20)
+
 /* Why the next read cannot start now. */
 enum state_wait {
     WAIT_NONE = 0,
@@ -77,6 +89,7 @@ struct state_ticket {
     int64_t started;
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
+    struct state_client client; /* set by the caller before finishing: who asked (zeroed by state_claim) */
 };
 
 /* What state_finish() changed that the caller should log once. */
@@ -85,6 +98,7 @@ struct state_report {
     bool host_paused;      /* this outcome started a host pause */
     bool first_unknown;    /* first sighting of an unknown status for this transaction */
     bool stale;            /* the read ended after its lease, or after another read of it started */
+    bool client_blocked;   /* this 404 started ticket->client's block (log one line) */
     char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
 };
 
@@ -97,11 +111,15 @@ struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
     int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
     int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
+    int client_slots;         /* clients whose 404s are counted at once (default 4096) */
 };
 
 struct state_metrics {
     long tx_used, tx_slots, evictions, full;
     long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
+    long clients_blocked;      /* clients blocked now (a gauge) */
+    long client_blocks;        /* blocks started */
+    long client_slots, client_full; /* client_full: a 404 that found no room to be counted */
     long recoveries;   /* a process died holding the lock; the next one repaired */
     long repairs;      /* checks (open, recovery) that found something to repair */
     long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
@@ -186,6 +204,7 @@ enum state_test_damage {
     STATE_TEST_KEY_TIMES,   /* a key's ring and pause far in the future */
     STATE_TEST_KEY_LINKS,   /* key bucket heads, a chain, the free list, key_used */
     STATE_TEST_KEY_USED_FLAG, /* a free key entry's used flag neither 0 nor 1 */
+    STATE_TEST_CLIENTS,     /* client entries: flags, counts, out of their ways, times */
     STATE_TEST_HEADER,      /* geometry, strings, serial, counters */
 };
 #define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)
@@ -217,6 +236,10 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  * `now`; updates the cache, pace and pauses and releases the ticket (the
  * pace counts from ticket->sent when set). *report says what started that
  * deserves one log line.
+ *
+ * A 404 is charged to ticket->client (unless all zero) when the id has no
+ * known status (no entry, or only a remembered 404), stale or not: see
+ * state_client_blocked().
  *
  * A read's outcome: a read is current when it ends within its lease and no
  * other read of the transaction was claimed since; otherwise it is stale
@@ -269,7 +292,42 @@ enum state_told {
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 
+/* Counters and gauges for the metrics page (clients_blocked counts the
+ * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);
+
+/* Ids nobody has paid for (interface.md). The client of a request:
+ * a keyed hash (the state's salt) of its address, never stored in clear.
+ * IPv4 addresses count whole; IPv6 ones by their /64 (a site chooses its
+ * interface ids freely, so one prober would otherwise be 2^64 clients);
+ * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
+ * all zero. This function can't fail. */
+void state_client_id(const struct state *st, const char *addr, struct state_client *out);
+
+/* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
+ * for by one client were answered 404 (state_finish with ticket->client)
+ * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS
+ * (report->client_blocked when it starts; counted in the metrics). While
+ * blocked, its requests for ids kembali knows nothing about
+ * (state_fact_unknown) must cost no read: the caller answers checking
+ * without claiming. Ids with a known status (pending included) are read
+ * as for anybody. Many buyers behind one address (an office, a school)
+ * come back for ids that exist at Kasera, which never answer 404, so they
+ * are not charged; an address is blocked only by probing from it, and
+ * even then its buyers' known ids are still read (a buyer's first return
+ * for an id no process has read yet gets checking for that block, which
+ * interface.md accepts for an address that probes). Clients are kept in a
+ * fixed table of client_slots (8 ways per set): a new client takes a free
+ * way, else the least recently used idle one (no block, no 404 within the
+ * window), else the least recently used unblocked one; a blocked client is
+ * never forgotten before its block ends. A client that finds no room is
+ * not counted (metrics client_full). Never blocks on anything but the
+ * state's lock. */
+bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);
+
+/* Does `f` say kembali knows nothing about the transaction (no status read
+ * or told: no entry, or only a remembered 404)? This function can't fail. */
+bool state_fact_unknown(const struct state_fact *f);
 
 /* SipHash-2-4 of data under a 16-byte key; exposed for tests. */
 uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len);

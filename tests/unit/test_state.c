@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "state.h"
+#include "util.h"
 
 #define T0 10000000LL     /* an arbitrary monotonic start, far from 0 */
 #define TIMEOUT 5000      /* read_timeout_ms of the states made here */
@@ -1254,6 +1255,238 @@ static void test_key_eviction_keeps_the_budget(void **unused)
     state_free(st);
 }
 
+/* ---- ids nobody has paid for: 404s charged to the client ---- */
+
+static struct state *mk_clients(int client_slots)
+{
+    struct state_opts o = {.tx_slots = 1024, .client_slots = client_slots, .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    return st;
+}
+
+static struct state_client client_of(struct state *st, const char *addr)
+{
+    struct state_client c;
+    state_client_id(st, addr, &c);
+    return c;
+}
+
+/* A read of `id` for client c at now, answered 404. */
+static struct state_report probe(struct state *st, const struct state_key *k, const struct state_client *c,
+                                 const char *id, int64_t now)
+{
+    struct state_ticket t;
+    assert_true(claim(st, k, id, now, &t, NULL));
+    if (c != NULL)
+        t.client = *c;
+    return finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), now + 100);
+}
+
+static void probe_n(struct state *st, const struct state_key *k, const struct state_client *c, const char *prefix,
+                    int n, int64_t now, int64_t step)
+{
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s%d", prefix, i);
+        assert_false(probe(st, k, c, id, now + i * step).client_blocked);
+    }
+}
+
+static void test_client_id(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64), *other = mk_clients(64);
+    struct state_client a = client_of(st, "192.0.2.7"), b = client_of(st, "192.0.2.8"), z;
+    assert_memory_equal(a.b, client_of(st, "192.0.2.7").b, 16);
+    assert_memory_not_equal(a.b, b.b, 16);
+    assert_memory_equal(a.b, client_of(st, "::ffff:192.0.2.7").b, 16);
+    /* one IPv6 /64 is one client */
+    assert_memory_equal(client_of(st, "2001:db8:1:2::1").b, client_of(st, "2001:db8:1:2:ffff:1:2:3").b, 16);
+    assert_memory_not_equal(client_of(st, "2001:db8:1:2::1").b, client_of(st, "2001:db8:1:3::1").b, 16);
+    assert_memory_equal(client_of(st, "fe80::1%eth0").b, client_of(st, "fe80::2").b, 16);
+    /* keyed: another state's salt gives another id; never all zero */
+    assert_memory_not_equal(a.b, client_of(other, "192.0.2.7").b, 16);
+    memset(&z, 0, sizeof z);
+    assert_memory_not_equal(client_of(st, NULL).b, z.b, 16);
+    assert_memory_not_equal(client_of(st, "").b, z.b, 16);
+    state_free(st);
+    state_free(other);
+}
+
+static void test_client_five_404s_block(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "198.51.100.1");
+    int64_t now = T0;
+    probe_n(st, &k, &c, "X", 4, now, 1000);
+    assert_false(state_client_blocked(st, &c, now + 5000)); /* 4 do not */
+    struct state_report r = probe(st, &k, &c, "X4", now + 5000);
+    assert_true(r.client_blocked); /* the 5th does: one log line */
+    int64_t from = now + 5100;
+    assert_true(state_client_blocked(st, &c, from));
+    /* the block lasts 10 minutes */
+    assert_true(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS - 1));
+    assert_false(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    /* after it, the count starts again: one 404 does not block */
+    assert_false(probe(st, &k, &c, "Y0", from + STATE_CLIENT_BLOCK_MS).client_blocked);
+    assert_false(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS + 200));
+    state_free(st);
+}
+
+static void test_client_window_slides(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "198.51.100.1");
+    /* 5 404s, but spread over more than 10 minutes: never 5 within one */
+    probe_n(st, &k, &c, "X", 5, T0, STATE_CLIENT_WINDOW_MS / 4 + 1);
+    assert_false(state_client_blocked(st, &c, T0 + STATE_CLIENT_WINDOW_MS + 5000));
+    /* the same id again and again is one id (a buyer reloading a typo) */
+    for (int i = 0; i < 8; i++)
+        assert_false(probe(st, &k, &c, "TYPO", T0 + 3 * STATE_CLIENT_WINDOW_MS + i * 31000).client_blocked);
+    assert_false(state_client_blocked(st, &c, T0 + 3 * STATE_CLIENT_WINDOW_MS + 9 * 31000));
+    state_free(st);
+}
+
+static void test_client_blocked_known_ids_still_read(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "203.0.113.9");
+    struct state_ticket t;
+    /* a payment that exists, read once (pending) */
+    assert_true(claim(st, &k, "PAID", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    probe_n(st, &k, &c, "X", 4, T0 + 1000, 1000);
+    assert_true(probe(st, &k, &c, "X4", T0 + 5000).client_blocked);
+    /* blocked: an id kembali knows nothing about (none, or only a 404) is
+     * not read; a known one (pending included) is */
+    assert_true(state_client_blocked(st, &c, T0 + 6000));
+    assert_true(state_fact_unknown(&(struct state_fact){.status = TXS_NONE}));
+    struct state_fact f = lookup(st, &k, "NEW", T0 + 6000);
+    assert_true(state_fact_unknown(&f));
+    f = lookup(st, &k, "X1", T0 + 6000);
+    assert_true(state_fact_unknown(&f)); /* only a remembered 404 */
+    f = lookup(st, &k, "PAID", T0 + 6000);
+    assert_false(state_fact_unknown(&f));
+    assert_true(claim(st, &k, "PAID", T0 + 6000, &t, NULL)); /* the state itself does not refuse */
+    t.client = c;
+    /* a 404 for an id with a known status is not a probe: not charged */
+    struct state_client d = client_of(st, "203.0.113.10");
+    t.client = d;
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 6100);
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "K%d", i);
+        struct state_ticket tk;
+        assert_true(claim(st, &k, id, T0 + 7000 + i, &tk, NULL));
+        finish(st, &tk, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 7100 + i);
+        struct state_fact g;
+        struct pace_schedule s = sched_default();
+        assert_true(state_claim(st, &k, id, &s, BUDGET, TIMEOUT, T0 + 9000 + i, &tk, &g));
+        tk.client = d;
+        finish(st, &tk, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 9100 + i);
+    }
+    assert_false(state_client_blocked(st, &d, T0 + 10000));
+    /* no client on the ticket: nothing charged */
+    for (int i = 0; i < 6; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "Z%d", i);
+        assert_false(probe(st, &k, NULL, id, T0 + 11000 + i).client_blocked);
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    state_free(st);
+}
+
+static void test_clients_independent(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client a = client_of(st, "192.0.2.1"), b = client_of(st, "192.0.2.2");
+    probe_n(st, &k, &a, "A", 4, T0, 100);
+    probe_n(st, &k, &b, "B", 4, T0, 100);
+    assert_true(probe(st, &k, &a, "A4", T0 + 1000).client_blocked);
+    assert_true(state_client_blocked(st, &a, T0 + 2000));
+    assert_false(state_client_blocked(st, &b, T0 + 2000));
+    /* a late (stale) 404 still counts: it happened at Kasera */
+    struct state_ticket t1, t2;
+    assert_true(claim(st, &k, "B4", T0 + 3000, &t1, NULL));
+    assert_true(claim(st, &k, "B4", T0 + 3000 + LEASE, &t2, NULL));
+    t1.client = b;
+    struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 3100 + LEASE);
+    assert_true(r.stale);
+    assert_true(r.client_blocked);
+    state_free(st);
+}
+
+static void test_clients_blocked_gauge(void **unused)
+{
+    (void)unused;
+    /* the gauge counts blocks running now (the metrics page's clock) */
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "192.0.2.1");
+    int64_t now = util_mono_ms();
+    probe_n(st, &k, &c, "A", 5 - 1, now, 1);
+    assert_true(probe(st, &k, &c, "A9", now + 10).client_blocked);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.clients_blocked, 1);
+    state_free(st);
+}
+
+static void test_clients_table_full(void **unused)
+{
+    (void)unused;
+    /* 8 slots: one set of 8 ways */
+    struct state *st = mk_clients(8);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c[10];
+    for (int i = 0; i < 10; i++) {
+        char a[32];
+        snprintf(a, sizeof a, "10.0.0.%d", i + 1);
+        c[i] = client_of(st, a);
+    }
+    int64_t now = T0;
+    for (int i = 0; i < 8; i++) { /* 8 blocked clients fill the table */
+        char p[8];
+        snprintf(p, sizeof p, "P%d_", i);
+        probe_n(st, &k, &c[i], p, 4, now, 10);
+        snprintf(p, sizeof p, "P%d_9", i);
+        assert_true(probe(st, &k, &c[i], p, now + 100).client_blocked);
+    }
+    /* a 9th finds no room: not counted, and no blocked client is forgotten */
+    probe_n(st, &k, &c[8], "Q", 5, now + 1000, 10);
+    assert_false(state_client_blocked(st, &c[8], now + 2000));
+    for (int i = 0; i < 8; i++)
+        assert_true(state_client_blocked(st, &c[i], now + 2000));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_full, 5);
+    assert_int_equal(m.client_slots, 8);
+    /* once the blocks are over, the oldest idle ones make room */
+    int64_t later = now + 200 + STATE_CLIENT_BLOCK_MS + STATE_CLIENT_WINDOW_MS;
+    probe_n(st, &k, &c[8], "R", 4, later, 10);
+    assert_true(probe(st, &k, &c[8], "R9", later + 100).client_blocked);
+    probe_n(st, &k, &c[9], "S", 4, later, 10);
+    assert_true(probe(st, &k, &c[9], "S9", later + 100).client_blocked);
+    state_metrics(st, &m);
+    assert_int_equal(m.client_full, 5);
+    state_free(st);
+}
+
 /* ---- eviction ---- */
 
 static int count_known(struct state *st, const struct state_key *k, int n, int64_t now)
@@ -1523,6 +1756,13 @@ int main(void)
         cmocka_unit_test(test_key_slots_follow_the_configuration),
         cmocka_unit_test(test_key_full_evicts_an_idle_key),
         cmocka_unit_test(test_key_eviction_keeps_the_budget),
+        cmocka_unit_test(test_client_id),
+        cmocka_unit_test(test_client_five_404s_block),
+        cmocka_unit_test(test_client_window_slides),
+        cmocka_unit_test(test_client_blocked_known_ids_still_read),
+        cmocka_unit_test(test_clients_independent),
+        cmocka_unit_test(test_clients_blocked_gauge),
+        cmocka_unit_test(test_clients_table_full),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
         cmocka_unit_test(test_full_in_flight),
