@@ -209,6 +209,15 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
     buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
                    "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
+    buf_printf(&b, "# TYPE kembali_state_repairs_total counter\nkembali_state_repairs_total %ld\n"
+                   "# TYPE kembali_state_stale_locks_total counter\nkembali_state_stale_locks_total %ld\n",
+               sm.repairs, sm.stale_locks);
+    buf_printf(&b, "# TYPE kembali_state_keys gauge\nkembali_state_keys %ld\nkembali_state_key_slots %ld\n"
+                   "# TYPE kembali_state_key_evictions_total counter\nkembali_state_key_evictions_total %ld\n"
+                   "kembali_state_key_full_total %ld\n", sm.key_used, sm.key_slots, sm.key_evictions, sm.key_full);
+    buf_printf(&b, "# TYPE kembali_clients_blocked gauge\nkembali_clients_blocked %ld\n"
+                   "# TYPE kembali_client_blocks_total counter\nkembali_client_blocks_total %ld\n"
+                   "kembali_client_full_total %ld\n", sm.clients_blocked, sm.client_blocks, sm.client_full);
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     buf_free(&b);
     send_out(r, &out);
