@@ -274,7 +274,9 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
         dmg[DMG_TX_ENTRY]++;
         return;
     }
-    clamp_time(&e->known_until, now, STATE_TTL_FINAL_MS, dmg);
+    clamp_time(&e->known_until, now,
+               e->not_found ? STATE_TTL_NOT_FOUND_MS
+               : e->status == TXS_EXPIRED ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS, dmg);
     clamp_time(&e->last_start, now, 0, dmg);
     clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
     clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);

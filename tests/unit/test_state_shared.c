@@ -495,6 +495,51 @@ static void test_processes_starting_together_share_one_file(void **ctx)
     assert_int_equal(waited, N - 1);
 }
 
+static void test_file_from_another_boot(void **ctx)
+{
+    (void)ctx;
+    /* a file written under another boot's monotonic clock (10 days ahead
+     * of ours): no time in it may hold anything up for longer than its
+     * longest span from now */
+    struct pace_schedule s;
+    pace_default(&s);
+    struct state *st = open_ok();
+    struct state_key k;
+    state_key_id(st, "sk", &k);
+    int64_t then = util_mono_ms() + 10 * 86400 * 1000LL;
+    claim_finish(st, &k, "PAID", TXS_SUCCEEDED, then);
+    struct state_ticket t;
+    struct state_fact f;
+    struct state_report rep;
+    assert_true(state_claim(st, &k, "GONE", &s, 300, TIMEOUT, then, &t, &f));
+    struct outcome nf = {.kind = OUT_NOT_FOUND, .retry_after_ms = -1};
+    state_finish(st, &t, "toko-a", &nf, then + 1, &rep);
+    assert_true(state_claim(st, &k, "LIMITED", &s, 300, TIMEOUT, then, &t, &f));
+    struct outcome kl = {.kind = OUT_KEY_LIMITED, .retry_after_ms = -1};
+    state_finish(st, &t, "toko-a", &kl, then + 1, &rep);
+    state_free(st);
+
+    st = open_ok(); /* alone: reset and checked against our clock */
+    int64_t now = util_mono_ms();
+    state_lookup(st, &k, "PAID", &s, 300, now, &f);
+    assert_true(f.final); /* a final status stays final ... */
+    assert_true(f.known_until <= now + STATE_TTL_FINAL_MS + 10000);
+    state_lookup(st, &k, "GONE", &s, 300, now, &f);
+    assert_true(f.not_found);
+    assert_true(f.known_until <= now + STATE_TTL_NOT_FOUND_MS + 10000); /* ... a 404 for 30 s at most */
+    state_lookup(st, &k, "NEW", &s, 300, now, &f);
+    assert_true(f.next_read <= now + 3600 * 1000LL + 10000); /* the key's pause: bounded */
+    struct state_key k2;
+    state_key_id(st, "sk2", &k2);
+    state_lookup(st, &k2, "NEW", &s, 300, now, &f);
+    assert_true(f.next_read <= now); /* another key reads at once */
+    state_lookup(st, &k2, "PAID", &s, 300, now, &f);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_true(m.repairs >= 1);
+    state_free(st);
+}
+
 /* ---- every kind of damage, after a crash and at open ---- */
 
 static enum state_test_damage the_damage;
@@ -639,6 +684,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_live_user_keeps_its_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_user_gone_releases_leases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_processes_starting_together_share_one_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_from_another_boot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_each_damage_after_a_crash, setup, teardown),
         cmocka_unit_test_setup_teardown(test_each_damage_at_open, setup, teardown),
     };
