@@ -27,6 +27,7 @@ struct app_metrics {
     atomic_long held;               /* requests parked right now */
     atomic_long held_peak;
     atomic_long cache_answers;      /* answered without waiting */
+    atomic_long probes_refused;     /* unknown ids from a blocked client: no read */
     atomic_long over_cap;           /* answered at once: max_held or max_held_per_shop reached */
 };
 

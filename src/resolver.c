@@ -215,6 +215,14 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
                                : "Kasera refused this read; not retried in this episode");
         log_end(&l);
     }
+    if (rep->client_blocked) {
+        log_begin(&l, "warn", "client_blocked");
+        log_str(&l, "shop", rd->shop->id);
+        log_str(&l, "id", rd->ticket.id);
+        log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes: for 10 minutes its requests for "
+                           "ids nobody has paid for cost no read (checking)");
+        log_end(&l);
+    }
     if (rep->first_unknown) {
         log_begin(&l, "warn", "unknown_status");
         log_str(&l, "shop", rd->shop->id);
@@ -278,6 +286,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
         return false;
     }
     rd->ticket = *t;
+    rd->ticket.client = lead->client; /* a 404 is charged to the client that asked */
     rd->cfg = config_ref(lead->cfg);
     rd->shop = lead->shop;
     rd->kr.user = rd;
@@ -342,7 +351,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
-                      w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
+                      lead->cfg->read_timeout_ms, w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
             for (struct resolver_waiter *r = w->waiters; r; r = r->next)

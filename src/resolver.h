@@ -34,6 +34,7 @@ struct resolver_waiter {
     const struct shop *shop;     /* in cfg: key, secret, budget */
     const char *id;              /* validated; owned by the caller */
     struct hold_waiter h;        /* deadline, json */
+    struct state_client client;  /* who asked (REMOTE_ADDR): a 404 its read gets is charged there */
     /* private */
     bool registered;             /* state_hold() counted it */
     struct resolver_watch *w;

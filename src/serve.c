@@ -47,6 +47,7 @@ struct serve_req {
     const char *origin;         /* an allowed CORS origin (in cfg), or NULL */
     int64_t arrived;
     bool held;
+    struct state_client client; /* REMOTE_ADDR's identity */
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
 };
@@ -217,6 +218,8 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
     buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
+    buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client, answered without a read.\n"
+                   "# TYPE kembali_probe_answers_total counter\nkembali_probe_answers_total %ld\n", atomic_load(&a->m.probes_refused));
     buf_printf(&b, "# HELP kembali_held_cap_answers_total Requests answered at once because max_held or max_held_per_shop was reached.\n"
                    "# TYPE kembali_held_cap_answers_total counter\nkembali_held_cap_answers_total %ld\n", atomic_load(&a->m.over_cap));
     buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
@@ -230,6 +233,15 @@ static void respond_metrics(struct serve_req *r)
                sm.reserved, sm.last_chance_reads);
     buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
                    "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
+    buf_printf(&b, "# TYPE kembali_state_repairs_total counter\nkembali_state_repairs_total %ld\n"
+                   "# TYPE kembali_state_stale_locks_total counter\nkembali_state_stale_locks_total %ld\n",
+               sm.repairs, sm.stale_locks);
+    buf_printf(&b, "# TYPE kembali_state_keys gauge\nkembali_state_keys %ld\nkembali_state_key_slots %ld\n"
+                   "# TYPE kembali_state_key_evictions_total counter\nkembali_state_key_evictions_total %ld\n"
+                   "kembali_state_key_full_total %ld\n", sm.key_used, sm.key_slots, sm.key_evictions, sm.key_full);
+    buf_printf(&b, "# TYPE kembali_clients_blocked gauge\nkembali_clients_blocked %ld\n"
+                   "# TYPE kembali_client_blocks_total counter\nkembali_client_blocks_total %ld\n"
+                   "kembali_client_full_total %ld\n", sm.clients_blocked, sm.client_blocks, sm.client_full);
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     buf_free(&b);
     send_out(r, &out);
@@ -378,6 +390,7 @@ static void hold(struct serve_req *tmp)
         .cfg = r->cfg,
         .shop = r->shop,
         .id = r->id,
+        .client = r->client,
         .h = {.deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS
                                                 : pace_hold_ms(&r->cfg->sched)),
               .json = r->json},
@@ -390,9 +403,10 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_COUNT };
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_COUNT };
     static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
-                                               "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN"};
+                                               "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN",
+                                               "REMOTE_ADDR"};
     const char *p[P_COUNT];
     front_params(fr, names, P_COUNT, p);
     const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
@@ -454,6 +468,15 @@ static void on_request(void *ctx, struct front_req *fr)
     if (f.final || f.not_found) {
         request_answer(&f, r.arrived, &ans);
         atomic_fetch_add(&s->app->m.cache_answers, 1);
+        respond_word(&r, &ans);
+        config_unref(r.cfg);
+        return;
+    }
+    /* ids nobody has paid for, from a client that has walked several: no read */
+    state_client_id(s->app->state, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
+    if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r.client, r.arrived)) {
+        request_answer(&f, r.arrived, &ans);
+        atomic_fetch_add(&s->app->m.probes_refused, 1);
         respond_word(&r, &ans);
         config_unref(r.cfg);
         return;

@@ -1,9 +1,16 @@
 /* state.c - see state.h.
  *
  * Layout of the region (all offsets from its start, no pointers inside):
- *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots] | struct st_keyent keys[key_slots]
+ *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots]
+ *   | int32 key_buckets[key_nbuckets] | struct st_keyent keys[key_slots]
+ *   | struct st_client clients[client_slots]
  * Transactions are kept in a chained hash table (bucket heads and `next`
- * are indexes; -1 ends a chain) keyed by SipHash(salt, key id || tx id).
+ * are indexes; -1 ends a chain; unused entries on a free list) keyed by
+ * SipHash(salt, key id || tx id); keys likewise, by their id (itself a
+ * keyed hash). Clients (the 404s charged to an address) live in a
+ * set-associative table: a client's entry is one of CLIENT_WAYS slots from
+ * its home slot, so a lookup looks at no more than CLIENT_WAYS entries and
+ * nothing links them.
  * When the table is full, an idle entry is evicted: like Redis' approximate
  * LRU, a sample of entries is examined and the least recently used idle one
  * goes. An entry is idle when no read of it is in flight, its episode is
@@ -19,19 +26,22 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <arpa/inet.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "plan.h"
+#include "ratelimit.h"
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 3
+#define ST_VERSION 4
 #define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
 #define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
 #define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
@@ -51,7 +61,8 @@ struct st_tx {
     int64_t last_start;     /* start of the last read */
     int64_t not_before;     /* Retry-After, stated reset, rejected episode */
     int64_t inflight_until; /* lease of the read in flight; 0 when none */
-    uint64_t inflight_serial;
+    uint64_t inflight_serial; /* serial of the last read claimed */
+    uint64_t facts_serial;    /* serial of the read whose outcome is recorded (a told one: the last claimed) */
     int64_t last_used;
     /* the budget plan (plan.h) */
     int32_t holders;        /* held requests, over every process */
@@ -63,6 +74,7 @@ struct st_tx {
 
 struct st_keyent {
     struct state_key key;
+    int32_t next;
     uint8_t used;
     int64_t paused_until;
     int64_t last_used;
@@ -76,6 +88,18 @@ struct st_keyent {
     int64_t arrivals[ST_ARRIVALS];
 };
 
+struct st_client {
+    struct state_client id;
+    uint8_t used;
+    uint8_t nhits;              /* 404s in hit_*[0..nhits), oldest first */
+    int64_t blocked_until;
+    int64_t last_used;
+    uint32_t hit_what[STATE_CLIENT_404S]; /* a hash of (key, id): ids counted once */
+    int64_t hit_at[STATE_CLIENT_404S];
+};
+
+#define CLIENT_WAYS 8
+
 struct st_hdr {
     uint64_t magic, version, size;
     pthread_mutex_t mu;
@@ -84,21 +108,50 @@ struct st_hdr {
     uint32_t pad0;
     uint64_t serial;
     int32_t tx_slots, key_slots, nbuckets, free_head;
+    int32_t key_nbuckets, key_free_head;
+    int32_t client_slots, pad1;
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
-    long tx_used, evictions, full, recoveries;
-    long last_chance_reads, withheld;
-    size_t buckets_off, txs_off, keys_off;
+    long tx_used, evictions, full, recoveries, repairs, stale_locks;
+    long key_used, key_evictions, key_full;
+    long client_blocks, client_full;
+    long last_chance_reads;
+    size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
+};
+
+/* What a check or repair found, kept in the process (never in the shared
+ * region) while the lock is held and logged once after it is released. */
+enum st_damage {
+    DMG_HEADER = 0, /* geometry, free list head, counters, serial, strings */
+    DMG_TX_ENTRY,   /* an entry that did not read as whole: dropped */
+    DMG_TX_LINKS,   /* bucket heads, chains, free list or tx_used: relinked */
+    DMG_KEY_ENTRY,  /* a key entry whose ring did not read as whole: dropped */
+    DMG_KEY_LINKS,  /* key bucket heads, chains, free list or key_used: relinked */
+    DMG_CLIENT,     /* a client entry that did not read as whole, or out of its ways: dropped */
+    DMG_TIME,       /* a time beyond its longest span (another boot's clock): clamped */
+    DMG_N
+};
+
+struct st_notice {
+    bool owner_died;   /* EOWNERDEAD: a process died holding the lock */
+    long dmg[DMG_N];
 };
 
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
+    int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
+    /* the geometry, copied when attached: every index is checked against
+     * these, never against the (writable, shared) header */
+    int32_t txn, keyn, nb, knb, cln;
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
+    int32_t *key_buckets;
     struct st_keyent *keys;
+    struct st_client *clients;
+    struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
 };
 
 /* ---- SipHash-2-4 (Aumasson & Bernstein), for key ids and hashing ---- */
@@ -149,7 +202,7 @@ uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
-/* ---- locking ---- */
+/* ---- checking the region ---- */
 
 static bool valid_id(const char *id)
 {
@@ -164,23 +217,137 @@ static bool valid_id(const char *id)
     return true;
 }
 
+static bool nul_within(const char *s, size_t cap)
+{
+    return strnlen(s, cap) < cap;
+}
+
 static uint32_t tx_bucket(struct state *st, const struct state_key *key, const char *id);
 
-/* After a holder died mid-update: rebuild everything derived (hash chains,
- * free list, counters) from the entries themselves, dropping any entry or
- * budget ring that does not read as whole. Leases of the dead process's
- * reads stay and expire on their own. O(slots); runs only after a crash. */
-static void st_rebuild(struct state *st)
+/* The longest a time can honestly lie ahead of `now`: anything later was
+ * written by another boot's clock (a restored file) or is damage. */
+#define SPAN_LEASE (STATE_LEASE_MAX_MS + 1000)
+#define SPAN_RETRY (RL_MAX_WAIT_MS > PACE_EPISODE_MS + 1 ? RL_MAX_WAIT_MS : PACE_EPISODE_MS + 1)
+#define SPAN_KEY_PAUSE (RL_MAX_WAIT_MS > STATE_UNAUTH_PAUSE_MS ? RL_MAX_WAIT_MS : STATE_UNAUTH_PAUSE_MS)
+#define SPAN_HOST_PAUSE (RL_MAX_WAIT_MS > STATE_HOST_PAUSE_MS * 2 ? RL_MAX_WAIT_MS : STATE_HOST_PAUSE_MS * 2)
+
+/* Callers' clocks may lag a little behind the one a check reads. */
+#define SPAN_HOLD ((int64_t)PACE_MAX_STEPS * PACE_MAX_WAIT_MS + PACE_GRACE_MS) /* the longest a request is held */
+#define SPAN_SLACK 10000
+
+/* Keep *t within [0, now + span (+ slack)]; counts a clamp. */
+static void clamp_time(int64_t *t, int64_t now, int64_t span, long *dmg)
+{
+    if (*t < 0) {
+        *t = 0;
+        dmg[DMG_TIME]++;
+    } else if (*t > now + span + SPAN_SLACK) {
+        *t = now + span;
+        dmg[DMG_TIME]++;
+    }
+}
+
+/* The header's own fields. The geometry is restored from the process's
+ * copy (the region was sized by it); counters and strings are made sane. */
+static void hdr_check(struct state *st, int64_t now, long *dmg)
 {
     struct st_hdr *h = st->h;
-    for (int32_t i = 0; i < h->nbuckets; i++)
+    if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb || h->key_nbuckets != st->knb ||
+        h->client_slots != st->cln) {
+        h->client_slots = st->cln;
+        h->tx_slots = st->txn;
+        h->key_slots = st->keyn;
+        h->nbuckets = st->nb;
+        h->key_nbuckets = st->knb;
+        dmg[DMG_HEADER]++;
+    }
+    if (!nul_within(h->last_401_shop, sizeof h->last_401_shop)) {
+        memset(h->last_401_shop, 0, sizeof h->last_401_shop);
+        dmg[DMG_HEADER]++;
+    }
+    long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks,
+                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full};
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        if (*counters[i] < 0) {
+            *counters[i] = 0;
+            dmg[DMG_HEADER]++;
+        }
+    clamp_time(&h->host_paused_until, now, SPAN_HOST_PAUSE, dmg);
+    if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
+        h->read_timeout_ms = 5000;
+        dmg[DMG_HEADER]++;
+    }
+}
+
+/* One transaction entry: drop it unless every field reads as whole. */
+static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long *dmg)
+{
+    if (e->used == 0)
+        return;
+    if (e->used != 1 || !valid_id(e->id) || e->status > TXS_UNKNOWN ||
+        !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
+        e->reads < 0 || e->early_reads < 0 || e->holders < 0) {
+        int32_t next = e->next;
+        memset(e, 0, sizeof *e);
+        e->next = next; /* the links are checked (and rebuilt) next */
+        dmg[DMG_TX_ENTRY]++;
+        return;
+    }
+    clamp_time(&e->known_until, now,
+               e->not_found ? STATE_TTL_NOT_FOUND_MS
+               : e->status == TXS_EXPIRED ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS, dmg);
+    clamp_time(&e->last_start, now, 0, dmg);
+    clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
+    clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);
+    /* the budget plan's: a hold lasts at most a held request's deadline */
+    clamp_time(&e->hold_until, now, SPAN_HOLD, dmg);
+    clamp_time(&e->resv_at, now, SPAN_HOLD, dmg);
+    clamp_time(&e->episode_start, now, 0, dmg);
+    clamp_time(&e->last_used, now, 0, dmg);
+    if (e->inflight_serial > st->h->serial || e->facts_serial > st->h->serial) {
+        /* no serial may be handed out twice */
+        st->h->serial = e->inflight_serial > e->facts_serial ? e->inflight_serial : e->facts_serial;
+        dmg[DMG_HEADER]++;
+    }
+}
+
+/* Are bucket heads, chains, the free list and tx_used exactly what the
+ * entries say? Every walk is bounded by the table size. */
+static bool tx_links_ok(struct state *st)
+{
+    int32_t n = st->txn, steps = 0, in_chains = 0, in_free = 0, used = 0;
+    for (int32_t b = 0; b < st->nb; b++) {
+        for (int32_t i = st->buckets[b]; i != -1; i = st->txs[i].next) {
+            if (i < 0 || i >= n || steps++ >= n)
+                return false;
+            const struct st_tx *e = &st->txs[i];
+            if (!e->used || tx_bucket(st, &e->key, e->id) != (uint32_t)b)
+                return false; /* in no chain or in two: a count below says so */
+            in_chains++;
+        }
+    }
+    for (int32_t i = st->h->free_head; i != -1; i = st->txs[i].next) {
+        if (i < 0 || i >= n || steps++ >= n || st->txs[i].used)
+            return false;
+        in_free++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        used += st->txs[i].used != 0;
+    return in_chains == used && in_free == n - used && st->h->tx_used == used;
+}
+
+/* Rebuild everything derived (hash chains, free list, tx_used) from the
+ * entries themselves. O(slots). */
+static void tx_relink(struct state *st)
+{
+    struct st_hdr *h = st->h;
+    for (int32_t i = 0; i < st->nb; i++)
         st->buckets[i] = -1;
     h->free_head = -1;
     h->tx_used = 0;
-    for (int32_t i = h->tx_slots - 1; i >= 0; i--) {
+    for (int32_t i = st->txn - 1; i >= 0; i--) {
         struct st_tx *e = &st->txs[i];
-        if (e->used == 1 && valid_id(e->id) && e->status <= TXS_UNKNOWN &&
-            strnlen(e->status_word, sizeof e->status_word) < sizeof e->status_word) {
+        if (e->used) {
             uint32_t b = tx_bucket(st, &e->key, e->id);
             e->next = st->buckets[b];
             st->buckets[b] = i;
@@ -191,34 +358,189 @@ static void st_rebuild(struct state *st)
             h->free_head = i;
         }
     }
-    for (int32_t i = 0; i < h->key_slots; i++) {
-        struct st_keyent *k = &st->keys[i];
-        if (k->used > 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
-            k->ring_n > STATE_BUDGET_MAX)
-            memset(k, 0, sizeof *k);
-        if (k->nwaiting < 0 || k->nwaiting > ST_WAITING_MAX)
-            k->nwaiting = 0; /* every entry is checked when used; a bad count is all that can hurt */
-        if (k->arr_head < 0 || k->arr_head >= ST_ARRIVALS || k->arr_n < 0 || k->arr_n > ST_ARRIVALS)
-            k->arr_head = k->arr_n = 0;
-    }
-    h->last_401_shop[sizeof h->last_401_shop - 1] = '\0';
-    h->recoveries++;
 }
 
-static void st_lock(struct state *st)
+/* One key entry: a budget ring that does not read as whole is dropped
+ * (a budget forgotten is better than an index out of bounds); its times
+ * are clamped, so that a damaged ring can never pause a key for longer
+ * than its spans. */
+static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
+{
+    if (k->used == 0)
+        return;
+    if (k->used != 1 || k->ring_head < 0 || k->ring_head >= STATE_BUDGET_MAX || k->ring_n < 0 ||
+        k->ring_n > STATE_BUDGET_MAX) {
+        int32_t next = k->next;
+        memset(k, 0, sizeof *k);
+        k->next = next; /* the links are checked (and rebuilt) next */
+        dmg[DMG_KEY_ENTRY]++;
+        return;
+    }
+    clamp_time(&k->paused_until, now, SPAN_KEY_PAUSE, dmg);
+    clamp_time(&k->last_used, now, 0, dmg);
+    /* the budget plan's: every waiting index is checked where it is used
+     * (waiting_tx); only the counts can hurt */
+    if (k->nwaiting < 0 || k->nwaiting > ST_WAITING_MAX || k->arr_head < 0 || k->arr_head >= ST_ARRIVALS ||
+        k->arr_n < 0 || k->arr_n > ST_ARRIVALS) {
+        k->nwaiting = k->arr_head = k->arr_n = 0;
+        dmg[DMG_KEY_ENTRY]++;
+    }
+    for (int32_t j = 0; j < k->arr_n; j++)
+        clamp_time(&k->arrivals[j], now, 0, dmg);
+    for (int32_t j = 0; j < k->ring_n; j++) /* only the ring_n newest are ever read */
+        clamp_time(&k->ring[(k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX], now, 0, dmg);
+}
+
+static uint32_t key_bucket(const struct state *st, const struct state_key *key);
+static int32_t client_home(const struct state *st, const struct state_client *c);
+
+/* One client entry: dropped unless whole and within its ways (a lookup
+ * would never find it elsewhere); its times clamped. */
+static void client_check_entry(struct state *st, int32_t idx, int64_t now, long *dmg)
+{
+    struct st_client *c = &st->clients[idx];
+    if (c->used == 0)
+        return;
+    int32_t ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
+    int32_t off = (idx - client_home(st, &c->id) + st->cln) % st->cln;
+    if (c->used != 1 || c->nhits > STATE_CLIENT_404S || off >= ways) {
+        memset(c, 0, sizeof *c);
+        dmg[DMG_CLIENT]++;
+        return;
+    }
+    clamp_time(&c->blocked_until, now, STATE_CLIENT_BLOCK_MS, dmg);
+    clamp_time(&c->last_used, now, 0, dmg);
+    for (int i = 0; i < c->nhits; i++)
+        clamp_time(&c->hit_at[i], now, 0, dmg);
+}
+
+/* As tx_links_ok(), for the key table. */
+static bool key_links_ok(struct state *st)
+{
+    int32_t n = st->keyn, steps = 0, in_chains = 0, in_free = 0, used = 0;
+    for (int32_t b = 0; b < st->knb; b++) {
+        for (int32_t i = st->key_buckets[b]; i != -1; i = st->keys[i].next) {
+            if (i < 0 || i >= n || steps++ >= n)
+                return false;
+            if (!st->keys[i].used || key_bucket(st, &st->keys[i].key) != (uint32_t)b)
+                return false;
+            in_chains++;
+        }
+    }
+    for (int32_t i = st->h->key_free_head; i != -1; i = st->keys[i].next) {
+        if (i < 0 || i >= n || steps++ >= n || st->keys[i].used)
+            return false;
+        in_free++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        used += st->keys[i].used != 0;
+    return in_chains == used && in_free == n - used && st->h->key_used == used;
+}
+
+static void key_relink(struct state *st)
+{
+    struct st_hdr *h = st->h;
+    for (int32_t i = 0; i < st->knb; i++)
+        st->key_buckets[i] = -1;
+    h->key_free_head = -1;
+    h->key_used = 0;
+    for (int32_t i = st->keyn - 1; i >= 0; i--) {
+        struct st_keyent *k = &st->keys[i];
+        if (k->used) {
+            uint32_t b = key_bucket(st, &k->key);
+            k->next = st->key_buckets[b];
+            st->key_buckets[b] = i;
+            h->key_used++;
+        } else {
+            memset(k, 0, sizeof *k);
+            k->next = h->key_free_head;
+            h->key_free_head = i;
+        }
+    }
+}
+
+/* Check every table of the region (`full`), or only the header, and
+ * repair what is wrong, with the region to ourselves (the lock held, or no
+ * other user). Returns the number of repairs; what was found is added to
+ * st->notice. */
+static long region_check(struct state *st, int64_t now, bool full)
+{
+    long *dmg = st->notice.dmg, before = 0, after = 0;
+    for (int i = 0; i < DMG_N; i++)
+        before += dmg[i];
+    hdr_check(st, now, dmg);
+    if (!full)
+        goto out;
+    for (int32_t i = 0; i < st->txn; i++)
+        tx_check_entry(st, &st->txs[i], now, dmg);
+    if (!tx_links_ok(st)) {
+        tx_relink(st);
+        dmg[DMG_TX_LINKS]++;
+    }
+    for (int32_t i = 0; i < st->keyn; i++)
+        key_check_entry(&st->keys[i], now, dmg);
+    if (!key_links_ok(st)) {
+        key_relink(st);
+        dmg[DMG_KEY_LINKS]++;
+    }
+    for (int32_t i = 0; i < st->cln; i++)
+        client_check_entry(st, i, now, dmg);
+out:
+    for (int i = 0; i < DMG_N; i++)
+        after += dmg[i];
+    if (after > before)
+        st->h->repairs++;
+    return after - before;
+}
+
+/* ---- locking ---- */
+
+static void st_lock(struct state *st, int64_t now)
 {
     int rc = pthread_mutex_lock(&st->h->mu);
     if (rc == EOWNERDEAD) {
-        /* A process died holding the lock (SIGKILL at any moment). */
-        st_rebuild(st);
+        /* A process died holding the lock (SIGKILL at any moment): what it
+         * was changing may be half done. Leases of its reads stay and
+         * expire on their own. */
+        st->notice.owner_died = true;
+        region_check(st, now, true);
+        st->h->recoveries++;
         pthread_mutex_consistent(&st->h->mu);
-        log_msg("warn", "state", "a kembali process died holding the state lock; state checked and rebuilt");
     }
+}
+
+static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links", "key_entries", "key_links", "clients", "times"};
+
+/* Log what a check found (never under the lock). */
+static void notice_log(const struct st_notice *n, const char *msg)
+{
+    struct log_line ll;
+    log_begin(&ll, "warn", "state");
+    log_str(&ll, "msg", msg);
+    for (int i = 0; i < DMG_N; i++)
+        if (n->dmg[i] > 0)
+            log_int(&ll, dmg_names[i], n->dmg[i]);
+    log_end(&ll);
+}
+
+static bool notice_any(const struct st_notice *n)
+{
+    if (n->owner_died)
+        return true;
+    for (int i = 0; i < DMG_N; i++)
+        if (n->dmg[i] > 0)
+            return true;
+    return false;
 }
 
 static void st_unlock(struct state *st)
 {
+    struct st_notice n = st->notice;
+    if (notice_any(&n))
+        memset(&st->notice, 0, sizeof st->notice);
     pthread_mutex_unlock(&st->h->mu);
+    if (n.owner_died)
+        notice_log(&n, "a kembali process died holding the state lock; state checked and repaired");
 }
 
 /* ---- waiting for reads of other processes ---- */
@@ -247,13 +569,140 @@ uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms)
     return state_generation(st);
 }
 
+/* The mutex's lock word (glibc: the first int of pthread_mutex_t). Read
+ * only when nobody else can use the region, to say in the log whether a
+ * copy was taken while the lock was held. */
+static uint32_t mutex_word(const pthread_mutex_t *mu)
+{
+    uint32_t w;
+    memcpy(&w, mu, sizeof w);
+    return w;
+}
+
+static int mutex_init(pthread_mutex_t *mu, char *err, size_t errlen)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int rc = pthread_mutex_init(mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc != 0) {
+        snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
 #ifdef KEMBALI_TESTING
-void state_test_die_holding_lock(struct state *st, void (*damage)(void *base))
+void state_test_die_holding_lock(struct state *st, void (*damage)(struct state *st))
 {
     pthread_mutex_lock(&st->h->mu);
     if (damage != NULL)
-        damage(st->h);
+        damage(st);
     _exit(0);
+}
+
+/* The first entry in use (or the first free one), for the scribbles. */
+static int32_t test_pick(struct state *st, bool used)
+{
+    for (int32_t i = 0; i < st->txn; i++)
+        if ((st->txs[i].used != 0) == used)
+            return i;
+    return 0;
+}
+
+void state_test_damage(struct state *st, enum state_test_damage what)
+{
+    struct st_hdr *h = st->h;
+    struct st_tx *u = &st->txs[test_pick(st, true)], *f = &st->txs[test_pick(st, false)];
+    struct st_keyent *k = &st->keys[0];
+    switch (what) {
+    case STATE_TEST_BUCKET_OOB:
+        for (int32_t b = 0; b < st->nb; b++)
+            st->buckets[b] = b % 2 ? st->txn + b : -2 - b;
+        break;
+    case STATE_TEST_CHAIN_LOOP:
+        u->next = (int32_t)(u - st->txs);
+        break;
+    case STATE_TEST_CHAIN_OOB:
+        u->next = INT32_MAX;
+        break;
+    case STATE_TEST_FREE_OOB:
+        h->free_head = st->txn;
+        break;
+    case STATE_TEST_FREE_LOOP:
+        f->next = (int32_t)(f - st->txs);
+        h->free_head = (int32_t)(f - st->txs);
+        break;
+    case STATE_TEST_TX_USED:
+        h->tx_used = -3;
+        break;
+    case STATE_TEST_USED_FLAG:
+        f->used = 7;
+        break;
+    case STATE_TEST_ID_NUL:
+        memset(u->id, 'A', sizeof u->id);
+        break;
+    case STATE_TEST_WORD_NUL:
+        memset(u->status_word, 'w', sizeof u->status_word);
+        break;
+    case STATE_TEST_STATUS:
+        u->status = 200;
+        u->not_found = 9;
+        break;
+    case STATE_TEST_TIMES:
+        u->last_start = INT64_MAX;
+        u->not_before = INT64_MAX - 5;
+        u->known_until = INT64_MAX;
+        u->inflight_until = INT64_MIN;
+        u->reads = -4;
+        h->host_paused_until = INT64_MAX;
+        break;
+    case STATE_TEST_KEY_RING:
+        k->ring_head = -1;
+        k->ring_n = 100000;
+        break;
+    case STATE_TEST_KEY_TIMES:
+        for (int32_t i = 0; i < STATE_BUDGET_MAX; i++)
+            k->ring[i] = INT64_MAX - i;
+        k->paused_until = INT64_MAX;
+        break;
+    case STATE_TEST_KEY_LINKS:
+        for (int32_t b = 0; b < st->knb; b++)
+            st->key_buckets[b] = b % 2 ? -9 : st->keyn;
+        k->next = 0;
+        h->key_free_head = INT32_MIN;
+        h->key_used = st->keyn + 9;
+        break;
+    case STATE_TEST_KEY_USED_FLAG:
+        for (int32_t i = 0; i < st->keyn; i++)
+            if (!st->keys[i].used) {
+                st->keys[i].used = 3;
+                break;
+            }
+        break;
+    case STATE_TEST_CLIENTS:
+        for (int32_t i = 0; i < st->cln; i += 3) {
+            st->clients[i].used = (uint8_t)(i % 2 ? 1 : 5);
+            st->clients[i].nhits = (uint8_t)(i % 4 ? 200 : 1);
+            st->clients[i].id.b[0] = (uint8_t)i;
+            st->clients[i].blocked_until = INT64_MAX;
+            st->clients[i].hit_at[0] = INT64_MAX;
+        }
+        break;
+    case STATE_TEST_HEADER:
+        h->tx_slots = 1 << 30;
+        h->client_slots = 0;
+        h->nbuckets = 3;
+        h->key_slots = -1;
+        h->key_nbuckets = 6;
+        memset(h->last_401_shop, 'x', sizeof h->last_401_shop);
+        h->serial = 0;
+        h->recoveries = -8;
+        h->read_timeout_ms = -1;
+        break;
+    }
 }
 #endif
 
@@ -261,21 +710,31 @@ void state_test_die_holding_lock(struct state *st, void (*damage)(void *base))
 
 /* The region's geometry for the given options. */
 struct layout {
-    int32_t txn, keyn, nb;
-    size_t off_b, off_t, off_k, size;
+    int32_t txn, keyn, nb, knb, cln;
+    size_t off_b, off_t, off_kb, off_k, off_c, size;
 };
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
 {
     l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
-    l->keyn = opts->key_slots > 0 ? opts->key_slots : 256;
+    l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
+    if (l->keyn > STATE_KEY_SLOTS_MAX)
+        l->keyn = STATE_KEY_SLOTS_MAX;
     l->nb = 1;
     while (l->nb < l->txn && l->nb < (1 << 28))
         l->nb <<= 1;
     l->off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
     l->off_t = (l->off_b + (size_t)l->nb * sizeof(int32_t) + 63) & ~(size_t)63;
-    l->off_k = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
-    l->size = l->off_k + (size_t)l->keyn * sizeof(struct st_keyent);
+    l->knb = 1;
+    while (l->knb < l->keyn && l->knb < (1 << 28))
+        l->knb <<= 1;
+    l->off_kb = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    l->off_k = (l->off_kb + (size_t)l->knb * sizeof(int32_t) + 63) & ~(size_t)63;
+    l->cln = opts->client_slots > 0 ? opts->client_slots : STATE_CLIENT_SLOTS_DEFAULT;
+    if (l->cln > STATE_CLIENT_SLOTS_MAX)
+        l->cln = STATE_CLIENT_SLOTS_MAX;
+    l->off_c = (l->off_k + (size_t)l->keyn * sizeof(struct st_keyent) + 63) & ~(size_t)63;
+    l->size = l->off_c + (size_t)l->cln * sizeof(struct st_client);
 }
 
 /* A fingerprint of this build's data layout: a region written by a build
@@ -287,13 +746,21 @@ static uint64_t layout_stamp(void)
            ((uint64_t)sizeof(pthread_mutex_t) << 40);
 }
 
-/* Point st at a region laid out as the header says. */
+/* Point st at a region laid out as the header says (checked by
+ * region_usable() for a file) and keep a copy of its geometry. */
 static void attach(struct state *st, uint8_t *base)
 {
     st->h = (struct st_hdr *)base;
+    st->txn = st->h->tx_slots;
+    st->keyn = st->h->key_slots;
+    st->nb = st->h->nbuckets;
+    st->knb = st->h->key_nbuckets;
+    st->cln = st->h->client_slots;
     st->buckets = (int32_t *)(base + st->h->buckets_off);
     st->txs = (struct st_tx *)(base + st->h->txs_off);
+    st->key_buckets = (int32_t *)(base + st->h->key_buckets_off);
     st->keys = (struct st_keyent *)(base + st->h->keys_off);
+    st->clients = (struct st_client *)(base + st->h->clients_off);
 }
 
 /* Initialise a zeroed region of l->size bytes. */
@@ -307,24 +774,20 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->tx_slots = l->txn;
     h->key_slots = l->keyn;
     h->nbuckets = l->nb;
+    h->key_nbuckets = l->knb;
+    h->client_slots = l->cln;
     h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
+    h->key_buckets_off = l->off_kb;
     h->keys_off = l->off_k;
+    h->clients_off = l->off_c;
     if (getrandom(h->salt, sizeof h->salt, 0) != (ssize_t)sizeof h->salt) {
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         return -1;
     }
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    int rc = pthread_mutex_init(&h->mu, &a);
-    pthread_mutexattr_destroy(&a);
-    if (rc != 0) {
-        snprintf(err, errlen, "pthread_mutex_init: %s", strerror(rc));
+    if (mutex_init(&h->mu, err, errlen) != 0)
         return -1;
-    }
     int32_t *buckets = (int32_t *)(base + l->off_b);
     struct st_tx *txs = (struct st_tx *)(base + l->off_t);
     for (int32_t i = 0; i < l->nb; i++)
@@ -332,6 +795,13 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     for (int32_t i = 0; i < l->txn; i++)
         txs[i].next = i + 1 < l->txn ? i + 1 : -1;
     h->free_head = 0;
+    int32_t *kb = (int32_t *)(base + l->off_kb);
+    struct st_keyent *keys = (struct st_keyent *)(base + l->off_k);
+    for (int32_t i = 0; i < l->knb; i++)
+        kb[i] = -1;
+    for (int32_t i = 0; i < l->keyn; i++)
+        keys[i].next = i + 1 < l->keyn ? i + 1 : -1;
+    h->key_free_head = 0;
     return 0;
 }
 
@@ -350,7 +820,15 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
     }
     attach(st, base);
     st->greedy = opts->greedy;
+    st->users_fd = -1;
     return st;
+}
+
+/* Does [off, off + n * size) lie within [lo, len), aligned for 64-bit
+ * fields? Overflow-safe for any values read from a file. */
+static bool span_ok(size_t off, int32_t n, size_t size, size_t lo, size_t len)
+{
+    return n >= 1 && off % 64 == 0 && off >= lo && off <= len && (size_t)n <= (len - off) / size;
 }
 
 /* Is the region at base (len bytes, from a file) one this build can use? */
@@ -359,11 +837,14 @@ static bool region_usable(const uint8_t *base, size_t len)
     const struct st_hdr *h = (const struct st_hdr *)base;
     if (len < sizeof *h || h->magic != ST_MAGIC || h->version != layout_stamp() || h->size != len)
         return false;
-    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0)
+    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0 ||
+        h->key_nbuckets < 1 || (h->key_nbuckets & (h->key_nbuckets - 1)) != 0)
         return false;
-    return h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t) <= h->txs_off &&
-           h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx) <= h->keys_off &&
-           h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent) <= len;
+    return span_ok(h->buckets_off, h->nbuckets, sizeof(int32_t), sizeof *h, len) &&
+           span_ok(h->txs_off, h->tx_slots, sizeof(struct st_tx), h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t), len) &&
+           span_ok(h->key_buckets_off, h->key_nbuckets, sizeof(int32_t), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len) &&
+           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->key_buckets_off + (size_t)h->key_nbuckets * sizeof(int32_t), len) &&
+           span_ok(h->clients_off, h->client_slots, sizeof(struct st_client), h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent), len);
 }
 
 int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
@@ -444,17 +925,127 @@ out:
     return rc;
 }
 
+/* What state_open() found, logged once it holds no lock. */
+struct open_notes {
+    bool replaced;          /* an incompatible or damaged file was replaced */
+    bool other_size;        /* the file has another tx_slots than asked */
+    int32_t keys_wanted;    /* more key slots asked for than the file has: how many */
+    bool alone;             /* no other live process used the file */
+    bool lock_was_held;     /* alone, yet its lock word said held */
+    long leases;            /* alone: reads in flight of dead processes, released */
+    struct st_notice n;     /* what the check found */
+};
+
+/* Nobody else uses the region (we hold kembali.users exclusively): forget
+ * what only a live process could still hold (the lock, its reads in
+ * flight) and check every table. What counts is whether a live process
+ * uses the file, not the boot: a copy taken while a process held the lock
+ * (power cut, VM snapshot, backup) has a lock word that no kernel will
+ * ever release, so the mutex is made anew. */
+static int region_reset(struct state *st, int64_t now, struct open_notes *on, char *err, size_t errlen)
+{
+    on->lock_was_held = mutex_word(&st->h->mu) != 0;
+    if (mutex_init(&st->h->mu, err, errlen) != 0)
+        return -1;
+    for (int32_t i = 0; i < st->txn; i++) {
+        if (st->txs[i].inflight_until != 0) {
+            st->txs[i].inflight_until = 0;
+            on->leases++;
+        }
+        /* nobody holds a request any more: the plan's holds and reservations go */
+        st->txs[i].holders = 0;
+        st->txs[i].resv_at = 0;
+    }
+    region_check(st, now, true);
+    if (on->lock_was_held)
+        st->h->stale_locks++;
+    return 0;
+}
+
+/* Others use the region: it was checked whole when the first of them took
+ * it over, and again after any crash under its lock (the only ways it can
+ * be damaged), so only its header is checked here, under the lock, waiting
+ * at most OPEN_LOCK_MS (it is never held for more than microseconds): an
+ * open (a CGI request) must not hold every process up for a whole walk. */
+#define OPEN_LOCK_MS 2000
+static int region_check_locked(struct state *st, int64_t now, char *err, size_t errlen)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += OPEN_LOCK_MS / 1000;
+    int rc = pthread_mutex_timedlock(&st->h->mu, &ts);
+    if (rc != 0 && rc != EOWNERDEAD) {
+        snprintf(err, errlen, "the state lock has been held for more than %d s by a live kembali process "
+                 "(%s); stop every kembali process using this state_dir and start again",
+                 OPEN_LOCK_MS / 1000, strerror(rc));
+        return -1;
+    }
+    if (rc == EOWNERDEAD) {
+        st->notice.owner_died = true;
+        st->h->recoveries++;
+    }
+    region_check(st, now, rc == EOWNERDEAD);
+    if (rc == EOWNERDEAD)
+        pthread_mutex_consistent(&st->h->mu);
+    pthread_mutex_unlock(&st->h->mu);
+    return 0;
+}
+
+static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t key_slots)
+{
+    struct log_line ll;
+    if (on->replaced)
+        log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+    if (on->other_size) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", "the state file was made with another state_slots; "
+                            "keeping its size (remove it while no kembali runs to change it)");
+        log_int(&ll, "slots", slots);
+        log_end(&ll);
+    }
+    if (on->keys_wanted > 0) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", "more keys are configured than the state file has key slots: the least recently "
+                            "used idle keys make room, and a key finds none only while every slot holds a key "
+                            "in use (paused, or read within 60 s); remove the file while no kembali runs to resize it");
+        log_int(&ll, "key_slots", key_slots);
+        log_int(&ll, "wanted", on->keys_wanted);
+        log_end(&ll);
+    }
+    if (on->alone && (on->lock_was_held || on->leases > 0 || notice_any(&on->n))) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", on->lock_was_held
+                                ? "no live process uses the state file, yet its lock is held (a copy taken while "
+                                  "a process held it, or a crashed host): lock and reads in flight reset, tables checked"
+                                : "no live process uses the state file: reads in flight of stopped processes "
+                                  "released, tables checked");
+        log_int(&ll, "lock_was_held", on->lock_was_held);
+        log_int(&ll, "leases", on->leases);
+        for (int i = 0; i < DMG_N; i++)
+            if (on->n.dmg[i] > 0)
+                log_int(&ll, dmg_names[i], on->n.dmg[i]);
+        log_end(&ll);
+    } else if (!on->alone && notice_any(&on->n)) {
+        notice_log(&on->n, on->n.owner_died ? "a kembali process died holding the state lock; state checked "
+                                              "and repaired"
+                                            : "the state file was damaged; repaired");
+    }
+}
+
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen)
 {
-    char path[4096], lockpath[4096];
+    char path[4096], lockpath[4096], userspath[4096];
     struct layout l;
     layout_for(opts, &l);
     if (state_check_dir(dir, true, err, errlen) != 0)
         return NULL;
     snprintf(path, sizeof path, "%s/kembali.state", dir);
     snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
+    snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
 
-    /* One process at a time checks, creates or replaces the file. */
+    /* One process at a time checks, creates, replaces or resets the file,
+     * and decides under this lock whether it is alone (below): two
+     * processes starting together are ordered by it. */
     int lk = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (lk < 0 || flock(lk, LOCK_EX) != 0) {
         snprintf(err, errlen, "%s: %s", lockpath, strerror(errno));
@@ -462,6 +1053,21 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
             close(lk);
         return NULL;
     }
+    /* Every process that maps the file holds a shared flock of
+     * kembali.users for as long as it does (the kernel drops it when the
+     * process dies, however it dies). Getting it exclusively means that no
+     * live process uses the file. */
+    struct open_notes on;
+    memset(&on, 0, sizeof on);
+    int users = open(userspath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (users < 0) {
+        snprintf(err, errlen, "%s: %s", userspath, strerror(errno));
+        flock(lk, LOCK_UN);
+        close(lk);
+        return NULL;
+    }
+    on.alone = flock(users, LOCK_EX | LOCK_NB) == 0;
+    int64_t now = util_mono_ms();
     struct state *st = NULL;
     uint8_t *base = MAP_FAILED;
     size_t len = 0;
@@ -487,31 +1093,49 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                 st = calloc(1, sizeof *st);
                 if (st == NULL) {
                     snprintf(err, errlen, "out of memory");
+                    munmap(base, len);
                     break;
                 }
                 attach(st, base);
                 st->mapped = len;
                 st->greedy = opts->greedy;
-                if ((int32_t)st->h->tx_slots != l.txn) {
-                    struct log_line ll;
-                    log_begin(&ll, "warn", "state");
-                    log_str(&ll, "msg", "the state file was made with another state_slots; "
-                                        "keeping its size (remove it while no kembali runs to change it)");
-                    log_int(&ll, "slots", st->h->tx_slots);
-                    log_end(&ll);
+                st->users_fd = users;
+                on.other_size = st->txn != l.txn;
+                if (l.keyn > st->keyn)
+                    on.keys_wanted = l.keyn;
+                int rc = on.alone ? region_reset(st, now, &on, err, errlen)
+                                  : region_check_locked(st, now, err, errlen);
+                on.n = st->notice;
+                memset(&st->notice, 0, sizeof st->notice);
+                if (rc != 0) {
+                    st->users_fd = -1;
+                    state_free(st);
+                    st = NULL;
                 }
                 break;
             }
             if (base != MAP_FAILED)
                 munmap(base, len);
             base = MAP_FAILED;
-            log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+            on.replaced = true;
         }
         if (attempt == 0 && create_file(path, &l, opts, err, errlen) != 0)
             break;
     }
+    /* from now on a user like any other (a conversion: under kembali.lock,
+     * no other process can be deciding whether it is alone meanwhile) */
+    if (st != NULL && flock(users, LOCK_SH) != 0) {
+        snprintf(err, errlen, "%s: %s", userspath, strerror(errno));
+        st->users_fd = -1;
+        state_free(st);
+        st = NULL;
+    }
     flock(lk, LOCK_UN);
     close(lk);
+    if (st == NULL)
+        close(users);
+    else
+        open_notes_log(&on, st->txn, st->keyn);
     return st;
 }
 
@@ -525,6 +1149,8 @@ void state_free(struct state *st)
         pthread_mutex_destroy(&st->h->mu);
         free(st->h);
     }
+    if (st->users_fd >= 0)
+        close(st->users_fd); /* no longer a user of the file */
     free(st);
 }
 
@@ -547,12 +1173,24 @@ static uint32_t tx_bucket(struct state *st, const struct state_key *key, const c
     size_t n = strnlen(id, STATE_ID_MAX);
     memcpy(buf, key->b, 16);
     memcpy(buf + 16, id, n);
-    return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->h->nbuckets - 1));
+    return (uint32_t)(state_siphash(st->h->salt, buf, 16 + n) & (uint64_t)(st->nb - 1));
+}
+
+/* What a client's 404 is counted against: (key, id), hashed. */
+static uint32_t tx_what(struct state *st, const struct state_key *key, const char *id)
+{
+    uint8_t buf[17 + STATE_ID_MAX];
+    size_t n = strnlen(id, STATE_ID_MAX);
+    buf[0] = 'w';
+    memcpy(buf + 1, key->b, 16);
+    memcpy(buf + 17, id, n);
+    return (uint32_t)state_siphash(st->h->salt, buf, 17 + n);
 }
 
 static struct st_tx *tx_find(struct state *st, const struct state_key *key, const char *id)
 {
-    for (int32_t i = st->buckets[tx_bucket(st, key, id)]; i >= 0 && i < st->h->tx_slots; i = st->txs[i].next) {
+    int32_t steps = 0;
+    for (int32_t i = st->buckets[tx_bucket(st, key, id)]; i >= 0 && i < st->txn && steps++ < st->txn; i = st->txs[i].next) {
         struct st_tx *e = &st->txs[i];
         if (e->used && memcmp(e->key.b, key->b, 16) == 0 && strcmp(e->id, id) == 0)
             return e;
@@ -569,8 +1207,8 @@ static bool tx_idle(const struct st_tx *e, int64_t now)
 static void tx_unlink(struct state *st, int32_t idx)
 {
     struct st_tx *e = &st->txs[idx];
-    int32_t *pp = &st->buckets[tx_bucket(st, &e->key, e->id)];
-    while (*pp >= 0 && *pp != idx)
+    int32_t *pp = &st->buckets[tx_bucket(st, &e->key, e->id)], steps = 0;
+    while (*pp >= 0 && *pp < st->txn && *pp != idx && steps++ < st->txn)
         pp = &st->txs[*pp].next;
     if (*pp == idx)
         *pp = e->next;
@@ -584,11 +1222,11 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
     if (e != NULL)
         return e;
     int32_t idx = st->h->free_head;
-    if (idx >= 0) {
+    if (idx >= 0 && idx < st->txn) { /* (checked on open and after a crash; bounds kept anyway) */
         st->h->free_head = st->txs[idx].next;
         st->h->tx_used++;
     } else {
-        int32_t n = st->h->tx_slots, best = -1;
+        int32_t n = st->txn, best = -1;
         int32_t start = (int32_t)util_jitter(n - 1);
         for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
             int32_t i = (start + k * 97) % n; /* a spread-out sample */
@@ -619,29 +1257,170 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
     return e;
 }
 
-/* Find or create the key entry; NULL when every slot holds a key in use. */
-static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+static uint32_t key_bucket(const struct state *st, const struct state_key *key)
 {
-    struct st_keyent *free_slot = NULL, *idle = NULL;
-    for (int32_t i = 0; i < st->h->key_slots; i++) {
+    uint32_t v;
+    memcpy(&v, key->b, sizeof v); /* a key id is a keyed hash already */
+    return v & (uint32_t)(st->knb - 1);
+}
+
+static struct st_keyent *key_find(struct state *st, const struct state_key *key)
+{
+    int32_t steps = 0;
+    for (int32_t i = st->key_buckets[key_bucket(st, key)]; i >= 0 && i < st->keyn && steps++ < st->keyn;
+         i = st->keys[i].next) {
         struct st_keyent *k = &st->keys[i];
         if (k->used && memcmp(k->key.b, key->b, 16) == 0)
             return k;
-        if (!k->used && free_slot == NULL)
-            free_slot = k;
-        else if (k->used && k->paused_until <= now && now - k->last_used > PACE_EPISODE_MS &&
-                 (idle == NULL || k->last_used < idle->last_used))
-            idle = k;
+    }
+    return NULL;
+}
+
+/* May this key's entry be forgotten? Only when that forgets nothing in
+ * force: no pause runs and its budget ring holds no read newer than the
+ * budget's span (so a new entry's empty ring allows exactly as much), and
+ * so no read of it is in flight either (a claim pushes the ring). */
+static bool key_idle(const struct st_keyent *k, int64_t now)
+{
+    if (!k->used || k->paused_until > now)
+        return false;
+    if (k->ring_n > 0 && k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] > now - STATE_KEY_IDLE_MS)
+        return false;
+    return true;
+}
+
+static void key_unlink(struct state *st, int32_t idx)
+{
+    struct st_keyent *k = &st->keys[idx];
+    int32_t *pp = &st->key_buckets[key_bucket(st, &k->key)], steps = 0;
+    while (*pp >= 0 && *pp < st->keyn && *pp != idx && steps++ < st->keyn)
+        pp = &st->keys[*pp].next;
+    if (*pp == idx)
+        *pp = k->next;
+}
+
+/* Find the key entry; with `create`, make one when missing: a free slot,
+ * or the least recently used idle key's. NULL when every slot holds a key
+ * in use (counted: key_full). */
+static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+{
+    struct st_keyent *k = key_find(st, key);
+    if (k != NULL || !create)
+        return k;
+    int32_t idx = st->h->key_free_head;
+    if (idx >= 0 && idx < st->keyn) {
+        st->h->key_free_head = st->keys[idx].next;
+        st->h->key_used++;
+    } else {
+        int32_t best = -1;
+        for (int32_t i = 0; i < st->keyn; i++) /* rare: only when full; bounded */
+            if (key_idle(&st->keys[i], now) && (best < 0 || st->keys[i].last_used < st->keys[best].last_used))
+                best = i;
+        if (best < 0) {
+            st->h->key_full++;
+            return NULL;
+        }
+        key_unlink(st, best);
+        st->h->key_evictions++;
+        idx = best;
+    }
+    k = &st->keys[idx];
+    memset(k, 0, sizeof *k);
+    k->used = 1;
+    k->key = *key;
+    k->last_used = now;
+    uint32_t b = key_bucket(st, key);
+    k->next = st->key_buckets[b];
+    st->key_buckets[b] = idx;
+    return k;
+}
+
+/* ---- clients: 404s charged to an address ---- */
+
+static bool client_none(const struct state_client *c)
+{
+    static const struct state_client zero;
+    return memcmp(c->b, zero.b, sizeof c->b) == 0;
+}
+
+static int32_t client_home(const struct state *st, const struct state_client *c)
+{
+    uint32_t v;
+    memcpy(&v, c->b + 4, sizeof v); /* a keyed hash already */
+    return (int32_t)(v % (uint32_t)st->cln);
+}
+
+/* Is the entry worth keeping at `now`? A block, or a 404 inside the window. */
+static bool client_busy(const struct st_client *c, int64_t now)
+{
+    return c->blocked_until > now || (c->nhits > 0 && c->hit_at[c->nhits - 1] > now - STATE_CLIENT_WINDOW_MS);
+}
+
+/* Find the client's entry among its ways; with `create`, make one: a free
+ * way, else the least recently used idle one, else the least recently used
+ * that is not blocked (its 404s forgotten: only a flood of addresses in one
+ * set does that). NULL when every way holds a blocked client (client_full). */
+static struct st_client *client_get(struct state *st, const struct state_client *id, int64_t now, bool create)
+{
+    int32_t home = client_home(st, id), ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
+    int32_t free_i = -1, idle = -1, open = -1;
+    for (int32_t w = 0; w < ways; w++) {
+        int32_t i = (home + w) % st->cln;
+        struct st_client *c = &st->clients[i];
+        if (c->used && memcmp(c->id.b, id->b, sizeof id->b) == 0)
+            return c;
+        if (!c->used) {
+            if (free_i < 0)
+                free_i = i;
+        } else if (!client_busy(c, now)) {
+            if (idle < 0 || c->last_used < st->clients[idle].last_used)
+                idle = i;
+        } else if (c->blocked_until <= now) {
+            if (open < 0 || c->last_used < st->clients[open].last_used)
+                open = i;
+        }
     }
     if (!create)
         return NULL;
-    struct st_keyent *k = free_slot ? free_slot : idle;
-    if (k != NULL) {
-        memset(k, 0, sizeof *k);
-        k->used = 1;
-        k->key = *key;
+    int32_t i = free_i >= 0 ? free_i : idle >= 0 ? idle : open;
+    if (i < 0) {
+        st->h->client_full++;
+        return NULL;
     }
-    return k;
+    struct st_client *c = &st->clients[i];
+    memset(c, 0, sizeof *c);
+    c->used = 1;
+    c->id = *id;
+    c->last_used = now;
+    return c;
+}
+
+/* Charge a 404 for `what` to client id at `now`. Returns true when this
+ * starts the client's block. */
+static bool client_charge(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
+{
+    struct st_client *c = client_get(st, id, now, true);
+    if (c == NULL || c->blocked_until > now)
+        return false;
+    c->last_used = now;
+    int keep = 0;
+    for (int i = 0; i < c->nhits; i++) /* forget what left the window, and an earlier 404 of this id */
+        if (c->hit_at[i] > now - STATE_CLIENT_WINDOW_MS && c->hit_what[i] != what) {
+            c->hit_what[keep] = c->hit_what[i];
+            c->hit_at[keep] = c->hit_at[i];
+            keep++;
+        }
+    if (keep >= STATE_CLIENT_404S) /* cannot happen: a full window blocks */
+        keep = STATE_CLIENT_404S - 1;
+    c->hit_what[keep] = what;
+    c->hit_at[keep] = now;
+    c->nhits = (uint8_t)(keep + 1);
+    if (c->nhits < STATE_CLIENT_404S)
+        return false;
+    c->blocked_until = now + STATE_CLIENT_BLOCK_MS;
+    c->nhits = 0;
+    st->h->client_blocks++;
+    return true;
 }
 
 /* When may the key read again under `budget` reads per any 60 s span? */
@@ -672,7 +1451,7 @@ static void budget_push(struct st_keyent *k, int64_t now)
 /* Entry idx of the key's waiting set still waits at `now`. */
 static struct st_tx *waiting_tx(struct state *st, const struct st_keyent *k, int32_t idx, int64_t now)
 {
-    if (idx < 0 || idx >= st->h->tx_slots)
+    if (idx < 0 || idx >= st->txn)
         return NULL;
     struct st_tx *e = &st->txs[idx];
     if (e->used != 1 || memcmp(e->key.b, k->key.b, 16) != 0 || e->holders <= 0 || e->hold_until <= now)
@@ -909,13 +1688,13 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
                   const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out)
 {
-    st_lock(st);
+    st_lock(st, now);
     compute(st, tx_find(st, key, id), key_get(st, key, now, false), sched, budget, now, out, NULL);
     st_unlock(st);
 }
 
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct pace_schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out)
 {
     bool claimed = false;
@@ -925,7 +1704,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         out->next_read = now + 1000;
         return false;
     }
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_find(st, key, id);
     struct st_keyent *k = key_get(st, key, now, false);
     enum plan_read kind;
@@ -954,7 +1733,12 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     }
     e->last_start = now;
     e->last_used = now;
-    e->inflight_until = now + st->h->read_timeout_ms + 1000;
+    /* the lease is the timeout this read is made with (plus 1 s) */
+    if (timeout_ms <= 0)
+        timeout_ms = st->h->read_timeout_ms;
+    if (timeout_ms > STATE_LEASE_MAX_MS)
+        timeout_ms = STATE_LEASE_MAX_MS;
+    e->inflight_until = now + timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
     budget_push(k, now);
@@ -967,7 +1751,9 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
     ticket->started = now;
+    ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
+    memset(&ticket->client, 0, sizeof ticket->client); /* the caller sets it before finishing */
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
     claimed = true;
@@ -1021,13 +1807,35 @@ static void status_record(struct st_tx *e, enum tx_status s, const char *word, i
         e->known_until = 0;
 }
 
+/* Record what the read of ticket t found (status s, or a 404), by the
+ * rules of state.h ("A read's outcome"). `current`: t's lease holds and no
+ * other read of the transaction started since. */
+static bool read_may_record(const struct st_tx *e, const struct state_ticket *t, bool current, bool not_found,
+                            enum tx_status s, int64_t now)
+{
+    bool older = t->serial < e->facts_serial; /* a later read's outcome (or a told status) is recorded */
+    if (not_found) {
+        if (current)
+            return !final_cached(e, now); /* a 404 cannot hide a cached final status */
+        return !older && e->status == TXS_NONE && !e->not_found; /* nothing known at all */
+    }
+    if (current)
+        return status_may_replace(e, s, false, now);
+    if (tx_status_final(s)) /* a final status stays true: only forward, never backwards */
+        return status_may_replace(e, s, true, now);
+    /* a late pending (or unknown word) only fills what nothing else says */
+    return !older && !tx_status_final((enum tx_status)e->status) && !(e->not_found && e->known_until > now);
+}
+
 void state_finish(struct state *st, const struct state_ticket *t, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report)
 {
     memset(report, 0, sizeof *report);
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_find(st, &t->key, t->id);
     struct st_keyent *k = key_get(st, &t->key, now, true);
+    bool current = e != NULL && e->inflight_serial == t->serial && now <= t->lease_until;
+    report->stale = !current;
     if (e != NULL) {
         if (e->inflight_serial == t->serial) {
             e->inflight_until = 0;
@@ -1043,20 +1851,31 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     case OUT_STATUS:
         if (e == NULL)
             break;
-        if (status_may_replace(e, oc->status, false, now))
+        if (read_may_record(e, t, current, false, oc->status, now)) {
             status_record(e, oc->status, oc->status_word, now);
+            if (t->serial > e->facts_serial)
+                e->facts_serial = t->serial;
+        }
         if (oc->status == TXS_UNKNOWN && !e->unknown_seen) {
             e->unknown_seen = 1;
             report->first_unknown = true;
         }
         break;
     case OUT_NOT_FOUND:
-        /* a late 404 cannot hide a cached final status */
-        if (e != NULL && !final_cached(e, now)) {
+        /* charged to the client that asked, for an id kembali knows
+         * nothing about (a 404 for an id with a known status is not
+         * a probe), late or not: it happened at Kasera */
+        if (!client_none(&t->client) && (e == NULL || e->status == TXS_NONE))
+            report->client_blocked = client_charge(st, &t->client, tx_what(st, &t->key, t->id), now);
+        if (e != NULL && read_may_record(e, t, current, true, TXS_NONE, now)) {
             e->not_found = 1;
             e->known_until = now + STATE_TTL_NOT_FOUND_MS;
+            if (t->serial > e->facts_serial)
+                e->facts_serial = t->serial;
         }
         break;
+    /* What limits and pauses say happened at Kasera, late or not: they
+     * are kept however stale the read (each only ever extends a wait). */
     case OUT_TX_LIMITED:
         if (e != NULL)
             pause_until(&e->not_before, now + (oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000));
@@ -1083,8 +1902,9 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         break;
     }
     case OUT_REJECTED:
-        if (e != NULL) /* no further read until the episode ends */
-            pause_until(&e->not_before, e->last_start + PACE_EPISODE_MS + 1);
+        /* no further read until the episode of that read ends */
+        if (e != NULL)
+            pause_until(&e->not_before, (current ? e->last_start : t->started) + PACE_EPISODE_MS + 1);
         break;
     case OUT_NO_ANSWER:
         break;
@@ -1106,7 +1926,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         strlen(word) > STATUS_WORD_MAX)
         return STATE_TOLD_BAD;
     enum state_told done = STATE_TOLD_RECORDED;
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_get(st, key, id, now);
     if (e == NULL) {
         done = STATE_TOLD_FULL;
@@ -1114,6 +1934,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         e->last_used = now;
         if (status_may_replace(e, status, true, now)) {
             status_record(e, status, word, now);
+            e->facts_serial = st->h->serial; /* newer than every read started before it */
         } else {
             done = STATE_TOLD_KEPT;
             if (e->not_found) { /* the shop knows it: no 404 stands (a kept status is final) */
@@ -1133,7 +1954,7 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
 {
     if (strlen(id) > STATE_ID_MAX)
         return false;
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_get(st, key, id, now);
     struct st_keyent *k = e != NULL ? key_get(st, key, now, true) : NULL;
     if (e != NULL && k != NULL) {
@@ -1164,8 +1985,7 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
 
 void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now)
 {
-    (void)now;
-    st_lock(st);
+    st_lock(st, now);
     struct st_tx *e = tx_find(st, key, id);
     if (e != NULL && e->holders > 0 && --e->holders == 0)
         e->resv_at = 0; /* nobody left to use it */
@@ -1174,16 +1994,28 @@ void state_unhold(struct state *st, const struct state_key *key, const char *id,
 
 void state_metrics(struct state *st, struct state_metrics *out)
 {
-    st_lock(st);
+    memset(out, 0, sizeof *out);
+    st_lock(st, util_mono_ms());
     out->tx_used = st->h->tx_used;
-    out->tx_slots = st->h->tx_slots;
+    out->tx_slots = st->txn;
     out->evictions = st->h->evictions;
     out->full = st->h->full;
     out->recoveries = st->h->recoveries;
+    out->repairs = st->h->repairs;
+    out->key_used = st->h->key_used;
+    out->key_slots = st->keyn;
+    out->key_evictions = st->h->key_evictions;
+    out->key_full = st->h->key_full;
+    out->client_slots = st->cln;
+    out->client_blocks = st->h->client_blocks;
+    out->client_full = st->h->client_full;
+    int64_t now = util_mono_ms();
+    for (int32_t i = 0; i < st->cln; i++) /* bounded: client_slots */
+        out->clients_blocked += st->clients[i].used && st->clients[i].blocked_until > now;
+    out->stale_locks = st->h->stale_locks;
     out->last_chance_reads = st->h->last_chance_reads;
     out->reserved = 0;
-    int64_t now = util_mono_ms();
-    for (int32_t i = 0; i < st->h->key_slots; i++) {
+    for (int32_t i = 0; i < st->keyn; i++) {
         const struct st_keyent *k = &st->keys[i];
         for (int32_t j = 0; k->used && j < k->nwaiting && j < ST_WAITING_MAX; j++) {
             const struct st_tx *e = waiting_tx(st, k, k->waiting[j], now);
@@ -1191,4 +2023,75 @@ void state_metrics(struct state *st, struct state_metrics *out)
         }
     }
     st_unlock(st);
+}
+
+int state_key_slots_for(int keys)
+{
+    if (keys < 0)
+        keys = 0;
+    if (keys > STATE_KEY_SLOTS_MAX / 2)
+        return STATE_KEY_SLOTS_MAX;
+    return keys * 2 < STATE_KEY_SLOTS_MIN ? STATE_KEY_SLOTS_MIN : keys * 2;
+}
+
+void state_client_id(const struct state *st, const char *addr, struct state_client *out)
+{
+    /* the address as a client: IPv4 whole; IPv6 by its /64 (one site or
+     * household, whose interface ids it chooses freely); an IPv4-mapped
+     * IPv6 as its IPv4; anything else as written */
+    uint8_t buf[1 + 64];
+    size_t n;
+    char a[64];
+    util_copy(a, sizeof a, addr != NULL ? addr : "");
+    char *zone = strchr(a, '%');
+    if (zone != NULL)
+        *zone = '\0';
+    struct in_addr v4;
+    struct in6_addr v6;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, a, &v4) == 1) {
+        buf[0] = 4;
+        memcpy(buf + 1, &v4, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1 && memcmp(v6.s6_addr, mapped, 12) == 0) {
+        buf[0] = 4;
+        memcpy(buf + 1, v6.s6_addr + 12, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1) {
+        buf[0] = 6;
+        memcpy(buf + 1, v6.s6_addr, 8);
+        n = 9;
+    } else {
+        buf[0] = 0;
+        n = strlen(a);
+        memcpy(buf + 1, a, n);
+        n++;
+    }
+    uint8_t salt2[16];
+    memcpy(salt2, st->h->salt, 16);
+    salt2[1] ^= 0xc1; /* not the key ids' hash */
+    salt2[2] ^= 0x1e;
+    uint64_t x = state_siphash(salt2, buf, n);
+    salt2[3] ^= 0x77;
+    uint64_t y = state_siphash(salt2, buf, n);
+    memcpy(out->b, &x, 8);
+    memcpy(out->b + 8, &y, 8);
+    if (client_none(out))
+        out->b[0] = 1; /* all zero means "no client" */
+}
+
+bool state_client_blocked(struct state *st, const struct state_client *c, int64_t now)
+{
+    if (client_none(c))
+        return false;
+    st_lock(st, now);
+    const struct st_client *e = client_get(st, c, now, false);
+    bool blocked = e != NULL && e->blocked_until > now;
+    st_unlock(st);
+    return blocked;
+}
+
+bool state_fact_unknown(const struct state_fact *f)
+{
+    return f->status == TXS_NONE;
 }

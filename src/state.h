@@ -39,12 +39,25 @@
 #define STATE_KEY_PAUSE_MS (60 * 1000LL)   /* after the key's 300/min is spent */
 #define STATE_UNAUTH_PAUSE_MS (300 * 1000LL)
 #define STATE_HOST_PAUSE_MS (60 * 1000LL)  /* after the failed-authentication 429 */
+#define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
 
 struct state;
 
 struct state_key {
     uint8_t b[16];
 };
+
+/* A client (REMOTE_ADDR) as the state knows it: a keyed hash, never the
+ * address. All zero: no client (nothing is charged). */
+struct state_client {
+    uint8_t b[16];
+};
+
+#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 ... */
+#define STATE_CLIENT_WINDOW_MS (600 * 1000LL)   /* ... within 10 minutes ... */
+#define STATE_CLIENT_BLOCK_MS (600 * 1000LL)    /* ... block unknown ids for 10 minutes */
+#define STATE_CLIENT_SLOTS_DEFAULT 4096
+#define STATE_CLIENT_SLOTS_MAX (1 << 20)
 
 /* Why the next read cannot start now. */
 enum state_wait {
@@ -72,9 +85,11 @@ struct state_fact {
 struct state_ticket {
     struct state_key key;
     char id[STATE_ID_MAX + 1];
-    uint64_t serial;
+    uint64_t serial;     /* this read's place among every read claimed */
     int64_t started;
+    int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
+    struct state_client client; /* set by the caller before finishing: who asked (zeroed by state_claim) */
 };
 
 /* What state_finish() changed that the caller should log once. */
@@ -82,33 +97,74 @@ struct state_report {
     bool key_paused;       /* this outcome started a key pause */
     bool host_paused;      /* this outcome started a host pause */
     bool first_unknown;    /* first sighting of an unknown status for this transaction */
+    bool stale;            /* the read ended after its lease, or after another read of it started */
+    bool client_blocked;   /* this 404 started ticket->client's block (log one line) */
     char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
 };
 
+#define STATE_KEY_SLOTS_DEFAULT 256   /* key_slots when state_opts gives none */
+#define STATE_KEY_SLOTS_MIN 64
+#define STATE_KEY_SLOTS_MAX (1 << 20)
+#define STATE_KEY_IDLE_MS (60 * 1000LL) /* a key read within this is in use (its budget ring) */
+
 struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
-    int key_slots;            /* distinct keys (default 256) */
-    int64_t read_timeout_ms;  /* a ticket is released after this plus 1 s */
+    int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
+    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
+    int client_slots;         /* clients whose 404s are counted at once (default 4096) */
     bool greedy;              /* this process does not plan a scarce budget (plan.h): first come,
                                * first served, for comparison only */
 };
 
 struct state_metrics {
-    long tx_used, tx_slots, evictions, full, recoveries;
-    long reserved, last_chance_reads, withheld; /* the budget plan (plan.h) */
+    long tx_used, tx_slots, evictions, full;
+    long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
+    long clients_blocked;      /* clients blocked now (a gauge) */
+    long client_blocks;        /* blocks started */
+    long client_slots, client_full; /* client_full: a 404 that found no room to be counted */
+    long recoveries;   /* a process died holding the lock; the next one repaired */
+    long repairs;      /* checks (open, recovery) that found something to repair */
+    long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
+    long reserved, last_chance_reads; /* the budget plan (plan.h) */
 };
+
+/* The key slots for a configuration with `keys` keys (distinct secrets;
+ * counting shops gives an upper bound): twice as many, at least
+ * STATE_KEY_SLOTS_MIN, at most STATE_KEY_SLOTS_MAX, so that keys added by
+ * reloads find room. A full key table makes room by forgetting the least
+ * recently used idle key (no pause in force, nothing in its budget ring
+ * newer than STATE_KEY_IDLE_MS: forgetting it forgets nothing that limits
+ * a read); a key finds no slot (WAIT_FULL: checking) only while every slot
+ * holds a key in use. This function can't fail. */
+int state_key_slots_for(int keys);
 
 /* Create a state in this process's memory (tests). Returns NULL and writes
  * a reason into err on failure (allocation, mutex). */
 struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
 
 /* Open the state shared by every process started with the same `dir`:
- * the file dir/kembali.state (created 0600, mapped shared), made or checked
- * under an flock of dir/kembali.lock. A file from an incompatible build
- * (version and layout stamp) or a damaged one is replaced, never misread.
+ * the file dir/kembali.state (created 0600, mapped shared), made, checked
+ * or reset under an flock of dir/kembali.lock. A file from an incompatible
+ * build (version and layout stamp) or one whose geometry does not fit its
+ * size is replaced, never misread.
+ *
+ * Every process holds a shared flock of dir/kembali.users from this call
+ * to state_free() (the kernel drops it when the process dies, however).
+ * A process that can take it exclusively is the only live user: it makes
+ * the lock anew (a copy taken while a process held it, after a power cut,
+ * a restored snapshot or backup, would otherwise make everybody wait for
+ * ever), releases the leases of reads in flight (their processes are
+ * gone; the pace stays) and checks every table. Otherwise the tables are
+ * checked under the lock (waiting at most 2 s for it: beyond that the
+ * open fails with a reason rather than hang). The check bounds every index,
+ * count, walk, string and enum, and every time to its longest span from now
+ * (a file from another boot has another clock); what does not read as
+ * whole is dropped or relinked from the entries, counted (metrics repairs)
+ * and logged once after the locks are released.
+ *
  * The directory is created 0700 when missing and refused when other users
- * can write it. An existing file keeps its size (tx_slots). Returns NULL
- * with a reason in err. */
+ * can write it. An existing file keeps its size (tx_slots, key_slots).
+ * Returns NULL with a reason in err. */
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen);
 
 /* Check that `dir` can hold the state (see state_open); 0 or -1 with err.
@@ -127,9 +183,35 @@ uint32_t state_generation(struct state *st);
 uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms);
 
 #ifdef KEMBALI_TESTING
-/* Tests only: take the lock, let `damage` scribble on the region, and
- * _exit() while holding it, as a process killed mid-update would. */
-void state_test_die_holding_lock(struct state *st, void (*damage)(void *base));
+/* Tests only: take the lock, call `damage` (which may scribble on the
+ * region, or copy the file), and _exit() while holding it, as a process
+ * killed mid-update would. */
+void state_test_die_holding_lock(struct state *st, void (*damage)(struct state *st));
+
+/* Tests only: scribble on one kind of field, as a torn write or a
+ * damaged copy would (no lock taken: the caller has the region to itself
+ * or holds the lock in state_test_die_holding_lock). */
+enum state_test_damage {
+    STATE_TEST_BUCKET_OOB,  /* bucket heads out of range, both ways */
+    STATE_TEST_CHAIN_LOOP,  /* an entry's next points at itself */
+    STATE_TEST_CHAIN_OOB,   /* an entry's next far out of range */
+    STATE_TEST_FREE_OOB,    /* the free list's head out of range */
+    STATE_TEST_FREE_LOOP,   /* the free list loops */
+    STATE_TEST_TX_USED,     /* tx_used wrong */
+    STATE_TEST_USED_FLAG,   /* a free entry's used flag neither 0 nor 1 */
+    STATE_TEST_ID_NUL,      /* an id without its NUL */
+    STATE_TEST_WORD_NUL,    /* a status word without its NUL */
+    STATE_TEST_STATUS,      /* a status and a flag out of their enums */
+    STATE_TEST_TIMES,       /* times far in the future and past, negative reads */
+    STATE_TEST_KEY_RING,    /* a key's ring head and count out of range */
+    STATE_TEST_KEY_TIMES,   /* a key's ring and pause far in the future */
+    STATE_TEST_KEY_LINKS,   /* key bucket heads, a chain, the free list, key_used */
+    STATE_TEST_KEY_USED_FLAG, /* a free key entry's used flag neither 0 nor 1 */
+    STATE_TEST_CLIENTS,     /* client entries: flags, counts, out of their ways, times */
+    STATE_TEST_HEADER,      /* geometry, strings, serial, counters */
+};
+#define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)
+void state_test_damage(struct state *st, enum state_test_damage what);
 #endif
 
 /* The identity of a secret key: a keyed hash with a salt kept in the state,
@@ -144,15 +226,45 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 /* As state_lookup(); in addition, when a read may start now (nothing final or
  * remembered, none in flight, fact.next_read <= now), records its start
  * (pace, budget), fills *ticket and returns true. The caller must then make
- * the read and call state_finish() exactly once with that ticket. */
+ * the read and call state_finish() exactly once with that ticket.
+ * The read's lease is the timeout it is made with: `timeout_ms` (at most
+ * STATE_LEASE_MAX_MS; <= 0: the state's read_timeout_ms) plus 1 s. Until
+ * then every process waits for it rather than read again, whatever its own
+ * timeout (ticket->lease_until, fact.in_flight_until). */
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
-                 const struct pace_schedule *sched, int budget, int64_t now,
+                 const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out);
 
 /* Record the outcome of the read of `ticket`, made for shop `shop_id`, at
- * `now`; updates the cache, pace and pauses and releases the ticket. A
- * ticket that expired (its lease passed) still records its outcome.
- * *report says what started that deserves one log line. */
+ * `now`; updates the cache, pace and pauses and releases the ticket (the
+ * pace counts from ticket->sent when set). *report says what started that
+ * deserves one log line.
+ *
+ * A 404 is charged to ticket->client (unless all zero) when the id has no
+ * known status (no entry, or only a remembered 404), stale or not: see
+ * state_client_blocked().
+ *
+ * A read's outcome: a read is current when it ends within its lease and no
+ * other read of the transaction was claimed since; otherwise it is stale
+ * (report->stale), and what it found never overwrites what is newer:
+ *   - a status, current: recorded, except that a cached final status is
+ *     only replaced as state_tell() allows (a late pending cannot clear it);
+ *     once its cache ran out, a current read's word replaces it;
+ *   - a final status, stale: recorded only forward, as state_tell() allows,
+ *     whatever the cache (Kasera does not take a final status back);
+ *   - pending or an unknown word, stale: recorded only when no later read's
+ *     outcome or told status is recorded, no final status is known and no
+ *     404 is remembered;
+ *   - a 404, current: remembered unless a final status is cached;
+ *   - a 404, stale: remembered only when nothing at all is known (no status,
+ *     no later outcome): a late 404 cannot hide a succeeded, cached or not;
+ *   - Retry-After windows, stated exhausted windows, key pauses (429, 401),
+ *     the host pause, a rejected episode (counted from this read's start):
+ *     applied however stale, since they happened at Kasera and each only
+ *     extends a wait;
+ *   - the budget: the read was counted when claimed and stays counted.
+ * Only the ticket that is the transaction's last claim releases the lease;
+ * a stale one leaves a newer read's lease alone. */
 void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report);
 
@@ -198,7 +310,42 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
  * the transaction's unused reservation goes back to the budget. Can't fail. */
 void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
 
+/* Counters and gauges for the metrics page (clients_blocked counts the
+ * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);
+
+/* Ids nobody has paid for (interface.md). The client of a request:
+ * a keyed hash (the state's salt) of its address, never stored in clear.
+ * IPv4 addresses count whole; IPv6 ones by their /64 (a site chooses its
+ * interface ids freely, so one prober would otherwise be 2^64 clients);
+ * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
+ * all zero. This function can't fail. */
+void state_client_id(const struct state *st, const char *addr, struct state_client *out);
+
+/* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
+ * for by one client were answered 404 (state_finish with ticket->client)
+ * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS
+ * (report->client_blocked when it starts; counted in the metrics). While
+ * blocked, its requests for ids kembali knows nothing about
+ * (state_fact_unknown) must cost no read: the caller answers checking
+ * without claiming. Ids with a known status (pending included) are read
+ * as for anybody. Many buyers behind one address (an office, a school)
+ * come back for ids that exist at Kasera, which never answer 404, so they
+ * are not charged; an address is blocked only by probing from it, and
+ * even then its buyers' known ids are still read (a buyer's first return
+ * for an id no process has read yet gets checking for that block, which
+ * interface.md accepts for an address that probes). Clients are kept in a
+ * fixed table of client_slots (8 ways per set): a new client takes a free
+ * way, else the least recently used idle one (no block, no 404 within the
+ * window), else the least recently used unblocked one; a blocked client is
+ * never forgotten before its block ends. A client that finds no room is
+ * not counted (metrics client_full). Never blocks on anything but the
+ * state's lock. */
+bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);
+
+/* Does `f` say kembali knows nothing about the transaction (no status read
+ * or told: no entry, or only a remembered 404)? This function can't fail. */
+bool state_fact_unknown(const struct state_fact *f);
 
 /* SipHash-2-4 of data under a 16-byte key; exposed for tests. */
 uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len);

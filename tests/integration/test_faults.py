@@ -214,5 +214,55 @@ def test_read_budget_per_minute(tmpdir):
     assert_eq(len(sb.reads()), 3)
 
 
+def test_a_prober_cannot_spend_the_budget(tmpdir):
+    """One client walking random ids at 5 a second (each a 404 at Kasera)
+    while ten buyers come back for payments that succeed: the prober's 404s
+    are charged to it, it is blocked after 5, its later unknown ids cost no
+    read, and every buyer sees the success. (Before: 102 reads in 25 s, and
+    half the buyers saw checking.)"""
+    import random
+    sb, k = kit.start(tmpdir)
+    prober = {"REMOTE_ADDR": "203.0.113.7"}
+    buyers = [{"REMOTE_ADDR": "198.51.100.%d" % (i + 1)} for i in range(10)]
+    for i in range(10):
+        kit.pending_then(sb, "buy%d" % i, 1, "succeeded")
+    rnd = random.Random(7)
+    got = {}
+
+    def probe():
+        answers = []
+        for n in range(40):
+            t0 = time.monotonic()
+            r = k.get("id=rand%06d" % rnd.randrange(10 ** 6), extra=prober, timeout=20)
+            answers.append(r.header("kembali-status"))
+            time.sleep(max(0.0, 0.2 - (time.monotonic() - t0)))
+        got["probe"] = answers
+
+    def buyer(i):
+        time.sleep(0.5 * i)
+        got["buy%d" % i] = k.get("id=buy%d" % i, extra=buyers[i], timeout=20).header("kembali-status")
+
+    kit.parallel([probe] + [lambda i=i: buyer(i) for i in range(10)])
+    probe_reads = [r for r in sb.reads() if r["id"].startswith("rand")]
+    print("# a prober asked for 40 random ids in 8 s: %d reads; answers %r" %
+          (len(probe_reads), {w: got["probe"].count(w) for w in set(got["probe"])}))
+    assert_eq([got["buy%d" % i] for i in range(10)], ["succeeded"] * 10, "every buyer saw the success")
+    assert len(probe_reads) <= 6, "the prober's reads stop after its 5th 404: %d" % len(probe_reads)
+    assert_eq(got["probe"].count("not_found"), len(probe_reads))
+    assert got["probe"].count("checking") >= 30, "blocked: answered checking without a read"
+    assert_eq(len(k.find_log(event="client_blocked")), 1, "one line when the block starts")
+    m = k.metrics()
+    assert_eq(m["kembali_clients_blocked"], 1)
+    assert m["kembali_probe_answers_total"] >= 30
+    # a blocked client still gets its answer for an id with a known status
+    sb.put_tx("known", "pending")
+    k.get("id=known", extra=buyers[0], timeout=20)  # a buyer makes it known
+    r = k.get("id=known&format=json", extra=prober, timeout=20)
+    assert_eq(r.json()["status"], "pending")
+    # and another address is not affected
+    k.get("id=rand-other", extra={"REMOTE_ADDR": "192.0.2.1"}, timeout=20)
+    assert_eq(len(sb.reads("rand-other")), 1)
+
+
 if __name__ == "__main__":
     harness.run(globals())

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "state.h"
+#include "util.h"
 
 #define T0 10000000LL     /* an arbitrary monotonic start, far from 0 */
 #define TIMEOUT 5000      /* read_timeout_ms of the states made here */
@@ -65,7 +66,7 @@ static bool claim(struct state *st, const struct state_key *k, const char *id, i
     struct pace_schedule s = sched_default();
     struct state_ticket dummy;
     struct state_fact fd;
-    return state_claim(st, k, id, &s, BUDGET, now, t ? t : &dummy, f ? f : &fd);
+    return state_claim(st, k, id, &s, BUDGET, TIMEOUT, now, t ? t : &dummy, f ? f : &fd);
 }
 
 static struct state_fact lookup(struct state *st, const struct state_key *k, const char *id, int64_t now)
@@ -297,7 +298,7 @@ static void test_min_gap_random(void **unused)
             int s = (int)(RND() % 6);
             struct state_ticket t;
             struct state_fact f;
-            if (!state_claim(st, &keys[s / 3], ids[s % 3], &scheds[si], BUDGET, now, &t, &f)) {
+            if (!state_claim(st, &keys[s / 3], ids[s % 3], &scheds[si], BUDGET, TIMEOUT, now, &t, &f)) {
                 assert_true(f.final || f.not_found || f.in_flight || f.next_read > now || f.wait == WAIT_FULL);
                 continue;
             }
@@ -688,25 +689,25 @@ static void test_budget(void **unused)
     const int budget = 3;
     const char *ids[] = {"T1", "T2", "T3"};
     for (int i = 0; i < 3; i++) {
-        assert_true(state_claim(st, &k, ids[i], &s, budget, T0 + 10 * i, &t, &f));
+        assert_true(state_claim(st, &k, ids[i], &s, budget, TIMEOUT, T0 + 10 * i, &t, &f));
         struct outcome o = oc_status(TXS_PENDING, NULL);
         struct state_report r;
         state_finish(st, &t, "toko-a", &o, T0 + 10 * i + 5, &r);
     }
-    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 30, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 30, &t, &f));
     assert_int_equal(f.wait, WAIT_BUDGET);
     assert_true(f.next_read >= T0 + 60000);
     assert_true(f.next_read <= T0 + 61000);
     state_lookup(st, &k, "T1", &s, budget, T0 + 2000, &f);
     assert_int_equal(f.wait, WAIT_BUDGET);
-    assert_false(state_claim(st, &k, "T4", &s, budget, T0 + 59999, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 59999, &t, &f));
     /* another key has its own budget */
-    assert_true(state_claim(st, &k2, "T4", &s, budget, T0 + 40, &t, &f));
+    assert_true(state_claim(st, &k2, "T4", &s, budget, TIMEOUT, T0 + 40, &t, &f));
     state_lookup(st, &k, "T4", &s, budget, T0 + 59999, &f);
     int64_t at = f.next_read;
-    assert_true(state_claim(st, &k, "T4", &s, budget, at, &t, &f));
+    assert_true(state_claim(st, &k, "T4", &s, budget, TIMEOUT, at, &t, &f));
     /* and the next one waits for the second read + 60 s */
-    assert_false(state_claim(st, &k, "T5", &s, budget, at + 1, &t, &f));
+    assert_false(state_claim(st, &k, "T5", &s, budget, TIMEOUT, at + 1, &t, &f));
     assert_int_equal(f.wait, WAIT_BUDGET);
     assert_true(f.next_read >= T0 + 10 + 60000);
     state_free(st);
@@ -959,6 +960,530 @@ static void test_lease_released(void **unused)
     finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 600);
     f = lookup(st, &k, "T1", T0 + LEASE + 600);
     assert_false(f.in_flight);
+    state_free(st);
+}
+
+/* ---- leases and stale reads ---- */
+
+static bool claim_to(struct state *st, const struct state_key *k, const char *id, int64_t timeout, int64_t now,
+                     struct state_ticket *t, struct state_fact *f)
+{
+    struct pace_schedule s = sched_default();
+    return state_claim(st, k, id, &s, BUDGET, timeout, now, t, f);
+}
+
+static void test_lease_is_the_claims_timeout(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    /* a process with a 20 s timeout: everybody waits 21 s for its read,
+     * also one whose own timeout is 5 s */
+    assert_true(claim_to(st, &k, "T1", 20000, T0, &t, &f));
+    assert_int_equal(f.in_flight_until, T0 + 21000);
+    assert_int_equal(t.lease_until, T0 + 21000);
+    assert_false(claim_to(st, &k, "T1", 5000, T0 + LEASE + 1, &t, &f));
+    assert_true(f.in_flight);
+    assert_false(claim_to(st, &k, "T1", 5000, T0 + 20999, &t, &f));
+    assert_true(claim_to(st, &k, "T1", 5000, T0 + 21000, &t, &f));
+    assert_int_equal(f.in_flight_until, T0 + 21000 + 6000);
+    /* no timeout given: the state's; more than the most allowed: capped */
+    assert_true(claim_to(st, &k, "T2", 0, T0, &t, &f));
+    assert_int_equal(t.lease_until, T0 + TIMEOUT + 1000);
+    assert_true(claim_to(st, &k, "T3", 999999, T0, &t, &f));
+    assert_int_equal(t.lease_until, T0 + STATE_LEASE_MAX_MS + 1000);
+    state_free(st);
+}
+
+/* t1 claimed at T0 and given up (its lease passed), t2 claimed at `second`. */
+static void two_reads(struct state *st, const struct state_key *k, const char *id, struct state_ticket *t1,
+                      struct state_ticket *t2, int64_t second)
+{
+    assert_true(claim(st, k, id, T0, t1, NULL));
+    assert_true(claim(st, k, id, second, t2, NULL));
+    assert_true(t2->serial > t1->serial);
+}
+
+static void test_late_404_never_hides_a_succeeded(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    struct state_report r = finish(st, &t2, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 100);
+    assert_false(r.stale);
+    r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    assert_true(r.stale);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_false(f.in_flight);
+
+    /* the same when the newer read found pending: the id exists */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    f = lookup(st, &k, "T2", T0 + LEASE + 200);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_PENDING);
+
+    /* and while the newer read is still in flight, nothing known: the late
+     * 404 is what there is, but that lease stays */
+    two_reads(st, &k, "T3", &t1, &t2, T0 + LEASE);
+    r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + LEASE + 200);
+    assert_true(r.stale);
+    f = lookup(st, &k, "T3", T0 + LEASE + 200);
+    assert_true(f.not_found);
+    assert_true(f.in_flight);
+    /* the newer read's answer replaces it */
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 300);
+    f = lookup(st, &k, "T3", T0 + LEASE + 300);
+    assert_false(f.not_found);
+    assert_int_equal(f.status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_late_404_after_the_cache_ran_out(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 100);
+    int64_t late = T0 + LEASE + 100 + STATE_TTL_EXPIRED_MS + 1; /* its cache is over */
+    finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), late);
+    struct state_fact f = lookup(st, &k, "T1", late);
+    assert_false(f.not_found); /* a later read knew it: no 404 from an older one */
+    assert_int_equal(f.status, TXS_EXPIRED);
+    state_free(st);
+}
+
+static void test_late_pending_never_clears_a_final(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_FAILED, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_FAILED);
+
+    /* expired, its cache over: a stale pending still does not replace it */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 100);
+    int64_t late = T0 + LEASE + 100 + STATE_TTL_EXPIRED_MS + 1;
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), late);
+    assert_int_equal(lookup(st, &k, "T2", late).status, TXS_EXPIRED);
+    /* while a current read's pending, after the cache, does (Kasera's word now) */
+    struct state_ticket t3;
+    assert_true(claim(st, &k, "T2", late + 1, &t3, NULL));
+    finish(st, &t3, "toko-a", oc_status(TXS_PENDING, NULL), late + 100);
+    assert_int_equal(lookup(st, &k, "T2", late + 100).status, TXS_PENDING);
+
+    /* a read that outlived its lease, with nothing newer: its pending is
+     * recorded (the id exists), but it is reported stale */
+    assert_true(claim(st, &k, "T3", T0, &t1, NULL));
+    struct state_report r = finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 1);
+    assert_true(r.stale);
+    assert_int_equal(lookup(st, &k, "T3", T0 + LEASE + 1).status, TXS_PENDING);
+    state_free(st);
+}
+
+static void test_late_final_moves_forward_only(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    /* newer read: pending; the older, late: succeeded. Kasera does not take
+     * a final status back, so it is recorded */
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    /* newer: succeeded; the older, late: expired. Never backwards */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    finish(st, &t2, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + LEASE + 100);
+    finish(st, &t1, "toko-a", oc_status(TXS_EXPIRED, NULL), T0 + LEASE + 200);
+    assert_int_equal(lookup(st, &k, "T2", T0 + LEASE + 200).status, TXS_SUCCEEDED);
+    state_free(st);
+}
+
+static void test_late_limits_still_count(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t1, t2;
+    struct state_fact f;
+    /* a late 429 with Retry-After: it happened at Kasera */
+    two_reads(st, &k, "T1", &t1, &t2, T0 + LEASE);
+    struct outcome o = oc_kind(OUT_TX_LIMITED);
+    o.retry_after_ms = 20000;
+    finish(st, &t1, "toko-a", o, T0 + LEASE + 100);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    f = lookup(st, &k, "T1", T0 + LEASE + 200);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    assert_int_equal(f.next_read, T0 + LEASE + 100 + 20000);
+    /* a late key 429: the key pauses, and the report says so once */
+    two_reads(st, &k, "T2", &t1, &t2, T0 + LEASE);
+    struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_KEY_LIMITED), T0 + LEASE + 100);
+    assert_true(r.stale);
+    assert_true(r.key_paused);
+    f = lookup(st, &k, "T9", T0 + LEASE + 100);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    state_free(st);
+
+    /* both reads stay counted in the budget */
+    st = mk(64);
+    k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    assert_true(state_claim(st, &k, "T1", &s, 2, TIMEOUT, T0, &t1, &f));
+    assert_true(state_claim(st, &k, "T1", &s, 2, TIMEOUT, T0 + LEASE, &t2, &f));
+    finish(st, &t1, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 100);
+    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 200);
+    assert_false(state_claim(st, &k, "T2", &s, 2, TIMEOUT, T0 + LEASE + 300, &t1, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    state_free(st);
+}
+
+/* ---- key slots ---- */
+
+static struct state *mk_keys(int key_slots)
+{
+    struct state_opts o = {.tx_slots = 1024, .key_slots = key_slots, .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    return st;
+}
+
+static struct state_key key_n(struct state *st, int i)
+{
+    char secret[32];
+    snprintf(secret, sizeof secret, "sk_test_%d", i);
+    return key_of(st, secret);
+}
+
+static void test_key_slots_follow_the_configuration(void **unused)
+{
+    (void)unused;
+    assert_int_equal(state_key_slots_for(0), STATE_KEY_SLOTS_MIN);
+    assert_int_equal(state_key_slots_for(20), STATE_KEY_SLOTS_MIN);
+    assert_int_equal(state_key_slots_for(300), 600);
+    assert_int_equal(state_key_slots_for(1 << 30), STATE_KEY_SLOTS_MAX);
+    /* 300 shops with their own keys: the 257th key reads like the first */
+    struct state *st = mk_keys(state_key_slots_for(300));
+    for (int i = 0; i < 300; i++) {
+        struct state_key k = key_n(st, i);
+        assert_true(claim(st, &k, "T1", T0 + i, NULL, NULL));
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_slots, 600);
+    assert_int_equal(m.key_used, 300);
+    assert_int_equal(m.key_full, 0);
+    state_free(st);
+}
+
+static void test_key_full_evicts_an_idle_key(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_keys(4);
+    struct state_key k[6];
+    for (int i = 0; i < 6; i++)
+        k[i] = key_n(st, i);
+    for (int i = 0; i < 4; i++)
+        assert_true(claim(st, &k[i], "T1", T0 + i, NULL, NULL));
+    /* every key read within 60 s: its budget ring is in force, none goes */
+    struct state_fact f;
+    assert_false(claim(st, &k[4], "T1", T0 + 1000, NULL, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    /* key 0 paused (a 429): never evicted while the pause runs */
+    struct state_ticket t;
+    assert_true(claim(st, &k[0], "T2", T0 + 2000, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_KEY_LIMITED), T0 + 2100);
+    /* 60 s after their last reads keys 1..3 are idle; the oldest goes */
+    int64_t later = T0 + STATE_KEY_IDLE_MS + 2101;
+    assert_true(claim(st, &k[4], "T1", later, NULL, NULL));
+    assert_true(claim(st, &k[5], "T1", later + 1, NULL, NULL));
+    f = lookup(st, &k[0], "T3", later + 2);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE); /* kept, with its pause */
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_evictions, 2);
+    assert_int_equal(m.key_full, 1);
+    assert_int_equal(m.key_used, 4);
+    /* an evicted key comes back with an empty ring */
+    assert_true(claim(st, &k[3], "T9", later + 3, NULL, NULL) || lookup(st, &k[3], "T9", later + 3).wait == WAIT_FULL);
+    state_free(st);
+}
+
+static void test_key_eviction_keeps_the_budget(void **unused)
+{
+    (void)unused;
+    /* a key with reads inside the last 60 s is never forgotten, so its
+     * budget cannot be reset by other keys coming and going */
+    struct state *st = mk_keys(2);
+    struct state_key a = key_n(st, 0), b = key_n(st, 1), c = key_n(st, 2);
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "A%d", i);
+        assert_true(state_claim(st, &a, id, &s, 3, TIMEOUT, T0 + 30000 + i * 5000, &t, &f));
+    }
+    assert_true(claim(st, &b, "B", T0, NULL, NULL));
+    /* at T0 + 61 s: b is idle, a is not (3 reads within 31 s) */
+    assert_true(claim(st, &c, "C", T0 + 61000, NULL, NULL));
+    assert_false(state_claim(st, &a, "A9", &s, 3, TIMEOUT, T0 + 61000, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    state_free(st);
+}
+
+/* ---- ids nobody has paid for: 404s charged to the client ---- */
+
+static struct state *mk_clients(int client_slots)
+{
+    struct state_opts o = {.tx_slots = 1024, .client_slots = client_slots, .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    return st;
+}
+
+static struct state_client client_of(struct state *st, const char *addr)
+{
+    struct state_client c;
+    state_client_id(st, addr, &c);
+    return c;
+}
+
+/* A read of `id` for client c at now, answered 404. */
+static struct state_report probe(struct state *st, const struct state_key *k, const struct state_client *c,
+                                 const char *id, int64_t now)
+{
+    struct state_ticket t;
+    assert_true(claim(st, k, id, now, &t, NULL));
+    if (c != NULL)
+        t.client = *c;
+    return finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), now + 100);
+}
+
+static void probe_n(struct state *st, const struct state_key *k, const struct state_client *c, const char *prefix,
+                    int n, int64_t now, int64_t step)
+{
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s%d", prefix, i);
+        assert_false(probe(st, k, c, id, now + i * step).client_blocked);
+    }
+}
+
+static void test_client_id(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64), *other = mk_clients(64);
+    struct state_client a = client_of(st, "192.0.2.7"), b = client_of(st, "192.0.2.8"), z;
+    assert_memory_equal(a.b, client_of(st, "192.0.2.7").b, 16);
+    assert_memory_not_equal(a.b, b.b, 16);
+    assert_memory_equal(a.b, client_of(st, "::ffff:192.0.2.7").b, 16);
+    /* one IPv6 /64 is one client */
+    assert_memory_equal(client_of(st, "2001:db8:1:2::1").b, client_of(st, "2001:db8:1:2:ffff:1:2:3").b, 16);
+    assert_memory_not_equal(client_of(st, "2001:db8:1:2::1").b, client_of(st, "2001:db8:1:3::1").b, 16);
+    assert_memory_equal(client_of(st, "fe80::1%eth0").b, client_of(st, "fe80::2").b, 16);
+    /* keyed: another state's salt gives another id; never all zero */
+    assert_memory_not_equal(a.b, client_of(other, "192.0.2.7").b, 16);
+    memset(&z, 0, sizeof z);
+    assert_memory_not_equal(client_of(st, NULL).b, z.b, 16);
+    assert_memory_not_equal(client_of(st, "").b, z.b, 16);
+    state_free(st);
+    state_free(other);
+}
+
+static void test_client_five_404s_block(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "198.51.100.1");
+    int64_t now = T0;
+    probe_n(st, &k, &c, "X", 4, now, 1000);
+    assert_false(state_client_blocked(st, &c, now + 5000)); /* 4 do not */
+    struct state_report r = probe(st, &k, &c, "X4", now + 5000);
+    assert_true(r.client_blocked); /* the 5th does: one log line */
+    int64_t from = now + 5100;
+    assert_true(state_client_blocked(st, &c, from));
+    /* the block lasts 10 minutes */
+    assert_true(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS - 1));
+    assert_false(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    /* after it, the count starts again: one 404 does not block */
+    assert_false(probe(st, &k, &c, "Y0", from + STATE_CLIENT_BLOCK_MS).client_blocked);
+    assert_false(state_client_blocked(st, &c, from + STATE_CLIENT_BLOCK_MS + 200));
+    state_free(st);
+}
+
+static void test_client_window_slides(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "198.51.100.1");
+    /* 5 404s, but spread over more than 10 minutes: never 5 within one */
+    probe_n(st, &k, &c, "X", 5, T0, STATE_CLIENT_WINDOW_MS / 4 + 1);
+    assert_false(state_client_blocked(st, &c, T0 + STATE_CLIENT_WINDOW_MS + 5000));
+    /* the same id again and again is one id (a buyer reloading a typo) */
+    for (int i = 0; i < 8; i++)
+        assert_false(probe(st, &k, &c, "TYPO", T0 + 3 * STATE_CLIENT_WINDOW_MS + i * 31000).client_blocked);
+    assert_false(state_client_blocked(st, &c, T0 + 3 * STATE_CLIENT_WINDOW_MS + 9 * 31000));
+    state_free(st);
+}
+
+static void test_client_blocked_known_ids_still_read(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "203.0.113.9");
+    struct state_ticket t;
+    /* a payment that exists, read once (pending) */
+    assert_true(claim(st, &k, "PAID", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    probe_n(st, &k, &c, "X", 4, T0 + 1000, 1000);
+    assert_true(probe(st, &k, &c, "X4", T0 + 5000).client_blocked);
+    /* blocked: an id kembali knows nothing about (none, or only a 404) is
+     * not read; a known one (pending included) is */
+    assert_true(state_client_blocked(st, &c, T0 + 6000));
+    assert_true(state_fact_unknown(&(struct state_fact){.status = TXS_NONE}));
+    struct state_fact f = lookup(st, &k, "NEW", T0 + 6000);
+    assert_true(state_fact_unknown(&f));
+    f = lookup(st, &k, "X1", T0 + 6000);
+    assert_true(state_fact_unknown(&f)); /* only a remembered 404 */
+    f = lookup(st, &k, "PAID", T0 + 6000);
+    assert_false(state_fact_unknown(&f));
+    assert_true(claim(st, &k, "PAID", T0 + 6000, &t, NULL)); /* the state itself does not refuse */
+    t.client = c;
+    /* a 404 for an id with a known status is not a probe: not charged */
+    struct state_client d = client_of(st, "203.0.113.10");
+    t.client = d;
+    finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 6100);
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "K%d", i);
+        struct state_ticket tk;
+        assert_true(claim(st, &k, id, T0 + 7000 + i, &tk, NULL));
+        finish(st, &tk, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 7100 + i);
+        struct state_fact g;
+        struct pace_schedule s = sched_default();
+        assert_true(state_claim(st, &k, id, &s, BUDGET, TIMEOUT, T0 + 9000 + i, &tk, &g));
+        tk.client = d;
+        finish(st, &tk, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 9100 + i);
+    }
+    assert_false(state_client_blocked(st, &d, T0 + 10000));
+    /* no client on the ticket: nothing charged */
+    for (int i = 0; i < 6; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "Z%d", i);
+        assert_false(probe(st, &k, NULL, id, T0 + 11000 + i).client_blocked);
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    state_free(st);
+}
+
+static void test_clients_independent(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client a = client_of(st, "192.0.2.1"), b = client_of(st, "192.0.2.2");
+    probe_n(st, &k, &a, "A", 4, T0, 100);
+    probe_n(st, &k, &b, "B", 4, T0, 100);
+    assert_true(probe(st, &k, &a, "A4", T0 + 1000).client_blocked);
+    assert_true(state_client_blocked(st, &a, T0 + 2000));
+    assert_false(state_client_blocked(st, &b, T0 + 2000));
+    /* a late (stale) 404 still counts: it happened at Kasera */
+    struct state_ticket t1, t2;
+    assert_true(claim(st, &k, "B4", T0 + 3000, &t1, NULL));
+    assert_true(claim(st, &k, "B4", T0 + 3000 + LEASE, &t2, NULL));
+    t1.client = b;
+    struct state_report r = finish(st, &t1, "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 3100 + LEASE);
+    assert_true(r.stale);
+    assert_true(r.client_blocked);
+    state_free(st);
+}
+
+static void test_clients_blocked_gauge(void **unused)
+{
+    (void)unused;
+    /* the gauge counts blocks running now (the metrics page's clock) */
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "192.0.2.1");
+    int64_t now = util_mono_ms();
+    probe_n(st, &k, &c, "A", 5 - 1, now, 1);
+    assert_true(probe(st, &k, &c, "A9", now + 10).client_blocked);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.clients_blocked, 1);
+    state_free(st);
+}
+
+static void test_clients_table_full(void **unused)
+{
+    (void)unused;
+    /* 8 slots: one set of 8 ways */
+    struct state *st = mk_clients(8);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c[10];
+    for (int i = 0; i < 10; i++) {
+        char a[32];
+        snprintf(a, sizeof a, "10.0.0.%d", i + 1);
+        c[i] = client_of(st, a);
+    }
+    int64_t now = T0;
+    for (int i = 0; i < 8; i++) { /* 8 blocked clients fill the table */
+        char p[8];
+        snprintf(p, sizeof p, "P%d_", i);
+        probe_n(st, &k, &c[i], p, 4, now, 10);
+        snprintf(p, sizeof p, "P%d_9", i);
+        assert_true(probe(st, &k, &c[i], p, now + 100).client_blocked);
+    }
+    /* a 9th finds no room: not counted, and no blocked client is forgotten */
+    probe_n(st, &k, &c[8], "Q", 5, now + 1000, 10);
+    assert_false(state_client_blocked(st, &c[8], now + 2000));
+    for (int i = 0; i < 8; i++)
+        assert_true(state_client_blocked(st, &c[i], now + 2000));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_full, 5);
+    assert_int_equal(m.client_slots, 8);
+    /* once the blocks are over, the oldest idle ones make room */
+    int64_t later = now + 200 + STATE_CLIENT_BLOCK_MS + STATE_CLIENT_WINDOW_MS;
+    probe_n(st, &k, &c[8], "R", 4, later, 10);
+    assert_true(probe(st, &k, &c[8], "R9", later + 100).client_blocked);
+    probe_n(st, &k, &c[9], "S", 4, later, 10);
+    assert_true(probe(st, &k, &c[9], "S9", later + 100).client_blocked);
+    state_metrics(st, &m);
+    assert_int_equal(m.client_full, 5);
     state_free(st);
 }
 
@@ -1222,6 +1747,22 @@ int main(void)
         cmocka_unit_test(test_tell_refuses),
         cmocka_unit_test(test_tell_full),
         cmocka_unit_test(test_lease_released),
+        cmocka_unit_test(test_lease_is_the_claims_timeout),
+        cmocka_unit_test(test_late_404_never_hides_a_succeeded),
+        cmocka_unit_test(test_late_404_after_the_cache_ran_out),
+        cmocka_unit_test(test_late_pending_never_clears_a_final),
+        cmocka_unit_test(test_late_final_moves_forward_only),
+        cmocka_unit_test(test_late_limits_still_count),
+        cmocka_unit_test(test_key_slots_follow_the_configuration),
+        cmocka_unit_test(test_key_full_evicts_an_idle_key),
+        cmocka_unit_test(test_key_eviction_keeps_the_budget),
+        cmocka_unit_test(test_client_id),
+        cmocka_unit_test(test_client_five_404s_block),
+        cmocka_unit_test(test_client_window_slides),
+        cmocka_unit_test(test_client_blocked_known_ids_still_read),
+        cmocka_unit_test(test_clients_independent),
+        cmocka_unit_test(test_clients_blocked_gauge),
+        cmocka_unit_test(test_clients_table_full),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
         cmocka_unit_test(test_full_in_flight),
