@@ -203,6 +203,39 @@ static bool conn_queue(struct front_conn *c, const uint8_t *b, size_t n)
     return true;
 }
 
+/* Write the three parts at once (nothing else is queued); keep what the
+ * socket does not take. False when the connection failed. */
+static bool conn_queue_iov(struct front_conn *c, const uint8_t *a, size_t na, const void *b, size_t nb,
+                           const uint8_t *t, size_t nt)
+{
+    struct iovec iov[3] = {{(void *)a, na}, {(void *)b, nb}, {(void *)t, nt}};
+    ssize_t w;
+    do
+        w = writev(c->io.fd, iov, 3);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && errno != EAGAIN)
+        return false;
+    size_t done = w < 0 ? 0 : (size_t)w, total = na + nb + nt;
+    if (done == total)
+        return true;
+    uint8_t *rest = malloc(total - done);
+    if (rest == NULL)
+        return false;
+    size_t n = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t skip = done > iov[i].iov_len ? iov[i].iov_len : done;
+        done -= skip;
+        memcpy(rest + n, (const uint8_t *)iov[i].iov_base + skip, iov[i].iov_len - skip);
+        n += iov[i].iov_len - skip;
+    }
+    free(c->out);
+    c->out = rest;
+    c->out_len = n;
+    c->out_off = 0;
+    c->out_since = loop_now(c->f->loop);
+    return true;
+}
+
 /* After output was queued or written: close, go idle, or wait for EPOLLOUT. */
 static void conn_after_output(struct front_conn *c)
 {
@@ -608,13 +641,32 @@ int front_reply(struct front *f, struct front_req *r, const void *resp, size_t l
         c->close_after_write = true;
     c->busy++;
     int rc = 0;
-    size_t need = fcgi_answer_size(len);
-    uint8_t *b = need == SIZE_MAX ? NULL : malloc(need);
-    if (b == NULL || fcgi_encode_answer(b, need, id, resp, len) != need || !conn_queue(c, b, need)) {
-        rc = -1;
-        conn_close(c);
+    if (len <= FCGI_MAX_LENGTH && c->out_off == c->out_len) {
+        /* the usual case, one record of content: written in place with
+         * writev, the framing around it; only what the socket leaves is
+         * copied */
+        uint8_t head[FCGI_HEADER_LEN], tail[7 + 2 * FCGI_HEADER_LEN + sizeof(FCGI_EndRequestBody)];
+        size_t pad = (8 - len % 8) % 8;
+        FCGI_Header *h = (FCGI_Header *)head;
+        *h = (FCGI_Header){.version = FCGI_VERSION_1, .type = FCGI_STDOUT,
+                           .requestIdB1 = (uint8_t)(id >> 8), .requestIdB0 = (uint8_t)id,
+                           .contentLengthB1 = (uint8_t)(len >> 8), .contentLengthB0 = (uint8_t)len,
+                           .paddingLength = (uint8_t)pad};
+        memset(tail, 0, pad);
+        size_t nt = pad + fcgi_encode_answer(tail + pad, sizeof tail - pad, id, NULL, 0);
+        if (!conn_queue_iov(c, head, sizeof head, resp, len, tail, nt)) {
+            rc = -1;
+            conn_close(c);
+        }
+    } else {
+        size_t need = fcgi_answer_size(len);
+        uint8_t *b = need == SIZE_MAX ? NULL : malloc(need);
+        if (b == NULL || fcgi_encode_answer(b, need, id, resp, len) != need || !conn_queue(c, b, need)) {
+            rc = -1;
+            conn_close(c);
+        }
+        free(b);
     }
-    free(b);
     if (!c->dead)
         conn_after_output(c);
     conn_release(c);

@@ -73,16 +73,33 @@ size_t log_format_value(char *out, size_t cap, const char *v)
     return n;
 }
 
+/* `width` decimal digits of v (v >= 0), zero-padded, at p. */
+static void put_digits(char *p, long v, int width)
+{
+    for (int i = width - 1; i >= 0; i--, v /= 10)
+        p[i] = (char)('0' + v % 10);
+}
+
 void log_begin(struct log_line *l, const char *level, const char *event)
 {
     struct timeval tv;
     struct tm tm;
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
-    int n = snprintf(l->buf, sizeof l->buf, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03dZ level=%s event=%s",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, (int)(tv.tv_usec / 1000), level, event);
-    l->len = n < 0 ? 0 : (size_t)n < sizeof l->buf - 2 ? (size_t)n : sizeof l->buf - 2;
+    /* ts=YYYY-MM-DDTHH:MM:SS.mmmZ, without printf: one of these per request */
+    char ts[] = "ts=0000-00-00T00:00:00.000Z level=";
+    put_digits(ts + 3, tm.tm_year + 1900, 4);
+    put_digits(ts + 8, tm.tm_mon + 1, 2);
+    put_digits(ts + 11, tm.tm_mday, 2);
+    put_digits(ts + 14, tm.tm_hour, 2);
+    put_digits(ts + 17, tm.tm_min, 2);
+    put_digits(ts + 20, tm.tm_sec, 2);
+    put_digits(ts + 23, (long)(tv.tv_usec / 1000), 3);
+    l->len = 0;
+    append(l, ts, sizeof ts - 1);
+    append(l, level, strlen(level));
+    append(l, " event=", 7);
+    append(l, event, strlen(event));
 }
 
 void log_str(struct log_line *l, const char *key, const char *value)
@@ -98,22 +115,53 @@ void log_str(struct log_line *l, const char *key, const char *value)
 
 void log_int(struct log_line *l, const char *key, long long value)
 {
-    char tmp[32];
-    snprintf(tmp, sizeof tmp, "%lld", value);
-    log_str(l, key, tmp);
+    char tmp[24];
+    size_t i = sizeof tmp;
+    unsigned long long u = value < 0 ? 0 - (unsigned long long)value : (unsigned long long)value;
+    do
+        tmp[--i] = (char)('0' + u % 10);
+    while ((u /= 10) > 0);
+    if (value < 0)
+        tmp[--i] = '-';
+    append(l, " ", 1);
+    append(l, key, strlen(key));
+    append(l, "=", 1);
+    append(l, tmp + i, sizeof tmp - i);
+}
+
+static void write_all(const char *p, size_t n)
+{
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(STDERR_FILENO, p + off, n - off);
+        if (w <= 0)
+            break; /* nowhere to report a failing stderr */
+        off += (size_t)w;
+    }
 }
 
 void log_end(struct log_line *l)
 {
     l->buf[l->len++] = '\n';
     l->buf[l->len] = '\0';
-    size_t off = 0;
-    while (off < l->len) {
-        ssize_t w = write(STDERR_FILENO, l->buf + off, l->len - off);
-        if (w <= 0)
-            break; /* nowhere to report a failing stderr */
-        off += (size_t)w;
-    }
+    write_all(l->buf, l->len);
+}
+
+void log_flush(struct log_batch *b)
+{
+    if (b->len > 0)
+        write_all(b->buf, b->len);
+    b->len = 0;
+}
+
+void log_end_to(struct log_batch *b, struct log_line *l)
+{
+    l->buf[l->len++] = '\n';
+    l->buf[l->len] = '\0';
+    if (b->len + l->len > sizeof b->buf)
+        log_flush(b);
+    memcpy(b->buf + b->len, l->buf, l->len); /* a line (<= LOG_LINE_MAX) always fits an empty batch */
+    b->len += l->len;
 }
 
 void log_msg(const char *level, const char *event, const char *msg)

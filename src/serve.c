@@ -31,6 +31,8 @@ struct serve {
     struct loop *loop;
     struct front *front;
     struct resolver *rs;
+    struct log_batch log;       /* this turn's request lines */
+    struct loop_timer log_timer; /* writes them at the end of the turn */
     struct serve_shop *shops[SERVE_SHOP_BUCKETS];
 };
 
@@ -122,6 +124,14 @@ static void build_response(const struct serve_req *r, int http, const char *word
         buf_put(out, body->p, body->len);
 }
 
+static void on_log_timer(struct loop *l, struct loop_timer *t)
+{
+    struct serve *s = t->data;
+    (void)l;
+    log_flush(&s->log);
+}
+
+/* One line per request, written with the others of this turn. */
 static void log_request(const struct serve_req *r, int http, const char *word)
 {
     /* both clocks read back to back, so that ts minus ms is the arrival */
@@ -139,7 +149,10 @@ static void log_request(const struct serve_req *r, int http, const char *word)
         log_str(&l, "held", "yes");
     if (word == NULL)
         log_str(&l, "gone", "yes"); /* the client left before its answer */
-    log_end(&l);
+    struct serve *s = r->s;
+    log_end_to(&s->log, &l);
+    if (!loop_timer_armed(&s->log_timer) && loop_timer_at(s->loop, &s->log_timer, loop_now(s->loop)) != 0)
+        log_flush(&s->log); /* no timer: now */
 }
 
 /* Send `out` as r's answer. */
@@ -493,6 +506,7 @@ struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
     }
     s->app = a;
     s->loop = l;
+    loop_timer_init(&s->log_timer, on_log_timer, s);
     s->rs = resolver_new(a, l, on_answer, s, err, errlen);
     if (s->rs == NULL) {
         free(s);
@@ -514,6 +528,7 @@ void serve_attach(struct serve *s, struct front *f)
 void serve_stop(struct serve *s)
 {
     resolver_stop(s->rs);
+    log_flush(&s->log);
 }
 
 size_t serve_held(const struct serve *s)
@@ -532,5 +547,7 @@ void serve_free(struct serve *s)
             free(c);
         }
     resolver_free(s->rs);
+    log_flush(&s->log);
+    loop_timer_stop(s->loop, &s->log_timer);
     free(s);
 }
