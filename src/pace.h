@@ -36,6 +36,10 @@ int64_t pace_sum(const struct pace_schedule *s);
 /* How long a held HTML request may wait: the sum plus PACE_GRACE_MS. */
 int64_t pace_hold_ms(const struct pace_schedule *s);
 
+/* How many reads the schedule makes in its first `span` ms (the first at
+ * 0). This function can't fail. */
+int pace_reads_within(const struct pace_schedule *s, int64_t span);
+
 /* True when a transaction whose last read started at last_start (reads > 0)
  * is still in the same episode at `now`. */
 bool pace_in_episode(int reads, int64_t last_start, int64_t now);

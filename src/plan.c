@@ -54,8 +54,10 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
      * deadline; on schedule, the reserved one is where the schedule ends */
     if (t->reserved && t->drifted && now + t->next_gap > t->resv_at)
         return PLAN_NO;
-    if (k->recent + k->demand <= k->budget)
-        return PLAN_EARLY; /* plenty: every schedule is paid for */
+    /* plenty: every held request's schedule is paid for, and so are those
+     * of the buyers the last second's arrivals say come in the next one */
+    if (k->recent + k->demand + k->arrivals * k->schedule_reads <= k->budget)
+        return PLAN_EARLY;
     int room = k->budget - k->busiest;
     int late = k->budget - k->busiest_late - plan_headroom(k);
     if (late < room)

@@ -23,8 +23,9 @@
  *      and one whose reads were held back takes no early read that would
  *      leave its reserved one no room before the deadline.
  *
- * With plenty of budget (the reads of the last 60 s plus what the waiting
- * transactions' schedules still want fit it) none of this applies and the
+ * With plenty of budget (the reads of the last 60 s, what the waiting
+ * transactions' schedules still want, and the whole schedules of as many
+ * buyers as came in the last second fit it) none of this applies and the
  * schedule is the seed's.
  * The schedule's waits, pauses, Retry-After and the budget itself are
  * enforced elsewhere (state.c); the plan only withholds early reads and
@@ -49,6 +50,7 @@
 struct plan_key {
     int budget;        /* reads per any 60 s */
     int recent;        /* reads started in the last 60 s */
+    int schedule_reads; /* the reads of one whole schedule within a hold (pace_reads_within) */
     int demand;        /* reads the schedules of the waiting transactions (and the
                         * one asking) still want before their deadlines */
     int busiest;       /* the most in a span that holds `now` */

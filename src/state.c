@@ -69,7 +69,6 @@ struct st_tx {
     int32_t early_reads;    /* reads of this episode other than last-chance ones */
     int64_t hold_until;     /* the latest deadline of a held request */
     int64_t resv_at;        /* its reserved last-chance read may start then; 0: none */
-    int64_t episode_start;  /* the first read of this episode */
 };
 
 struct st_keyent {
@@ -302,7 +301,6 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
     /* the budget plan's: a hold lasts at most a held request's deadline */
     clamp_time(&e->hold_until, now, SPAN_HOLD, dmg);
     clamp_time(&e->resv_at, now, SPAN_HOLD, dmg);
-    clamp_time(&e->episode_start, now, 0, dmg);
     clamp_time(&e->last_used, now, 0, dmg);
     if (e->inflight_serial > st->h->serial || e->facts_serial > st->h->serial) {
         /* no serial may be handed out twice */
@@ -1560,6 +1558,7 @@ static void plan_gather(struct state *st, const struct st_keyent *k, const struc
             *oldest_arrival = leaves;
     }
     pk->demand = tx_demand(self, sched, now);
+    pk->schedule_reads = pace_reads_within(sched, pace_hold_ms(sched));
     for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
         const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
         if (e == NULL || e == self)
@@ -1597,11 +1596,14 @@ static enum plan_read plan_verdict(struct state *st, const struct st_tx *e, cons
     if (reads > 0)
         pt.early_reads = e->early_reads;
     pt.next_gap = pace_next_read(sched, reads + 1, now, now + 1) - now; /* the wait after this read */
-    if (reads > 0) { /* where the schedule would have put its last read */
-        int64_t due = e->episode_start;
-        for (int i = 1; i < reads; i++)
+    if (pt.reserved) {
+        /* where the seed's schedule, counted back from the reservation (its
+         * last read), puts this read: later than that, the schedule no longer
+         * ends at the reserved read */
+        int64_t due = e->resv_at - pace_sum(sched);
+        for (int i = 1; i <= reads; i++)
             due += sched->wait_ms[i < sched->n ? i : sched->n - 1];
-        pt.drifted = e->last_start > due + PLAN_DRIFT_MS;
+        pt.drifted = now > due + PLAN_DRIFT_MS;
     }
     enum plan_read r = plan_may_read(&pk, &pt, now);
     if (r != PLAN_NO)
@@ -1722,8 +1724,6 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     }
     if (!pace_in_episode(e->reads, e->last_start, now))
         e->reads = e->early_reads = 0;
-    if (e->reads == 0)
-        e->episode_start = now;
     e->reads++;
     if (kind == PLAN_LAST_CHANCE) {
         st->h->last_chance_reads++;

@@ -219,9 +219,23 @@ static void test_valid_accepts(void **unused)
     assert_true(strlen(tiny) < sizeof tiny);
 }
 
+static void test_reads_within(void **unused)
+{
+    (void)unused;
+    struct pace_schedule s;
+    pace_default(&s);
+    assert_int_equal(pace_reads_within(&s, pace_hold_ms(&s)), 7); /* 0 .. 32.5 s */
+    assert_int_equal(pace_reads_within(&s, 32499), 6);
+    assert_int_equal(pace_reads_within(&s, 0), 1);
+    assert_int_equal(pace_reads_within(&s, 45500), 8); /* the last wait repeats */
+    struct pace_schedule fast = {.n = 4, .wait_ms = {0, 1100, 1100, 1100}};
+    assert_int_equal(pace_reads_within(&fast, pace_hold_ms(&fast)), 5); /* 0, 1.1, 2.2, 3.3, 4.4 of 4.8 s */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reads_within),
         cmocka_unit_test(test_default_schedule),
         cmocka_unit_test(test_reads_as_soon_as_allowed),
         cmocka_unit_test(test_first_read_is_now),

@@ -358,7 +358,7 @@ static void test_flash_sale_buyers_see_their_success(void **unused)
         assert_true(g80.saw < 76);
         assert_true(p80.saw >= 76);
         struct sim_result p150 = flash(150, false, seed);
-        assert_true(p150.saw >= 100); /* more than the budget can read once each: see plan.h */
+        assert_true(p150.saw >= 110); /* more than the budget can read once each */
         const struct sim_result *all[] = {&g20, &p20, &g40, &p40, &g80, &p80, &p150};
         for (size_t i = 0; i < ARRAY_LEN(all); i++)
             assert_true(all[i]->max_in_minute <= 120);
