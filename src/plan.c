@@ -49,9 +49,11 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
 {
     if (t->reserved && now >= t->resv_at)
         return PLAN_LAST_CHANCE;
-    /* a transaction read later than its schedule (withheld before) must not
-     * take an early read whose next wait pushes its reserved one past the
-     * deadline; on schedule, the reserved one is where the schedule ends */
+    /* a transaction the plan held back, read later than its schedule, must
+     * not take an early read whose next wait pushes its reserved one past
+     * the deadline; on its schedule the reserved one is where the schedule
+     * ends (and a delay the plan did not make, a Retry-After, is the
+     * schedule's own business) */
     if (t->reserved && t->drifted && now + t->next_gap > t->resv_at)
         return PLAN_NO;
     /* plenty: every held request's schedule is paid for, and so are those

@@ -69,7 +69,8 @@ struct plan_tx {
     bool reserved;     /* it holds a reservation */
     int64_t resv_at;   /* from when its last-chance read may start */
     int64_t next_gap;  /* the schedule's wait after a read made now */
-    bool drifted;      /* its reads came later than its schedule (withheld, paused) */
+    bool drifted;      /* the plan held it back, and its reads now come later than
+                        * its schedule */
     int early_reads;   /* reads of this episode other than last-chance ones */
 };
 
@@ -84,9 +85,9 @@ enum plan_read {
 int plan_headroom(const struct plan_key *k);
 
 /* May the transaction start a read now, its pace allowing one? An early
- * read of a reserved transaction that has drifted from its schedule is
- * refused when the schedule's next wait would push its last-chance read
- * past the deadline. */
+ * read of a reserved transaction that the plan has held back off its
+ * schedule is refused when the schedule's next wait would push its
+ * last-chance read past the deadline. */
 enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, int64_t now);
 
 /* May a newly held transaction reserve its last-chance read, `busiest`

@@ -66,6 +66,7 @@ struct st_tx {
     int64_t last_used;
     /* the budget plan (plan.h) */
     int32_t holders;        /* held requests, over every process */
+    int32_t withheld;       /* the plan held a read of it back in this hold */
     int32_t early_reads;    /* reads of this episode other than last-chance ones */
     int64_t hold_until;     /* the latest deadline of a held request */
     int64_t resv_at;        /* its reserved last-chance read may start then; 0: none */
@@ -285,7 +286,7 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
         return;
     if (e->used != 1 || !valid_id(e->id) || e->status > TXS_UNKNOWN ||
         !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
-        e->reads < 0 || e->early_reads < 0 || e->holders < 0) {
+        e->reads < 0 || e->early_reads < 0 || e->holders < 0 || e->withheld < 0 || e->withheld > 1) {
         int32_t next = e->next;
         memset(e, 0, sizeof *e);
         e->next = next; /* the links are checked (and rebuilt) next */
@@ -1603,7 +1604,7 @@ static enum plan_read plan_verdict(struct state *st, const struct st_tx *e, cons
         int64_t due = e->resv_at - pace_sum(sched);
         for (int i = 1; i <= reads; i++)
             due += sched->wait_ms[i < sched->n ? i : sched->n - 1];
-        pt.drifted = now > due + PLAN_DRIFT_MS;
+        pt.drifted = e->withheld && now > due + PLAN_DRIFT_MS;
     }
     enum plan_read r = plan_may_read(&pk, &pt, now);
     if (r != PLAN_NO)
@@ -1680,8 +1681,11 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
         int64_t retry;
         enum plan_read r = plan_verdict(st, e, k, sched, budget, now, &retry);
-        if (r == PLAN_NO)
+        if (r == PLAN_NO) {
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
+            if (e != NULL)
+                e->withheld = 1;
+        }
         if (kind != NULL)
             *kind = r;
     }
@@ -1964,6 +1968,7 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
             e->holders = 0;
             e->resv_at = 0;
             e->hold_until = 0;
+            e->withheld = 0;
         }
         e->holders++;
         if (deadline > e->hold_until)
