@@ -76,6 +76,7 @@ MARGIN = 3.0 * float(os.environ.get("HARNESS_TIMEOUT_SCALE") or 1)
 DEADLINE = {"html": HOLD, "json": LEASE, "quick": 0.0}
 MIN_GAP = 1.1                              # between reads of one transaction, as kembali starts them
 ARRIVAL_MIN_GAP = kit.ARRIVAL_MIN_GAP      # the same at the sandbox: Kasera's 1 s window (see check_reads)
+ARRIVAL_JITTER = 1.1 - ARRIVAL_MIN_GAP     # how much later than its start a read may arrive (0.1 s)
 PAUSE_SLACK = 0.5                          # reads already under way when a pause began
 PROCS, STEADY = 4, 2                       # k0..k(STEADY-1) are never killed
 RSS_BOUND_KB, FD_BOUND = 2048, 16          # "flat", see check_flat
@@ -89,6 +90,19 @@ CHAOS_RATE = 0.3
 TX_KINDS = [("ok", 35, "succeeded", (0, 5)), ("now", 10, "succeeded", (0, 0)),
             ("fail", 10, "failed", (0, 4)), ("cancel", 8, "canceled", (0, 4)),
             ("exp", 8, "expired", (0, 4)), ("pend", 22, None, None), ("odd", 7, "refunded", (0, 2))]
+
+
+def budget_peak(times, span, budget):
+    """The most of the sorted `times` (s) within any `span`, and (count, time)
+    for every one that ends a span holding more than `budget`."""
+    j, peak, bad = 0, 0, []
+    for i, t in enumerate(times):
+        while t - times[j] >= span:
+            j += 1
+        peak = max(peak, i - j + 1)
+        if i - j + 1 > budget:
+            bad.append((i - j + 1, t))
+    return peak, bad
 
 
 class Tx:
@@ -121,6 +135,7 @@ class Soak:
         self.recent: list[Tx] = []          # newest last
         self.records: list[dict] = []       # one per request sent
         self.kills: list[float] = []
+        self.kill_walls: list[float] = []    # the same, wall clock (kembali's log stamps)
         self.procs: list[Proc] = []
         self.samples: list[tuple] = []      # (t, proc name, rss kB, fds)
         self.events: list[tuple] = []       # (t, what)
@@ -375,15 +390,18 @@ class Soak:
         One cycle per 300 s (a short run gets one cycle fitted into it)."""
         d = self.seconds
         ev = [(2.0 + 0.5 * i, "force", (k, None)) for i, (k, w) in enumerate(sorted(CHAOS_KINDS.items())) if w]
+        # the key-wide faults are taken by the next read with any key, and
+        # the revoked key is one that is reading: a key already paused (its
+        # budget spent, a 429, a 401) would make them wait
         if d < 300:
-            ev += [(0.20 * d, "force", ("key_limit", TAIL_A)), (0.35 * d, "outage", min(5.0, 0.05 * d)),
-                   (0.70 * d, "revoke", KEY_B), (0.85 * d, "force", ("auth_block", None))]
+            ev += [(0.15 * d, "force", ("key_limit", None)), (0.30 * d, "outage", min(5.0, 0.05 * d)),
+                   (0.50 * d, "revoke", None), (0.75 * d, "force", ("auth_block", None))]
         else:
             for n, c in enumerate(range(0, int(d) - 120, 300)):
-                ev += [(c + 30, "force", ("key_limit", TAIL_A)), (c + 100, "outage", 5.0),
+                ev += [(c + 30, "force", ("key_limit", None)), (c + 100, "outage", 5.0),
                        (c + 160, "force", ("auth_block", None))]
                 if n % 2 == 0:
-                    ev.append((c + 240, "revoke", KEY_B))
+                    ev.append((c + 240, "revoke", None))
         return sorted(ev, key=lambda e: e[0])
 
     def faults(self):
@@ -416,11 +434,23 @@ class Soak:
         self.note("API back")
         self.api_up.set()
 
-    def revoke(self, key):
-        """Revokes key until a read gets its 401 (at most 20 s), then makes it
-        valid again: kembali pauses it for 5 minutes from that 401."""
-        tail = key[-4:]
+    def revoke(self, key=None):
+        """Revokes key (None: the key of a read that came within the last
+        2 s) until a read gets its 401 (at most 20 s), then makes it valid
+        again: kembali pauses it for 5 minutes from that 401."""
+        keys = {KEY_A[-4:]: KEY_A, KEY_B[-4:]: KEY_B}
         try:
+            end = time.monotonic() + 60
+            while key is None and time.monotonic() < end and not self.stop.is_set():
+                before = len(self.sb.reads()) if self.api_up.is_set() else None
+                time.sleep(2)
+                if before is not None and self.api_up.is_set():
+                    fresh = self.sb.reads()[before:]
+                    if fresh:
+                        key = keys.get(fresh[-1]["key_tail"])
+            if key is None:
+                return
+            tail = key[-4:]
             seen = sum(1 for r in self.sb.reads() if r["http"] == 401)
             self.sb.remove_key(key)
             self.note("key ..%s revoked" % tail)
@@ -452,6 +482,7 @@ class Soak:
             with self.lock:
                 p.killed_at = self.now()
                 self.kills.append(when)
+                self.kill_walls.append(time.time())
             self.note("SIGKILL %s (pid %d)" % (p.k.name, p.k.pid))
             if self.stop.is_set():
                 return
@@ -523,6 +554,7 @@ class Soak:
         with open(os.path.join(self.tmpdir, "soak-requests.json"), "w") as f:
             json.dump([{k: (v - self.t0 if k in ("t_start", "t_end") else v) for k, v in r.items() if k != "tx"}
                        for r in self.records], f)
+        self.stop_wall = time.time()
         for p in self.live():
             p.stopped = True
             rc = p.k.stop(timeout=15)
@@ -539,9 +571,11 @@ class Soak:
             self.failures.append("%s: %d\n  %s" % (what, len(items), "\n  ".join(str(i) for i in items[:show])))
 
     def check(self):
+        self.cut_reads = {"kill": 0, "stop": 0}
         self.check_answers()
         self.check_logs()
         self.check_starts()
+        self.check_logged()
         self.check_reads()
         self.check_flat()
         self.check_coverage()
@@ -601,6 +635,49 @@ class Soak:
         self.fail("request log lines past their deadline", late)
         self.fail("sanitizer reports", marks)
 
+    def budget(self, tail):
+        return {v["tail"]: v["budget"] for v in SHOPS.values()}.get(tail, 0)
+
+    def check_logged(self):
+        """Every read the sandbox received has its line in a kembali log
+        ("every read is logged"), except those of a process killed under
+        them, or stopped at the end (SIGTERM abandons reads in flight): its
+        arrival then lies within a lease before that kill or stop. Reads are
+        matched on id, key and time; the sandbox's clock is put on the logs'
+        by the median offset of the reads that pair one to one."""
+        key_of = {s: v["tail"] for s, v in SHOPS.items()}
+        logged = {}
+        for p in self.procs:
+            for l in harness.parse_log(p.k.log_text()):
+                if l.get("event") == "read" and "ms" in l:
+                    start = kit.began(l)
+                    logged.setdefault((l.get("id"), key_of.get(l.get("shop"))), []).append(
+                        start + int(l.get("sent_ms", 0)) / 1000)
+        got = {}
+        for r in self.reads:
+            got.setdefault((r["id"], r["key_tail"]), []).append(r["t_ms"] / 1000)
+        offsets = sorted(b - a for k, arr in got.items() if len(logged.get(k, ())) == len(arr)
+                         for a, b in zip(arr, sorted(logged[k])))
+        if not offsets:
+            return
+        off = offsets[len(offsets) // 2]
+        stray = []
+        for k, arr in got.items():
+            sends = sorted(logged.get(k, ()))
+            for a in arr:
+                wall = a + off
+                near = [s for s in sends if abs(s - wall) < 0.3]
+                if near:
+                    sends.remove(min(near, key=lambda s: abs(s - wall)))
+                elif any(kw - LEASE - 0.5 <= wall <= kw + 0.3 for kw in self.kill_walls):
+                    self.cut_reads["kill"] += 1
+                elif self.stop_wall - LEASE - 0.5 <= wall <= self.stop_wall + 1.0:
+                    self.cut_reads["stop"] += 1
+                else:
+                    stray.append("%s (key ..%s) arrived at %.3f s (sandbox clock), no log line near %s"
+                                 % (k[0], k[1], a, time.strftime("%H:%M:%S", time.gmtime(wall))))
+        self.fail("reads at the sandbox that no kembali log shows", stray)
+
     def check_starts(self):
         """The pace as kembali keeps it: from every process's read log lines,
         each read of a transaction (one key) starts at least MIN_GAP after
@@ -616,8 +693,17 @@ class Soak:
                     start = kit.began(l)
                     by_tx.setdefault((l.get("id"), key_of.get(l.get("shop"))), []).append(
                         (start, start + int(l.get("sent_ms", 0)) / 1000, p.k.name))
-        close = []
+        close, over = [], []
         self.min_start_gap = None
+        by_key = {}
+        for (tx, tail), rs in by_tx.items():
+            by_key.setdefault(tail, []).extend(start for start, _, _ in rs)
+        self.log_peak = {}
+        for tail, starts in by_key.items():
+            peak, bad = budget_peak(sorted(starts), 60.0 - 0.003, self.budget(tail))
+            self.log_peak[tail] = peak
+            over += ["key ..%s in kembali's logs: %d reads started in the 60 s up to %s (budget %d)"
+                     % (tail, n, time.strftime("%H:%M:%S", time.gmtime(t)), self.budget(tail)) for n, t in bad]
         for (tx, tail), rs in by_tx.items():
             rs.sort()
             for a, b in zip(rs, rs[1:]):
@@ -627,6 +713,7 @@ class Soak:
                     close.append("%s (key ..%s): a read started %.3f s after the previous one went out "
                                  "(%s, then %s)" % (tx, tail, gap, a[2], b[2]))
         self.fail("reads of one transaction started less than %.1f s apart (kembali's logs)" % MIN_GAP, close)
+        self.fail("keys over their read budget in a 60 s span (kembali's logs)", over)
 
     def check_reads(self):
         """At the sandbox: Kasera's window (arrivals at least ARRIVAL_MIN_GAP
@@ -650,19 +737,15 @@ class Soak:
                     self.arrivals_under += 1
                 if gap < ARRIVAL_MIN_GAP:
                     close.append("%s (key ..%s): reads %.3f s apart at %.1f s: %r, %r" % (tx, tail, gap, a["t_ms"] / 1000, a, b))
-        budget = {v["tail"]: v["budget"] for v in SHOPS.values()}
+        # the budget over arrivals: two reads started 60.003 s apart arrived
+        # 59.9997 s apart (the first took 3 ms to arrive): spans of 60 s less
+        # the jitter an arrival may have (check_starts counts starts exactly)
         self.peak = {}
         for tail, rs in by_key.items():
-            ts = [r["t_ms"] for r in rs]
-            j, peak = 0, 0
-            for i in range(len(ts)):
-                while ts[i] - ts[j] >= 60000:
-                    j += 1
-                peak = max(peak, i - j + 1)
-                if i - j + 1 > budget.get(tail, 0):
-                    over.append("key ..%s: %d reads in the 60 s before %.1f s (budget %s)"
-                                % (tail, i - j + 1, ts[i] / 1000, budget.get(tail)))
+            peak, bad = budget_peak([r["t_ms"] / 1000 for r in rs], 60.0 - ARRIVAL_JITTER, self.budget(tail))
             self.peak[tail] = peak
+            over += ["key ..%s at the sandbox: %d reads in the 60 s before %.1f s (budget %d)"
+                     % (tail, n, t, self.budget(tail)) for n, t in bad]
         # pauses: what each answer forbids, and the reads that came anyway
         for r in reads:
             t, tail = r["t_ms"] / 1000, r["key_tail"]
@@ -730,7 +813,7 @@ class Soak:
             missing.append("401")
         if not self.kills:
             missing.append("kill")
-        if missing and self.seconds >= 60:
+        if missing and self.seconds >= 120:  # shorter runs may end before a fault is taken
             self.failures.append("the soak did not inject: %s" % ", ".join(missing))
 
     # -- the table ---------------------------------------------------------------
@@ -770,13 +853,18 @@ class Soak:
             by_key[r["key_tail"]] = by_key.get(r["key_tail"], 0) + 1
         w("reads at the sandbox %d (%s); most in any 60 s: %s"
           % (len(self.reads), ", ".join("key ..%s %d" % kv for kv in sorted(by_key.items(), key=str)),
-             ", ".join("key ..%s %d (budget %d)" % (v["tail"], self.peak.get(v["tail"], 0), v["budget"])
+             ", ".join("key ..%s %d started, %d arrived (budget %d)"
+                       % (v["tail"], self.log_peak.get(v["tail"], 0), self.peak.get(v["tail"], 0), v["budget"])
                        for v in SHOPS.values())))
         w("smallest gap between reads of one transaction: %s from a send to the next start (kembali's logs), "
           "%s between arrivals (the sandbox; %d pairs under %.1f s)"
           % ("%.3f s" % self.min_start_gap if self.min_start_gap is not None else "-",
              "%.3f s" % self.min_gap if self.min_gap is not None else "-", self.arrivals_under, MIN_GAP))
-        w("kills %d (SIGKILL), requests cut by them %d; processes started %d" % (len(self.kills), self.cut, len(self.procs)))
+        w("kills %d (SIGKILL), requests cut by them %d, reads cut by them %d (and by the final SIGTERM %d); "
+          "processes started %d" % (len(self.kills), self.cut, self.cut_reads["kill"], self.cut_reads["stop"],
+                                    len(self.procs)))
+        probe = [r for r in self.reads if r["id"].startswith("probe-")]
+        w("the prober (one address, random ids every 0.5 s) cost %d reads of toko-a's key" % len(probe))
         for name, (f, l) in sorted(self.flat.items()):
             w("%s (the whole run): RSS first minute max %d kB, last minute max %d kB; fds %d -> %d"
               % (name, f[0], l[0], f[1], l[1]))
