@@ -665,6 +665,31 @@ class Sandbox:
     def remove_key(self, key: str):
         return self.control("DELETE", "/_sandbox/keys/" + urllib.parse.quote(key, safe=""))
 
+    def chaos(self, seed: int, rate: float = 1.0, kinds=None, hang_ms=None, pad_bytes=None):
+        """PUT /_sandbox/chaos: seeded random faults (``kinds``: a list, or
+        {kind: weight}; None = every kind). Keys left None are not sent."""
+        body = {"seed": seed, "rate": rate}
+        for name, v in (("kinds", kinds), ("hang_ms", hang_ms), ("pad_bytes", pad_bytes)):
+            if v is not None:
+                body[name] = v
+        return self.control("PUT", "/_sandbox/chaos", body)
+
+    def chaos_off(self):
+        return self.control("DELETE", "/_sandbox/chaos")
+
+    def force_fault(self, kind: str, key_tail: str | None = None):
+        """POST /_sandbox/chaos/force: one fault of ``kind`` for the next read
+        (with that key tail, when given)."""
+        body = {"kind": kind}
+        if key_tail is not None:
+            body["key_tail"] = key_tail
+        return self.control("POST", "/_sandbox/chaos/force", body)
+
+    def outage(self, ms: int):
+        """POST /_sandbox/outage: the API is down for ``ms`` (refusing
+        connections, the control API's too), then back with its state."""
+        return self.control("POST", "/_sandbox/outage", {"ms": ms})
+
     def log_text(self) -> str:
         return _tail(self.log_path, 1 << 30)
 

@@ -34,7 +34,8 @@
  *     it -> 429 with Retry-After and RateLimit-Reset = whole seconds left
  *     (at least 1), RateLimit-Limit: 1, RateLimit-Remaining: 0;
  *  5. the next queued scripted response, if any (a demo slow-/boom- id
- *     behaves like one);
+ *     behaves like one); else a queued forced fault or, in chaos mode, with
+ *     probability rate, a fault drawn by weight (see "Chaos" below);
  *  6. 200 with {"id","status","amount":50000,"currency":"IDR"}, or 404 for an
  *     unknown id. Every answer from 5-6 carries RateLimit-Limit: 1,
  *     RateLimit-Remaining: 0, RateLimit-Reset: the window in whole seconds (1).
@@ -59,6 +60,23 @@
  *      blocks, scripts and demo clocks; keeps keys. 204.
  *  POST /_sandbox/keys {"key":K}, DELETE /_sandbox/keys/{K}  204 (404 when
  *      there is no such valid key).
+ *  PUT /_sandbox/chaos {"seed":N,"rate":0..1,"kinds":[K...] or {K:weight...},
+ *      "hang_ms":N,"pad_bytes":N}  chaos mode (defaults: rate 1, every kind
+ *      weight 1, hang 10000 ms, padding 100000 bytes); DELETE ends it. 204.
+ *  POST /_sandbox/chaos/force {"kind":K[,"key_tail":T]}  one fault of kind K
+ *      for the next read that reaches step 5 (with that key), chaos on or not. 204.
+ *  POST /_sandbox/outage {"ms":N}  the API goes down for N ms, as a crash
+ *      would (connections closed, delayed answers dropped, connections
+ *      refused), then listens again on the same port with all its state. 202.
+ *
+ * Chaos kinds: hang (the answer after hang_ms), reset (dropped), 5xx (500,
+ * 502, 503 or 504), bad_json (200, a truncated JSON or an HTML body), huge
+ * (200, padded to over 64 KiB), retry_after (429, Retry-After: 1-3),
+ * retry_after_date (429, Retry-After: an HTTP date 2-4 s ahead), key_limit
+ * (429 rate_limited, no Retry-After), auth_block (the failed-authentication
+ * 429), unverified_cap (429 unverified_count_cap or unverified_amount_cap).
+ * The read log's "fault" names the kind injected and "retry_after_ms" the wait
+ * a Retry-After stated (from the read's arrival); stats.chaos counts them.
  *
  * Build: gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -O2 -o kasera-sandbox \
  *          sandbox.c $(pkg-config --cflags --libs libmicrohttpd jansson) -lpthread -lm
@@ -121,11 +139,18 @@
 #define TAIL_LEN            16          /* buffer for a printable key tail */
 #define RID_LEN             24          /* buffer for "req_" + 16 hex digits */
 #define IP_LEN              64          /* buffer for a textual client address */
+#define CHAOS_FORCE_MAX     64          /* queued forced faults */
+#define CHAOS_WEIGHT_MAX    1000000     /* largest weight of one chaos kind */
+#define CHAOS_HANG_MS       10000       /* default hang of the "hang" kind */
+#define CHAOS_PAD_BYTES     100000      /* default padding of the "huge" kind (over 64 KiB) */
+#define OUTAGE_MAX_MS       600000      /* longest outage: 10 minutes */
+#define OUTAGE_GRACE_US     100000      /* lets the outage call's own answer go out first */
 
 #define MSG_AUTH_BLOCK "too many failed authentication attempts from this IP address"
 #define MSG_UNAUTH     "invalid API key"
 #define MSG_KEY_LIMIT  "too many requests for this API key"
 #define MSG_TX_LIMIT   "at most one read per second per transaction; use webhooks for status updates"
+#define MSG_UNVERIFIED "this account is not verified yet: finish verification in the dashboard"
 
 /* ------------------------------------------------------------------------ */
 /* Data                                                                     */
@@ -176,6 +201,50 @@ struct script {
 	size_t ntl;
 	struct fault *faults;
 	size_t nfaults;
+};
+
+/* The kinds of fault chaos mode injects (see chaos_plan). */
+enum chaos_kind {
+	CK_HANG,          /* the answer comes after hang_ms (beyond the client's timeout) */
+	CK_RESET,         /* the connection is dropped without an answer */
+	CK_5XX,           /* 500, 502, 503 or 504 */
+	CK_BAD_JSON,      /* 200 with a truncated JSON or an HTML body */
+	CK_HUGE,          /* 200 with the normal body padded past 64 KiB */
+	CK_RETRY_AFTER,   /* 429 rate_limited, Retry-After: 1-3 (seconds) */
+	CK_RETRY_DATE,    /* 429 rate_limited, Retry-After: an HTTP date 2-4 s ahead */
+	CK_KEY_LIMIT,     /* 429 rate_limited without Retry-After: the key's minute is spent */
+	CK_AUTH_BLOCK,    /* 429 rate_limited, the failed-authentication message */
+	CK_UNVERIFIED,    /* 429 unverified_count_cap or unverified_amount_cap */
+	CK_COUNT
+};
+
+static const char *const chaos_names[CK_COUNT] = {
+	"hang", "reset", "5xx", "bad_json", "huge", "retry_after", "retry_after_date",
+	"key_limit", "auth_block", "unverified_cap",
+};
+
+/* A fault queued by POST /_sandbox/chaos/force for the next read (with key
+ * tail `tail`, or any key when tail is empty). */
+struct chaos_force {
+	enum chaos_kind kind;
+	char tail[TAIL_LEN];
+};
+
+/* Chaos mode: every read that passed checks 1-4 and has no scripted response
+ * gets, with probability rate, a fault of a kind drawn by weight from a seeded
+ * generator (the same seed and the same reads give the same faults). */
+struct chaos {
+	bool on;
+	uint64_t seed;
+	uint64_t rng;                   /* xorshift64* state, never 0 */
+	double rate;
+	uint64_t weight[CK_COUNT];
+	uint64_t total_weight;
+	int64_t hang_us;
+	size_t pad;
+	struct chaos_force force[CHAOS_FORCE_MAX];
+	size_t nforce;
+	uint64_t injected[CK_COUNT];    /* since start or reset, forced ones included */
 };
 
 /* The per-(key, transaction) window: start of the window opened by the last
@@ -235,6 +304,8 @@ struct readrec {
 	char request_id[RID_LEN];
 	char *status;              /* owned; NULL = JSON null */
 	char *error_code;          /* owned; NULL = JSON null */
+	const char *fault;         /* chaos kind injected (static), or NULL */
+	int64_t retry_after_ms;    /* the wait a Retry-After stated, from arrival; -1 = none */
 };
 
 /* The whole shared state. Everything below `lock` is protected by it. */
@@ -261,6 +332,9 @@ struct sandbox {
 	uint64_t reads_dropped, next_seq;
 	uint64_t connections, open_connections, v1_connections, requests;
 	uint64_t generation;         /* bumped by reset; see struct conn */
+	struct chaos chaos;
+	int64_t outage_us;           /* an outage asked for, not yet begun (0 = none) */
+	uint64_t outages;            /* outages begun since start or reset */
 };
 
 /* Per TCP connection: the generation in which it was last counted in
@@ -293,6 +367,8 @@ struct answer {
 	char *status;              /* owned: "status" of the body sent, or NULL */
 	char *error_code;          /* owned: "error.code" of the body sent, or NULL */
 	const char *note;          /* the log's fault=: "scripted", "delay", "close", ... */
+	const char *chaos;         /* the chaos kind injected (static), or NULL */
+	int64_t retry_after_ms;    /* the wait its Retry-After states; -1 = none */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1011,6 +1087,7 @@ static uint64_t reads_append(struct sandbox *sb, const char *id, int64_t t_us,
 	r->seq = ++sb->next_seq;
 	r->t_us = t_us;
 	r->http = -1;
+	r->retry_after_ms = -1;
 	printable_copy(r->id, sizeof r->id, id, BAD_NONE);
 	if (tail) {
 		r->has_tail = true;
@@ -1020,12 +1097,14 @@ static uint64_t reads_append(struct sandbox *sb, const char *id, int64_t t_us,
 	return r->seq;
 }
 
-/* Records the answer of entry seq: its HTTP status and copies of status and
- * error_code (either may be NULL). An entry gone meanwhile (reset, PUT) is
- * ignored. Caller holds sb->lock. Can't fail (out of memory records null). */
-static void reads_finish(struct sandbox *sb, uint64_t seq, int http, const char *status,
-			 const char *error_code)
+/* Records the answer a of entry seq: its HTTP status, copies of status and
+ * error_code (either may be NULL), the chaos kind and the stated Retry-After.
+ * An entry gone meanwhile (reset, PUT) is ignored. Caller holds sb->lock.
+ * Can't fail (out of memory records null). */
+static void reads_finish(struct sandbox *sb, uint64_t seq, const struct answer *a)
 {
+	int http = a->http;
+	const char *status = a->status, *error_code = a->error_code;
 	size_t lo = 0, hi = sb->nreads; /* entries are sorted by seq */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -1042,6 +1121,8 @@ static void reads_finish(struct sandbox *sb, uint64_t seq, int http, const char 
 	free(r->error_code);
 	r->status = status ? strdup(status) : NULL;
 	r->error_code = error_code ? strdup(error_code) : NULL;
+	r->fault = a->chaos;
+	r->retry_after_ms = a->retry_after_ms;
 }
 
 /* Removes every entry about id, keeping the others in order. Caller holds
@@ -1066,25 +1147,31 @@ static void reads_forget_id(struct sandbox *sb, const char *id)
 struct plan {
 	char id[ID_MAX + 1];
 	struct fault fault; /* owned; all zero = the normal answer */
+	const char *chaos;  /* the chaos kind that made fault, or NULL */
+	int64_t retry_after_ms; /* the wait fault's Retry-After states; -1 = none */
 };
 
 /* Decides how the accepted read of t at time now is answered: takes the next
  * queued scripted response (moving it into plan), or a demo id's behaviour,
- * and starts a demo id's clock on its first read. Caller holds sb->lock. */
-static void plan_read(struct sandbox *sb, struct tx *t, int64_t now, struct plan *plan)
+ * and starts a demo id's clock on its first read. Returns true when a
+ * scripted response or a demo behaviour applies (chaos then stays out).
+ * Caller holds sb->lock. */
+static bool plan_read(struct sandbox *sb, struct tx *t, int64_t now, struct plan *plan)
 {
 	snprintf(plan->id, sizeof plan->id, "%s", t->id);
+	plan->retry_after_ms = -1;
 	if (t->scripted) {
 		if (t->next_fault < t->script.nfaults) {
 			plan->fault = t->script.faults[t->next_fault];
 			memset(&t->script.faults[t->next_fault], 0, sizeof plan->fault);
 			t->next_fault++;
+			return true;
 		}
-		return;
+		return false;
 	}
 	const struct demo_rule *r = demo_rule_for(sb, t->id);
 	if (!r)
-		return;
+		return false;
 	if (!t->demo_started) {
 		t->demo_started = true;
 		t->demo_t0 = now;
@@ -1093,6 +1180,143 @@ static void plan_read(struct sandbox *sb, struct tx *t, int64_t now, struct plan
 		plan->fault.delay_us = (int64_t)DEMO_SLOW_MS * 1000;
 	else if (r->kind == DEMO_BOOM)
 		plan->fault.http = 500;
+	return r->kind != DEMO_TIMED;
+}
+
+/* ---- chaos mode ---- */
+
+/* Returns the next number of the chaos generator (xorshift64*). */
+static uint64_t chaos_next(struct chaos *ch)
+{
+	ch->rng ^= ch->rng >> 12;
+	ch->rng ^= ch->rng << 25;
+	ch->rng ^= ch->rng >> 27;
+	return ch->rng * UINT64_C(2685821657736338717);
+}
+
+/* Returns a number in [0, n) from the chaos generator (n > 0). */
+static uint64_t chaos_below(struct chaos *ch, uint64_t n)
+{
+	return chaos_next(ch) % n;
+}
+
+/* Adds header name: value (NULL = remove that default) to f. Returns false
+ * when out of memory (f stays valid for fault_free). */
+static bool fault_add_header(struct fault *f, const char *name, const char *value)
+{
+	struct hdr *h = realloc(f->hdrs, (f->nhdrs + 1) * sizeof *h);
+	if (!h)
+		return false;
+	f->hdrs = h;
+	h[f->nhdrs].name = strdup(name);
+	h[f->nhdrs].value = value ? strdup(value) : NULL;
+	f->nhdrs++;
+	return h[f->nhdrs - 1].name && (!value || h[f->nhdrs - 1].value);
+}
+
+/* Makes f the 429 rate_limited answer with message msg and no RateLimit-*
+ * headers (the key's or the host's limit, not the transaction's). */
+static void fault_no_window(struct fault *f, const char *code, const char *msg, const char *rid)
+{
+	f->http = 429;
+	f->body = error_body(code, msg, rid);
+	fault_add_header(f, "RateLimit-Limit", NULL);
+	fault_add_header(f, "RateLimit-Remaining", NULL);
+	fault_add_header(f, "RateLimit-Reset", NULL);
+}
+
+/* Picks the fault of the read of plan->id with key tail `tail` (NULL: none
+ * presented): the first queued forced fault for that tail (or for any key),
+ * else, in chaos mode, with probability rate a kind drawn by weight; fills
+ * plan (fault, chaos kind, stated Retry-After) and counts it. rid is the
+ * read's request id, for error bodies. Caller holds sb->lock. Can't fail
+ * (out of memory gives a fault without its body or headers). */
+static void chaos_plan(struct sandbox *sb, const char *tail, const char *rid, struct plan *plan)
+{
+	struct chaos *ch = &sb->chaos;
+	enum chaos_kind kind = CK_COUNT;
+	char buf[64];
+
+	for (size_t i = 0; i < ch->nforce; i++) {
+		if (ch->force[i].tail[0] && (!tail || strcmp(ch->force[i].tail, tail) != 0))
+			continue;
+		kind = ch->force[i].kind;
+		memmove(&ch->force[i], &ch->force[i + 1], (ch->nforce - i - 1) * sizeof ch->force[0]);
+		ch->nforce--;
+		break;
+	}
+	if (kind == CK_COUNT && ch->on && ch->total_weight > 0 &&
+	    (double)(chaos_next(ch) >> 11) * 0x1.0p-53 < ch->rate) {
+		uint64_t r = chaos_below(ch, ch->total_weight);
+		for (kind = 0; kind < CK_COUNT - 1 && r >= ch->weight[kind]; kind++)
+			r -= ch->weight[kind];
+	}
+	if (kind == CK_COUNT)
+		return;
+	ch->injected[kind]++;
+	plan->chaos = chaos_names[kind];
+	struct fault *f = &plan->fault;
+	switch (kind) {
+	case CK_HANG:
+		f->delay_us = ch->hang_us;
+		break;
+	case CK_RESET:
+		f->close = true;
+		break;
+	case CK_5XX: {
+		static const int codes[] = { 500, 502, 503, 504 };
+		f->http = codes[chaos_below(ch, 4)];
+		break;
+	}
+	case CK_BAD_JSON:
+		f->http = 200;
+		if (chaos_below(ch, 2) == 0) {
+			snprintf(buf, sizeof buf, "{\"id\":\"%.20s\",\"status\":\"succ", plan->id);
+			f->body = strdup(buf);
+		} else {
+			f->body = strdup("<html><body>502 Bad Gateway</body></html>");
+			fault_add_header(f, "Content-Type", "text/html");
+		}
+		break;
+	case CK_HUGE:
+		f->http = 200;
+		f->pad = ch->pad;
+		break;
+	case CK_RETRY_AFTER:
+	case CK_RETRY_DATE: {
+		int64_t secs = kind == CK_RETRY_AFTER ? 1 + (int64_t)chaos_below(ch, 3) : 2 + (int64_t)chaos_below(ch, 3);
+		f->http = 429;
+		f->body = error_body("rate_limited", MSG_TX_LIMIT, rid);
+		if (kind == CK_RETRY_AFTER) {
+			snprintf(buf, sizeof buf, "%" PRId64, secs);
+			plan->retry_after_ms = secs * 1000;
+		} else { /* a whole second of the wall clock, secs ahead: the date has no finer unit */
+			struct timespec now;
+			struct tm tm;
+			clock_gettime(CLOCK_REALTIME, &now);
+			time_t when = now.tv_sec + (time_t)secs;
+			gmtime_r(&when, &tm);
+			strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+			plan->retry_after_ms = secs * 1000 - now.tv_nsec / 1000000;
+		}
+		fault_add_header(f, "Retry-After", buf);
+		snprintf(buf, sizeof buf, "%" PRId64, secs);
+		fault_add_header(f, "RateLimit-Reset", buf);
+		break;
+	}
+	case CK_KEY_LIMIT:
+		fault_no_window(f, "rate_limited", MSG_KEY_LIMIT, rid);
+		break;
+	case CK_AUTH_BLOCK:
+		fault_no_window(f, "rate_limited", MSG_AUTH_BLOCK, rid);
+		break;
+	case CK_UNVERIFIED:
+		fault_no_window(f, chaos_below(ch, 2) ? "unverified_count_cap" : "unverified_amount_cap",
+				MSG_UNVERIFIED, rid);
+		break;
+	case CK_COUNT:
+		break;
+	}
 }
 
 /* Adds the per-transaction limit headers (Reset = the window in whole
@@ -1224,21 +1448,29 @@ static void serve_v1(struct sandbox *sb, struct MHD_Connection *c, const char *u
 			answer_error(sb, a, 429, "rate_limited", MSG_TX_LIMIT);
 			answer_header(a, MHD_HTTP_HEADER_RETRY_AFTER, secs);
 			add_ratelimit_headers(sb, a, wait_s);
+			a->retry_after_ms = wait_s * 1000;
 		} else {
-			plan_read(sb, t, now, &plan);
+			if (!plan_read(sb, t, now, &plan))
+				chaos_plan(sb, token ? a->tail : NULL, a->request_id, &plan);
 			planned = true;
 		}
 	}
 	pthread_mutex_unlock(&sb->lock);
 
-	if (planned)
+	if (planned) {
 		carry_out(sb, &plan, a);
+		a->chaos = plan.chaos;
+		if (plan.retry_after_ms >= 0)
+			a->retry_after_ms = plan.retry_after_ms;
+		if (plan.chaos)
+			a->note = plan.chaos;
+	}
 	fault_free(&plan.fault);
 
 	body_summary(a->http ? a->body : NULL, &a->status, &a->error_code);
 	if (a->seq) {
 		pthread_mutex_lock(&sb->lock);
-		reads_finish(sb, a->seq, a->http, a->status, a->error_code);
+		reads_finish(sb, a->seq, a);
 		pthread_mutex_unlock(&sb->lock);
 	}
 }
@@ -1574,6 +1806,9 @@ static void control_reads(struct sandbox *sb, struct MHD_Connection *c, struct a
 		json_object_set_new(e, "error_code", json_string_or_null(r->error_code));
 		json_object_set_new(e, "key_tail", json_string_or_null(r->has_tail ? r->tail : NULL));
 		json_object_set_new(e, "request_id", json_string_or_null(r->request_id));
+		json_object_set_new(e, "fault", json_string_or_null(r->fault));
+		json_object_set_new(e, "retry_after_ms", r->retry_after_ms >= 0 ?
+				    json_integer((json_int_t)r->retry_after_ms) : json_null());
 		json_array_append_new(arr, e);
 	}
 	uint64_t dropped = sb->reads_dropped;
@@ -1587,16 +1822,21 @@ static void control_reads(struct sandbox *sb, struct MHD_Connection *c, struct a
 static void control_stats(struct sandbox *sb, struct answer *a)
 {
 	json_t *by_key = json_object();
+	json_t *chaos = json_object();
 
 	pthread_mutex_lock(&sb->lock);
 	for (size_t i = 0; by_key && i < sb->ntails; i++)
 		json_object_set_new(by_key, sb->tails[i].tail, json_integer((json_int_t)sb->tails[i].n));
-	json_t *j = json_pack("{s:I,s:I,s:o,s:I,s:I}",
+	for (size_t i = 0; chaos && i < CK_COUNT; i++)
+		json_object_set_new(chaos, chaos_names[i], json_integer((json_int_t)sb->chaos.injected[i]));
+	json_t *j = json_pack("{s:I,s:I,s:o,s:I,s:I,s:o,s:I}",
 			      "connections", (json_int_t)sb->connections,
 			      "requests", (json_int_t)sb->requests,
 			      "by_key", by_key,
 			      "v1_connections", (json_int_t)sb->v1_connections,
-			      "open_connections", (json_int_t)sb->open_connections);
+			      "open_connections", (json_int_t)sb->open_connections,
+			      "chaos", chaos,
+			      "outages", (json_int_t)sb->outages);
 	pthread_mutex_unlock(&sb->lock);
 
 	a->http = 200;
@@ -1604,7 +1844,8 @@ static void control_stats(struct sandbox *sb, struct answer *a)
 }
 
 /* POST /_sandbox/reset: forgets reads, stats, windows, failed-auth counts and
- * blocks, scripts and demo clocks; keys stay as they are. 204. */
+ * blocks, scripts and demo clocks, and ends chaos mode (its counts and forced
+ * faults too); keys stay as they are. 204. */
 static void control_reset(struct sandbox *sb, struct answer *a)
 {
 	pthread_mutex_lock(&sb->lock);
@@ -1619,6 +1860,8 @@ static void control_reset(struct sandbox *sb, struct answer *a)
 		sb->keys[i].win_count = 0;
 	}
 	sb->connections = sb->requests = sb->v1_connections = 0;
+	sb->outages = 0;
+	memset(&sb->chaos, 0, sizeof sb->chaos);
 	sb->generation++;
 	pthread_mutex_unlock(&sb->lock);
 	a->http = 204;
@@ -1661,6 +1904,210 @@ static void control_delete_key(struct sandbox *sb, const char *key, struct answe
 		answer_error(sb, a, 404, "not_found", "no such key");
 }
 
+/* Returns the chaos kind called name, or CK_COUNT when there is none. */
+static enum chaos_kind chaos_kind_named(const char *name)
+{
+	for (size_t i = 0; i < CK_COUNT; i++)
+		if (strcmp(chaos_names[i], name) == 0)
+			return (enum chaos_kind)i;
+	return CK_COUNT;
+}
+
+/* Parses the "kinds" field of a chaos body (a list of kinds, weight 1 each,
+ * or an object of kind: weight) into ch->weight. Returns true on success;
+ * false with a reason in err. */
+static bool chaos_parse_kinds(json_t *v, struct chaos *ch, char *err, size_t errlen)
+{
+	const char *kn;
+	json_t *kv;
+	size_t i;
+
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, kv) {
+			enum chaos_kind k = json_is_string(kv) ? chaos_kind_named(json_string_value(kv)) : CK_COUNT;
+			if (k == CK_COUNT) {
+				snprintf(err, errlen, "kinds[%zu] is not a kind (see GET /_sandbox/stats)", i);
+				return false;
+			}
+			ch->weight[k] = 1;
+		}
+		return true;
+	}
+	if (!json_is_object(v)) {
+		snprintf(err, errlen, "kinds must be a list of kinds or an object of kind: weight");
+		return false;
+	}
+	json_object_foreach(v, kn, kv) {
+		enum chaos_kind k = chaos_kind_named(kn);
+		json_int_t w = json_integer_value(kv);
+		if (k == CK_COUNT || !json_is_integer(kv) || w < 0 || w > CHAOS_WEIGHT_MAX) {
+			snprintf(err, errlen, "kinds: each name must be a kind (see GET /_sandbox/stats) "
+				 "and each weight an integer from 0 to %d", CHAOS_WEIGHT_MAX);
+			return false;
+		}
+		ch->weight[k] = (uint64_t)w;
+	}
+	return true;
+}
+
+/* Parses a PUT /_sandbox/chaos body into *ch: mode on, generator seeded, no
+ * counts and nothing forced. Returns true on success; false with a reason in
+ * err. Unknown fields and kinds are refused. */
+static bool chaos_parse(const char *body, size_t len, struct chaos *ch, char *err, size_t errlen)
+{
+	json_t *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
+	const char *name;
+	json_t *v;
+	double d;
+	bool ok = false, have_kinds = false;
+
+	memset(ch, 0, sizeof *ch);
+	ch->rate = 1.0;
+	ch->hang_us = (int64_t)CHAOS_HANG_MS * 1000;
+	ch->pad = CHAOS_PAD_BYTES;
+	if (!json_is_object(root)) {
+		snprintf(err, errlen, "body must be a JSON object");
+		goto out;
+	}
+	json_object_foreach(root, name, v) {
+		if (strcmp(name, "seed") == 0) {
+			if (!json_is_integer(v) || json_integer_value(v) < 0) {
+				snprintf(err, errlen, "seed must be an integer >= 0");
+				goto out;
+			}
+			ch->seed = (uint64_t)json_integer_value(v);
+		} else if (strcmp(name, "rate") == 0) {
+			if (!json_range(v, 1.0, &ch->rate)) {
+				snprintf(err, errlen, "rate must be a number from 0 to 1");
+				goto out;
+			}
+		} else if (strcmp(name, "hang_ms") == 0) {
+			if (!json_range(v, DELAY_MAX_MS, &d)) {
+				snprintf(err, errlen, "hang_ms must be a number from 0 to %d", DELAY_MAX_MS);
+				goto out;
+			}
+			ch->hang_us = (int64_t)llround(d * 1000);
+		} else if (strcmp(name, "pad_bytes") == 0) {
+			if (!json_range(v, 1 << 20, &d)) {
+				snprintf(err, errlen, "pad_bytes must be a number from 0 to %d", 1 << 20);
+				goto out;
+			}
+			ch->pad = (size_t)d;
+		} else if (strcmp(name, "kinds") == 0) {
+			have_kinds = true;
+			if (!chaos_parse_kinds(v, ch, err, errlen))
+				goto out;
+		} else {
+			snprintf(err, errlen, "unknown field (known: seed, rate, kinds, hang_ms, pad_bytes)");
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < CK_COUNT; i++) {
+		if (!have_kinds)
+			ch->weight[i] = 1;
+		ch->total_weight += ch->weight[i];
+	}
+	ch->on = true;
+	ch->rng = ch->seed ^ UINT64_C(0x9e3779b97f4a7c15);
+	if (ch->rng == 0)
+		ch->rng = 1;
+	ok = true;
+out:
+	json_decref(root);
+	return ok;
+}
+
+/* PUT /_sandbox/chaos: starts (or restarts, from its seed) chaos mode; the
+ * counts of injected faults and the forced faults queued are kept. 204, or
+ * 400 with a reason. */
+static void control_put_chaos(struct sandbox *sb, const struct req *rq, struct answer *a)
+{
+	char err[256];
+	struct chaos ch;
+
+	if (!chaos_parse(rq->body, rq->len, &ch, err, sizeof err)) {
+		answer_error(sb, a, 400, "invalid_chaos", err);
+		return;
+	}
+	pthread_mutex_lock(&sb->lock);
+	memcpy(ch.injected, sb->chaos.injected, sizeof ch.injected);
+	memcpy(ch.force, sb->chaos.force, sizeof ch.force);
+	ch.nforce = sb->chaos.nforce;
+	sb->chaos = ch;
+	pthread_mutex_unlock(&sb->lock);
+	a->http = 204;
+}
+
+/* DELETE /_sandbox/chaos: ends chaos mode (counts and forced faults stay). 204. */
+static void control_delete_chaos(struct sandbox *sb, struct answer *a)
+{
+	pthread_mutex_lock(&sb->lock);
+	sb->chaos.on = false;
+	pthread_mutex_unlock(&sb->lock);
+	a->http = 204;
+}
+
+/* POST /_sandbox/chaos/force {"kind": K, "key_tail": T}: queues one fault of
+ * kind K for the next read that passes checks 1-4 and has no scripted
+ * response (with key tail T when given), chaos mode on or not. 204, or 400. */
+static void control_force_chaos(struct sandbox *sb, const struct req *rq, struct answer *a)
+{
+	json_t *j = json_loadb(rq->body ? rq->body : "", rq->len, JSON_REJECT_DUPLICATES, NULL);
+	const char *kind = json_string_value(json_object_get(j, "kind"));
+	json_t *tail = json_object_get(j, "key_tail");
+	size_t fields = tail ? 2 : 1;
+	enum chaos_kind k = kind ? chaos_kind_named(kind) : CK_COUNT;
+
+	if (!json_is_object(j) || json_object_size(j) != fields || k == CK_COUNT ||
+	    (tail && (!json_is_string(tail) || strlen(json_string_value(tail)) >= TAIL_LEN))) {
+		answer_error(sb, a, 400, "invalid_force",
+			     "body must be {\"kind\": K} or {\"kind\": K, \"key_tail\": T} with a known kind");
+	} else {
+		pthread_mutex_lock(&sb->lock);
+		bool room = sb->chaos.nforce < CHAOS_FORCE_MAX;
+		if (room) {
+			struct chaos_force *f = &sb->chaos.force[sb->chaos.nforce++];
+			f->kind = k;
+			snprintf(f->tail, sizeof f->tail, "%s", tail ? json_string_value(tail) : "");
+		}
+		pthread_mutex_unlock(&sb->lock);
+		if (room)
+			a->http = 204;
+		else
+			answer_error(sb, a, 400, "too_many_forced", "too many forced faults queued");
+	}
+	json_decref(j);
+}
+
+/* POST /_sandbox/outage {"ms": N}: the API goes down for N ms, as if Kasera
+ * crashed: once this answer is out, the listening socket and every open
+ * connection are closed (delayed answers are dropped), connections are
+ * refused meanwhile (the control API's too), then the server listens again on
+ * the same port with all its state. 202, 400, or 409 while one is pending. */
+static void control_outage(struct sandbox *sb, const struct req *rq, struct answer *a)
+{
+	json_t *j = json_loadb(rq->body ? rq->body : "", rq->len, JSON_REJECT_DUPLICATES, NULL);
+	double ms;
+
+	if (!json_is_object(j) || json_object_size(j) != 1 ||
+	    !json_range(json_object_get(j, "ms"), OUTAGE_MAX_MS, &ms) || ms < 1) {
+		answer_error(sb, a, 400, "invalid_outage", "body must be {\"ms\": N} with N from 1 to 600000");
+	} else {
+		pthread_mutex_lock(&sb->lock);
+		bool busy = sb->outage_us > 0;
+		if (!busy)
+			sb->outage_us = (int64_t)llround(ms * 1000);
+		pthread_mutex_unlock(&sb->lock);
+		if (busy) {
+			answer_error(sb, a, 409, "outage_pending", "an outage is already pending");
+		} else {
+			kill(getpid(), SIGUSR1); /* main takes it with sigwait */
+			a->http = 202;
+		}
+	}
+	json_decref(j);
+}
+
 /* Routes a request under /_sandbox/. Fills a; can't fail. */
 static void serve_control(struct sandbox *sb, struct MHD_Connection *c, const char *url,
 			  const char *method, const struct req *rq, struct answer *a)
@@ -1693,6 +2140,23 @@ static void serve_control(struct sandbox *sb, struct MHD_Connection *c, const ch
 		want = MHD_HTTP_METHOD_DELETE;
 		if (strcmp(method, want) == 0)
 			control_delete_key(sb, arg, a);
+	} else if (strcmp(rest, "chaos") == 0) {
+		if (strcmp(method, MHD_HTTP_METHOD_DELETE) == 0) {
+			want = MHD_HTTP_METHOD_DELETE;
+			control_delete_chaos(sb, a);
+		} else {
+			want = MHD_HTTP_METHOD_PUT;
+			if (strcmp(method, want) == 0)
+				control_put_chaos(sb, rq, a);
+		}
+	} else if (strcmp(rest, "chaos/force") == 0) {
+		want = MHD_HTTP_METHOD_POST;
+		if (strcmp(method, want) == 0)
+			control_force_chaos(sb, rq, a);
+	} else if (strcmp(rest, "outage") == 0) {
+		want = MHD_HTTP_METHOD_POST;
+		if (strcmp(method, want) == 0)
+			control_outage(sb, rq, a);
 	} else {
 		answer_error(sb, a, 404, "not_found", "no such endpoint");
 		return;
@@ -1797,6 +2261,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	rq->answered = true;
 
 	memset(&a, 0, sizeof a);
+	a.retry_after_ms = -1;
 	if (rq->too_large)
 		answer_error(sb, &a, 413, "payload_too_large", "request body larger than 64 KiB");
 	else if (strprefix(url, "/v1/") || strcmp(url, "/v1") == 0)
@@ -1910,7 +2375,8 @@ static void usage(FILE *out)
 	      "\n"
 	      "Control API: PUT /_sandbox/transactions/{id}, GET /_sandbox/reads[?id=X],\n"
 	      "GET /_sandbox/stats, POST /_sandbox/reset, POST /_sandbox/keys,\n"
-	      "DELETE /_sandbox/keys/{key}. See the comments in tests/sandbox/sandbox.c.\n",
+	      "DELETE /_sandbox/keys/{key}, PUT|DELETE /_sandbox/chaos, POST /_sandbox/chaos/force,\n"
+	      "POST /_sandbox/outage. See the comments in tests/sandbox/sandbox.c.\n",
 	      out);
 }
 
@@ -2151,13 +2617,92 @@ static void raise_nofile(void)
 	}
 }
 
+/* Starts the server on sb's listening address. Returns the daemon, or NULL
+ * when it cannot listen. */
+static struct MHD_Daemon *daemon_start(struct sandbox *sb)
+{
+	return MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
+				MHD_USE_ERROR_LOG | (sb->opt.ipv6 ? MHD_USE_IPv6 : 0),
+				listen_port(&sb->opt), on_accept, sb, on_request, sb,
+				MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, /* must come first */
+				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sb->opt.addr,
+				MHD_OPTION_CONNECTION_LIMIT, (unsigned int)CONNECTION_LIMIT,
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT_S,
+				MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024,
+				MHD_OPTION_THREAD_STACK_SIZE, (size_t)THREAD_STACK,
+				MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+				MHD_OPTION_NOTIFY_COMPLETED, on_completed, sb,
+				MHD_OPTION_NOTIFY_CONNECTION, on_connection, sb,
+				MHD_OPTION_END);
+}
+
+/* Sets or clears sb->stopping, waking every delayed answer when set. */
+static void set_stopping(struct sandbox *sb, bool on)
+{
+	pthread_mutex_lock(&sb->stop_lock);
+	sb->stopping = on;
+	pthread_cond_broadcast(&sb->stop_cond);
+	pthread_mutex_unlock(&sb->stop_lock);
+}
+
+/* Carries out the outage asked for (POST /_sandbox/outage): stops the server
+ * as a crash would (delayed answers dropped, connections closed), waits the
+ * outage out (a SIGINT or SIGTERM meanwhile ends it, and the process: *sig
+ * is then set), then listens again on the same port. Returns the new daemon,
+ * or NULL when the process must end (a signal, or the port could not be
+ * bound again within 5 s). */
+static struct MHD_Daemon *outage(struct sandbox *sb, struct MHD_Daemon *d, const sigset_t *sigs, int *sig)
+{
+	int64_t us;
+	struct timespec ts;
+
+	pthread_mutex_lock(&sb->lock);
+	us = sb->outage_us;
+	sb->outages++;
+	pthread_mutex_unlock(&sb->lock);
+	ts.tv_sec = 0;
+	ts.tv_nsec = OUTAGE_GRACE_US * 1000;
+	nanosleep(&ts, NULL);
+	set_stopping(sb, true);
+	MHD_stop_daemon(d);
+	set_stopping(sb, false);
+	fprintf(stderr, "event=outage_start t_ms=%.3f ms=%" PRId64 "\n", (double)mono_us() / 1000.0, us / 1000);
+	int64_t until = mono_us() + us;
+	for (int64_t left; (left = until - mono_us()) > 0;) {
+		ts.tv_sec = (time_t)(left / 1000000);
+		ts.tv_nsec = (long)(left % 1000000) * 1000;
+		int got = sigtimedwait(sigs, NULL, &ts);
+		if (got == SIGINT || got == SIGTERM) {
+			*sig = got;
+			return NULL;
+		}
+	}
+	d = NULL;
+	for (int i = 0; i < 50 && !d; i++) { /* the port may linger a moment */
+		d = daemon_start(sb);
+		if (!d) {
+			ts.tv_sec = 0;
+			ts.tv_nsec = 100000000L;
+			nanosleep(&ts, NULL);
+		}
+	}
+	pthread_mutex_lock(&sb->lock);
+	sb->outage_us = 0;
+	pthread_mutex_unlock(&sb->lock);
+	if (!d)
+		fprintf(stderr, "kasera-sandbox: cannot listen again after the outage\n");
+	else
+		fprintf(stderr, "event=outage_end t_ms=%.3f\n", (double)mono_us() / 1000.0);
+	return d;
+}
+
 int main(int argc, char **argv)
 {
 	struct options opt;
 	struct sandbox sb;
 	struct MHD_Daemon *d;
 	sigset_t sigs;
-	int sig = 0;
+	int sig = 0, rc = 0;
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -2171,6 +2716,7 @@ int main(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGUSR1); /* an outage asked for through the control API */
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
 	json_object_seed(0); /* before any thread uses jansson */
@@ -2181,24 +2727,19 @@ int main(int argc, char **argv)
 	if (opt.nkeys == 0)
 		fprintf(stderr, "event=warning msg=\"no keys (use --key or --demo): every read gets 401\"\n");
 
-	d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD |
-			     MHD_USE_ERROR_LOG | (opt.ipv6 ? MHD_USE_IPv6 : 0),
-			     listen_port(&sb.opt), on_accept, &sb, on_request, &sb,
-			     MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, /* must come first */
-			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sb.opt.addr,
-			     MHD_OPTION_CONNECTION_LIMIT, (unsigned int)CONNECTION_LIMIT,
-			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT_S,
-			     MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)1024,
-			     MHD_OPTION_THREAD_STACK_SIZE, (size_t)THREAD_STACK,
-			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, &sb,
-			     MHD_OPTION_NOTIFY_CONNECTION, on_connection, &sb,
-			     MHD_OPTION_END);
+	d = daemon_start(&sb);
 	if (!d) {
 		fprintf(stderr, "kasera-sandbox: cannot listen (address in use or not available)\n");
 		sandbox_free(&sb);
 		return 1;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+	if (di) { /* an outage listens again on this very port */
+		if (sb.opt.ipv6)
+			((struct sockaddr_in6 *)(void *)&sb.opt.addr)->sin6_port = htons(di->port);
+		else
+			((struct sockaddr_in *)(void *)&sb.opt.addr)->sin_port = htons(di->port);
+	}
 	printf("listening port=%u\n", di ? (unsigned int)di->port : 0u);
 	fflush(stdout);
 	fprintf(stderr, "event=start port=%u demo=%d keys=%zu key_limit=%" PRId64 " key_window_ms=%" PRId64
@@ -2208,16 +2749,23 @@ int main(int argc, char **argv)
 		opt.key_window_us / 1000, opt.tx_window_us / 1000, opt.auth_fail_limit,
 		opt.auth_fail_window_us / 1000, opt.auth_block_us / 1000);
 
-	while (sigwait(&sigs, &sig) != 0)
-		;
+	for (;;) {
+		while (sigwait(&sigs, &sig) != 0)
+			;
+		if (sig != SIGUSR1)
+			break;
+		d = outage(&sb, d, &sigs, &sig);
+		if (!d) {
+			rc = sig == SIGUSR1 ? 1 : 0; /* could not listen again, or a signal */
+			break;
+		}
+	}
 	fprintf(stderr, "event=stop signal=%d\n", sig);
 
 	/* wake delayed answers first, so that stopping does not wait for them */
-	pthread_mutex_lock(&sb.stop_lock);
-	sb.stopping = true;
-	pthread_cond_broadcast(&sb.stop_cond);
-	pthread_mutex_unlock(&sb.stop_lock);
-	MHD_stop_daemon(d);
+	set_stopping(&sb, true);
+	if (d)
+		MHD_stop_daemon(d);
 	sandbox_free(&sb);
-	return 0;
+	return rc;
 }
