@@ -147,23 +147,6 @@ void log_end(struct log_line *l)
     write_all(l->buf, l->len);
 }
 
-void log_flush(struct log_batch *b)
-{
-    if (b->len > 0)
-        write_all(b->buf, b->len);
-    b->len = 0;
-}
-
-void log_end_to(struct log_batch *b, struct log_line *l)
-{
-    l->buf[l->len++] = '\n';
-    l->buf[l->len] = '\0';
-    if (b->len + l->len > sizeof b->buf)
-        log_flush(b);
-    memcpy(b->buf + b->len, l->buf, l->len); /* a line (<= LOG_LINE_MAX) always fits an empty batch */
-    b->len += l->len;
-}
-
 void log_msg(const char *level, const char *event, const char *msg)
 {
     struct log_line l;

@@ -27,22 +27,6 @@ void log_int(struct log_line *l, const char *key, long long value);
 /* Terminate the line and write it to stderr. This function can't fail. */
 void log_end(struct log_line *l);
 
-/* Lines gathered to go out together: a busy loop writes one turn's
- * request lines with one write(2) instead of one each. A batch never holds
- * more than PIPE_BUF bytes, so that its write, too, never interleaves with
- * another process's on a pipe; lines stay whole. */
-struct log_batch {
-    char buf[4096];
-    size_t len;
-};
-
-/* Terminate the line and add it to b, writing b first when the line does
- * not fit. This function can't fail. */
-void log_end_to(struct log_batch *b, struct log_line *l);
-
-/* Write what b holds and empty it. This function can't fail. */
-void log_flush(struct log_batch *b);
-
 /* Format `value` as it would appear in a line (quoted if needed) into out;
  * exposed for tests. Returns the length written. */
 size_t log_format_value(char *out, size_t cap, const char *value);

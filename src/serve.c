@@ -31,8 +31,6 @@ struct serve {
     struct loop *loop;
     struct front *front;
     struct resolver *rs;
-    struct log_batch log;       /* this turn's request lines */
-    struct loop_timer log_timer; /* writes them at the end of the turn */
     struct serve_shop *shops[SERVE_SHOP_BUCKETS];
 };
 
@@ -124,14 +122,8 @@ static void build_response(const struct serve_req *r, int http, const char *word
         buf_put(out, body->p, body->len);
 }
 
-static void on_log_timer(struct loop *l, struct loop_timer *t)
-{
-    struct serve *s = t->data;
-    (void)l;
-    log_flush(&s->log);
-}
-
-/* One line per request, written with the others of this turn. */
+/* One line per request, written before its answer goes out (so that
+ * whoever has the answer finds the line). */
 static void log_request(const struct serve_req *r, int http, const char *word)
 {
     /* both clocks read back to back, so that ts minus ms is the arrival */
@@ -149,10 +141,7 @@ static void log_request(const struct serve_req *r, int http, const char *word)
         log_str(&l, "held", "yes");
     if (word == NULL)
         log_str(&l, "gone", "yes"); /* the client left before its answer */
-    struct serve *s = r->s;
-    log_end_to(&s->log, &l);
-    if (!loop_timer_armed(&s->log_timer) && loop_timer_at(s->loop, &s->log_timer, loop_now(s->loop)) != 0)
-        log_flush(&s->log); /* no timer: now */
+    log_end(&l);
 }
 
 /* Send `out` as r's answer. */
@@ -506,7 +495,6 @@ struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
     }
     s->app = a;
     s->loop = l;
-    loop_timer_init(&s->log_timer, on_log_timer, s);
     s->rs = resolver_new(a, l, on_answer, s, err, errlen);
     if (s->rs == NULL) {
         free(s);
@@ -528,7 +516,6 @@ void serve_attach(struct serve *s, struct front *f)
 void serve_stop(struct serve *s)
 {
     resolver_stop(s->rs);
-    log_flush(&s->log);
 }
 
 size_t serve_held(const struct serve *s)
@@ -547,7 +534,5 @@ void serve_free(struct serve *s)
             free(c);
         }
     resolver_free(s->rs);
-    log_flush(&s->log);
-    loop_timer_stop(s->loop, &s->log_timer);
     free(s);
 }

@@ -269,54 +269,6 @@ static int count(const char *hay, const char *needle)
     return n;
 }
 
-/* A batch writes whole lines, at most PIPE_BUF bytes at a time, in order. */
-static void test_batch_keeps_lines_whole(void **unused)
-{
-    (void)unused;
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    int saved = dup(STDERR_FILENO);
-    dup2(p[1], STDERR_FILENO);
-    struct log_batch b = {.len = 0};
-    char big[900];
-    memset(big, 'x', sizeof big - 1);
-    big[sizeof big - 1] = '\0';
-    for (int i = 0; i < 20; i++) {
-        struct log_line l;
-        log_begin(&l, "info", "request");
-        log_int(&l, "n", i);
-        log_str(&l, "pad", i % 3 == 0 ? big : "short");
-        log_end_to(&b, &l);
-        assert_true(b.len <= sizeof b.buf);
-    }
-    log_flush(&b);
-    assert_int_equal(b.len, 0);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    close(p[1]);
-    static char got[65536];
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(p[0], got + n, sizeof got - 1 - n)) > 0)
-        n += (size_t)r;
-    got[n] = '\0';
-    close(p[0]);
-    /* every line whole and in order */
-    const char *at = got;
-    for (int i = 0; i < 20; i++) {
-        char want[32];
-        snprintf(want, sizeof want, " n=%d pad=", i);
-        const char *hit = strstr(at, want);
-        assert_non_null(hit);
-        const char *nl = strchr(hit, '\n');
-        assert_non_null(nl);
-        assert_true(nl - hit < LOG_LINE_MAX);
-        at = nl + 1;
-    }
-    assert_int_equal(count(got, "\n"), 20);
-    assert_int_equal(count(got, "ts="), 20);
-}
-
 static void test_log_open_and_reopen(void **unused)
 {
     (void)unused;
@@ -383,7 +335,6 @@ int main(void)
         cmocka_unit_test(test_log_msg_one_line_each),
         cmocka_unit_test(test_long_line_truncated),
         cmocka_unit_test(test_value_cannot_forge_a_line),
-        cmocka_unit_test(test_batch_keeps_lines_whole),
         cmocka_unit_test(test_log_open_and_reopen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
