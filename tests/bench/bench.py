@@ -38,9 +38,10 @@ import harness  # noqa: E402
 import kit  # noqa: E402
 import held  # noqa: E402
 import flash  # noqa: E402
+import slowpeers  # noqa: E402
 import throughput  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers")
 
 
 def raise_nofile():
@@ -160,6 +161,15 @@ def print_held(cases):
           "reads counted at the sandbox, one schedule is 7)")
 
 
+def print_slowpeers(cases):
+    print("Slow peers: 8 stalled after one byte and 8 trickling a byte every 0.5 s, while 200 cached answers "
+          "are asked for one after another:")
+    table(["where", "cached answer ms median", "max", "SIGTERM to exit ms"],
+          [[c["where"], "%.2f" % c["median"], "%.2f" % c["max"], "%.0f (exit %s)" % (c["stop_ms"], c["rc"])]
+           for c in cases])
+    print("  targets: a cached answer within 10 ms; SIGTERM ends the process within 1 s")
+
+
 def print_flash(cases, one):
     print("Flash sale: one shop, budget 120 reads a minute, buyers over 10 s, each payment succeeding 1 to 25 s "
           "after its buyer came back; the seed's greedy order (read_planning false) against the plan:")
@@ -214,6 +224,8 @@ def main():
             print(got.get("line", "20 concurrent requests: failed (see above)"))
         if "wake" in parts:
             wake(tmp)
+        if "slowpeers" in parts:
+            print_slowpeers(slowpeers.run(tmp))
         if "flash" in parts:
             print_flash(*flash.run(tmp))
         if a.long:

@@ -274,7 +274,7 @@ def _big_page_kembali(tmpdir):
     filler = "<p>" + "x" * 1000 + "</p>\n"
     with open(os.path.join(tpl, "succeeded.html"), "w") as f:
         f.write('<!doctype html><html data-status="{{status}}"><body>' + filler * 250 + "</body></html>\n")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,)).start()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
     k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
         sb, [harness.make_shop("toko-a", k.key_path("a"), templates_dir=os.path.join(tmpdir, "big-tpl"))],
         schedule_ms=kit.FAST), keys={"a": kit.KEY}, name="big")
