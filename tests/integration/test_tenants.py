@@ -32,7 +32,7 @@ def write_shop(shops, fname, shop):
 
 
 def test_sighup_with_one_broken_shop_file(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2)).start()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb)
     write_shop(shops, "a.json", harness.make_shop("toko-a", os.path.join(keys, "a"), name="Toko A v1"))
     write_shop(shops, "b.json", harness.make_shop("toko-b", os.path.join(keys, "b"), name="Toko B v1"))
@@ -81,7 +81,7 @@ def test_sighup_with_one_broken_shop_file(tmpdir):
 
 
 def test_start_skips_a_bad_shop_file(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2)).start()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb)
     write_shop(shops, "a.json", harness.make_shop("toko-a", os.path.join(keys, "a")))
     bad = os.path.join(shops, "b.json")
@@ -139,7 +139,7 @@ def test_not_dumpable(tmpdir):
     core file): the kernel then gives /proc/PID to root. Run it as an
     ordinary user (not through --user, which makes any process
     non-dumpable), so only kembali's own prctl can explain a root owner."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,)).start()
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
     sb.put_tx("t1", "succeeded")
     port = harness.free_port()
     state = os.path.join(tmpdir, "state-nd")
