@@ -14,7 +14,7 @@ void hold_plan(const struct state_fact *f, bool ours, bool stopping, const struc
     plan->nanswer = 0;
     bool known = f->final || f->not_found || stopping;
     /* a read can start now, for somebody who can use it */
-    bool can_read = !known && !f->in_flight && f->wait != WAIT_FULL && f->next_read <= now;
+    bool can_read = !ours && !known && !f->in_flight && f->wait != WAIT_FULL && f->next_read <= now;
     bool wanted = false;
     for (size_t i = 0; i < n; i++) {
         bool late = w[i].deadline <= now;

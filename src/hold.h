@@ -14,7 +14,8 @@
  *   - a request whose deadline has come is answered, whatever is in flight;
  *     no read starts for it (a late timer never reads for the late);
  *   - while a read of the transaction is in flight (here or in another
- *     process) everybody else waits for it;
+ *     process) everybody else waits for it; our own read is in flight until
+ *     it ends, whatever its lease in the state says;
  *   - otherwise a read is claimed when the state allows one now and some
  *     waiter can use it: an HTML request before its deadline, or a JSON one
  *     that has not had its read yet;

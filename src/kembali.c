@@ -461,8 +461,8 @@ out:
         front_stop_accepting(front); /* requests already arrived are answered at once */
         /* let the answers go out, but no peer may keep us from exiting */
         int64_t until = util_mono_ms() + STOP_FLUSH_MS;
-        while (!front_done(front) && util_mono_ms() < until)
-            loop_turn(loop, (int)(until - util_mono_ms()));
+        for (int64_t left; !front_done(front) && (left = until - util_mono_ms()) > 0;)
+            loop_turn(loop, (int)left);
         front_free(front);
     }
     serve_free(serve);

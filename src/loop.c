@@ -73,8 +73,8 @@ int loop_io_set(struct loop *l, struct loop_io *io, uint32_t events)
     if (epoll_ctl(l->epfd, op, io->fd, &ev) != 0 && !(op == EPOLL_CTL_DEL && (errno == EBADF || errno == ENOENT)))
         return -1;
     io->events = events;
-    if (events == 0) /* not to be called later in this turn */
-        for (int i = l->ibatch + 1; i < l->nbatch; i++)
+    if (events == 0) /* not to be called later in this turn (the urgent pass runs ahead of the rest) */
+        for (int i = 0; i < l->nbatch; i++)
             if (l->batch[i].data.ptr == io)
                 l->batch[i].data.ptr = NULL;
     return 0;

@@ -243,7 +243,7 @@ static void read_release(struct resolver *rs, struct rread *rd)
         rd->next->prev = rd->prev;
     kasera_read_clear(&rd->kr);
     config_unref(rd->cfg);
-    if (rd->w != NULL)
+    if (rd->w != NULL && rd->w->reading == rd)
         rd->w->reading = NULL;
     free(rd);
 }
@@ -373,12 +373,14 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             watch_drop(rs, w);
             return;
         }
-        if (res.plan.wake == HOLD_NEVER || w->waiters == NULL)
+        if (w->waiters == NULL || res.plan.wake == HOLD_NEVER)
             loop_timer_stop(rs->loop, &w->timer);
         else if (loop_timer_at(rs->loop, &w->timer, res.plan.wake) != 0)
             loop_timer_at(rs->loop, &w->timer, res.plan.wake); /* out of memory: try once more */
         return;
     }
+    /* two reads in a row could not even start: look again in a second */
+    loop_timer_at(rs->loop, &w->timer, util_mono_ms() + 1000);
 }
 
 static void on_watch_timer(struct loop *l, struct loop_timer *t)

@@ -1480,6 +1480,12 @@ static bool tx_may_read_now(const struct st_tx *e, const struct pace_schedule *s
     return e->inflight_until <= now && e->not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
 }
 
+static int cmp_time(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* The times the key's budget spans hold (reads of the last 60 s and the
  * reservations of waiting transactions, an overdue one at `now`), sorted,
  * into ev (capacity STATE_BUDGET_MAX + ST_WAITING_MAX). Returns how many. */
@@ -1491,26 +1497,12 @@ static int plan_events(struct state *st, const struct st_keyent *k, int64_t now,
         if (t > now - PLAN_BUDGET_SPAN_MS)
             ev[n++] = t;
     }
-    int reads = n;
     for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
         const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
-        if (e == NULL || e->resv_at == 0)
-            continue;
-        int64_t t = e->resv_at > now ? e->resv_at : now;
-        int at = n++; /* insertion sort of the reservations: few, and reads are sorted */
-        while (at > reads && ev[at - 1] > t) {
-            ev[at] = ev[at - 1];
-            at--;
-        }
-        ev[at] = t;
+        if (e != NULL && e->resv_at != 0)
+            ev[n++] = e->resv_at > now ? e->resv_at : now;
     }
-    /* merge: reads are older than any reservation unless a reservation is overdue (at now) */
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && ev[j] < ev[j - 1]; j--) {
-            int64_t x = ev[j];
-            ev[j] = ev[j - 1];
-            ev[j - 1] = x;
-        }
+    qsort(ev, (size_t)n, sizeof *ev, cmp_time);
     return n;
 }
 
@@ -1564,7 +1556,7 @@ static void plan_gather(struct state *st, const struct st_keyent *k, const struc
         const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
         if (e == NULL || e == self)
             continue;
-        if (e->inflight_until <= now)
+        if (e->inflight_until <= now && pk->demand <= pk->budget) /* past the budget the sum decides nothing */
             pk->demand += tx_demand(e, sched, now);
         if (tx_may_read_now(e, sched, now)) {
             pk->eligible++;
@@ -1965,7 +1957,11 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
         e->last_used = k->last_used = now;
         bool fresh = e->holders <= 0 || e->hold_until <= now;
         if (fresh) {
-            e->holders = 0;
+            /* a new holding period; holders past their deadline may still
+             * unhold (their count stays: waiting_tx ignores a hold whose
+             * deadline passed, so what a dead process left does no harm) */
+            if (e->holders < 0)
+                e->holders = 0;
             e->resv_at = 0;
             e->hold_until = 0;
             e->withheld = 0;

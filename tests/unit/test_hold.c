@@ -89,6 +89,12 @@ static void test_in_flight_everybody_waits(void **unused)
     hold_plan(&f, true, false, w, 2, 100, a, &p);
     assert_false(a[0] || a[1] || p.claim);
     assert_int_equal(p.wake, 6600);
+    /* our read outlived its lease in the state (a stalled loop): still ours,
+     * still in flight; no second read of the transaction */
+    f = fact_fresh(7000);
+    hold_plan(&f, true, false, w, 2, 7000, a, &p);
+    assert_false(p.claim);
+    assert_false(a[0]);
 }
 
 static void test_html_waits_for_the_pace(void **unused)

@@ -1,0 +1,150 @@
+/* test_loop.c - the event loop: timer order, timers stopped and moved, and
+ * an io removed by another's callback in the same turn (the urgent pass
+ * included) is never called. Real descriptors (pipes), no sleeping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "loop.h"
+
+struct rec {
+    int order[16];
+    int n;
+};
+
+static void on_timer(struct loop *l, struct loop_timer *t)
+{
+    (void)l;
+    struct rec *r = t->data;
+    r->order[r->n++] = (int)t->at;
+}
+
+static void test_timers_in_order(void **unused)
+{
+    (void)unused;
+    char err[64];
+    struct loop *l = loop_new(err, sizeof err);
+    assert_non_null(l);
+    struct rec r = {.n = 0};
+    struct loop_timer t[5];
+    int64_t now = loop_now(l);
+    int64_t at[5] = {now - 3, now - 5, now - 1, now - 4, now - 2};
+    for (int i = 0; i < 5; i++) {
+        loop_timer_init(&t[i], on_timer, &r);
+        assert_int_equal(loop_timer_at(l, &t[i], at[i]), 0);
+    }
+    loop_timer_stop(l, &t[3]);                 /* now - 4 never runs */
+    assert_int_equal(loop_timer_at(l, &t[0], now - 6), 0); /* moved first */
+    assert_int_equal(loop_turn(l, 0), 0);
+    assert_int_equal(r.n, 4);
+    for (int i = 1; i < r.n; i++)
+        assert_true(r.order[i - 1] < r.order[i]);
+    assert_int_equal(r.order[0], (int)(now - 6));
+    for (int i = 0; i < 5; i++)
+        assert_false(loop_timer_armed(&t[i]));
+    loop_free(l);
+}
+
+static void rearm(struct loop *l, struct loop_timer *t)
+{
+    struct rec *r = t->data;
+    r->n++;
+    loop_timer_at(l, t, loop_now(l)); /* again, at once */
+}
+
+static void test_timer_rearmed_for_now_does_not_spin(void **unused)
+{
+    (void)unused;
+    char err[64];
+    struct loop *l = loop_new(err, sizeof err);
+    struct rec r = {.n = 0};
+    struct loop_timer t;
+    loop_timer_init(&t, rearm, &r);
+    loop_timer_at(l, &t, loop_now(l));
+    assert_int_equal(loop_turn(l, 0), 0); /* returns: at most once per timer per turn */
+    assert_int_equal(r.n, 1);
+    assert_int_equal(loop_turn(l, 0), 0);
+    assert_int_equal(r.n, 2);
+    loop_timer_stop(l, &t);
+    loop_free(l);
+}
+
+struct pair {
+    struct loop_io a, b; /* b's callback removes a */
+    int a_calls, b_calls;
+};
+
+static void on_a(struct loop *l, struct loop_io *io, uint32_t ev)
+{
+    (void)l, (void)ev;
+    ((struct pair *)io->data)->a_calls++;
+}
+
+static void on_b(struct loop *l, struct loop_io *io, uint32_t ev)
+{
+    (void)ev;
+    struct pair *p = io->data;
+    p->b_calls++;
+    loop_io_set(l, &p->a, 0); /* a connection closing its sibling: a may be freed now */
+    p->a.fn = NULL;           /* calling it now would crash */
+}
+
+static void run_pair(bool b_first)
+{
+    char err[64];
+    struct loop *l = loop_new(err, sizeof err);
+    int pa[2], pb[2];
+    assert_int_equal(pipe(pa), 0);
+    assert_int_equal(pipe(pb), 0);
+    struct pair p = {.a_calls = 0, .b_calls = 0};
+    loop_io_init(&p.a, pa[0], on_a, &p);
+    loop_io_init(&p.b, pb[0], on_b, &p);
+    p.b.first = b_first;
+    assert_int_equal(loop_io_set(l, &p.a, EPOLLIN), 0);
+    assert_int_equal(loop_io_set(l, &p.b, EPOLLIN), 0);
+    /* both ready in one turn; in readiness order, a after b (b removes a
+     * before a's turn comes) or, for the urgent b, a first (the urgent pass
+     * runs b ahead of a, which is still to run) */
+    if (b_first) {
+        assert_int_equal(write(pa[1], "x", 1), 1);
+        assert_int_equal(write(pb[1], "x", 1), 1);
+    } else {
+        assert_int_equal(write(pb[1], "x", 1), 1);
+        assert_int_equal(write(pa[1], "x", 1), 1);
+    }
+    assert_int_equal(loop_turn(l, 1000), 0);
+    assert_int_equal(p.b_calls, 1);
+    assert_int_equal(p.a_calls, 0);
+    loop_io_set(l, &p.b, 0);
+    close(pa[0]), close(pa[1]), close(pb[0]), close(pb[1]);
+    loop_free(l);
+}
+
+static void test_io_removed_in_the_same_turn_is_not_called(void **unused)
+{
+    (void)unused;
+    run_pair(false);
+}
+
+static void test_io_removed_by_an_urgent_one_is_not_called(void **unused)
+{
+    (void)unused;
+    run_pair(true); /* a signal handled first frees a connection earlier in the batch */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_timers_in_order),
+        cmocka_unit_test(test_timer_rearmed_for_now_does_not_spin),
+        cmocka_unit_test(test_io_removed_in_the_same_turn_is_not_called),
+        cmocka_unit_test(test_io_removed_by_an_urgent_one_is_not_called),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
