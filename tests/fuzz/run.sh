@@ -1,0 +1,64 @@
+#!/bin/sh
+# tests/fuzz/run.sh - run libFuzzer targets for a set time each (make fuzz).
+#
+# Usage: run.sh SRCDIR WORKDIR SECONDS JOBS NAME...
+# Runs tests/fuzz/fuzz_NAME (in the current build folder) for SECONDS each,
+# JOBS at a time, niced. Each gets WORKDIR/NAME/: corpus/ (its seeds from
+# SRCDIR/tests/fuzz/corpus/NAME copied in, plus what earlier runs found: the
+# source tree is never written), artifacts/ (crashing inputs) and log.
+# Prints one line per target as it ends (runs, coverage, result) and exits 1
+# when any target crashed or failed to start.
+set -u
+srcdir=$1 work=$2 secs=$3 jobs=$4
+shift 4
+
+one() { # name
+    name=$1
+    dir=$work/$name
+    rm -rf "$dir/artifacts"   # only this run's crashes are reported
+    mkdir -p "$dir/corpus" "$dir/artifacts"
+    cp "$srcdir/tests/fuzz/corpus/$name"/* "$dir/corpus/" 2>/dev/null
+    case $name in
+        fastcgi_codec) maxlen=24000 ;;
+        config|templates|classify|notify) maxlen=8192 ;;
+        *) maxlen=1024 ;;
+    esac
+    dict=
+    [ -f "$srcdir/tests/fuzz/$name.dict" ] && dict=-dict=$srcdir/tests/fuzz/$name.dict
+    # libFuzzer sets its own ASan and UBSan behaviour; keep leaks checked
+    nice -n "${FUZZ_NICE:-10}" ./tests/fuzz/fuzz_"$name" -max_total_time="$secs" -timeout=25 \
+        -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 $dict \
+        -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1
+    rc=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
+    cov=$(sed -n 's/.*DONE *cov: *\([0-9]*\) *ft: *\([0-9]*\) *corp: *\([0-9]*\).*/cov=\1 ft=\2 corpus=\3/p' "$dir/log" | tail -1)
+    [ -n "$cov" ] || cov=$(sed -n 's/^#[0-9]*.*cov: *\([0-9]*\) *ft: *\([0-9]*\) *corp: *\([0-9]*\).*/cov=\1 ft=\2 corpus=\3/p' "$dir/log" | tail -1)
+    if [ $rc -eq 0 ]; then
+        result=ok
+    else
+        art=$(ls -t "$dir/artifacts" 2>/dev/null | head -1)
+        result="FAILED (exit $rc${art:+, input $dir/artifacts/$art}; log $dir/log)"
+    fi
+    printf 'fuzz_%-14s %ss runs=%s %s result=%s\n' "$name" "$secs" "${runs:-?}" "${cov:-cov=?}" "$result"
+    [ $rc -eq 0 ]
+}
+
+mkdir -p "$work"
+fail=0
+running=0
+pids=
+for name in "$@"; do
+    one "$name" &
+    pids="${pids:+$pids }$!"
+    running=$((running + 1))
+    if [ $running -ge "$jobs" ]; then
+        wait "${pids%% *}" 2>/dev/null || fail=1   # the oldest first: they all take the same time
+        case $pids in *" "*) pids=${pids#* } ;; *) pids= ;; esac
+        running=$((running - 1))
+    fi
+done
+for p in $pids; do
+    wait "$p" || fail=1
+done
+[ $fail -eq 0 ] || { echo "make fuzz: a target failed (see its line above)"; exit 1; }
+echo "make fuzz: every target ran ${secs}s without a crash"
