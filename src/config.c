@@ -436,7 +436,8 @@ static void load_shops_dir(struct config *c, struct cerr *e, const char *file, c
         names[n++] = xstrdup(de->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, cmp_str);
+    if (n > 1) /* names is NULL when the folder holds no shop file */
+        qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
