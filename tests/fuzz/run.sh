@@ -44,21 +44,28 @@ one() { # name
 }
 
 mkdir -p "$work"
-fail=0
-running=0
-pids=
+# At most $jobs at a time: when full, poll until one ends (a crash ends a
+# target early; its slot goes to the next one at once). Each target leaves
+# its exit status in WORKDIR/NAME/rc when it ends.
+running=
 for name in "$@"; do
-    one "$name" &
-    pids="${pids:+$pids }$!"
-    running=$((running + 1))
-    if [ $running -ge "$jobs" ]; then
-        wait "${pids%% *}" 2>/dev/null || fail=1   # the oldest first: they all take the same time
-        case $pids in *" "*) pids=${pids#* } ;; *) pids= ;; esac
-        running=$((running - 1))
-    fi
+    while [ $(set -- $running; echo $#) -ge "$jobs" ]; do
+        sleep 1
+        left=
+        for n in $running; do
+            [ -f "$work/$n/rc" ] || left="$left $n"
+        done
+        running=$left
+    done
+    mkdir -p "$work/$name"
+    rm -f "$work/$name/rc"
+    (one "$name"; echo $? >"$work/$name/rc") &
+    running="$running $name"
 done
-for p in $pids; do
-    wait "$p" || fail=1
+wait
+fail=0
+for name in "$@"; do
+    [ "$(cat "$work/$name/rc" 2>/dev/null)" = 0 ] || fail=1
 done
 [ $fail -eq 0 ] || { echo "make fuzz: a target failed (see its line above)"; exit 1; }
 echo "make fuzz: every target ran ${secs}s without a crash"
