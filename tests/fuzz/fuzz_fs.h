@@ -18,21 +18,21 @@
 /* The folder (set once by fuzz_fs_init, read-only afterwards). */
 static char fuzz_dir[PATH_MAX];
 
-static int fuzz_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+static inline int fuzz_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;
     remove(path);
     return 0;
 }
 
-static void fuzz_fs_cleanup(void)
+static inline void fuzz_fs_cleanup(void)
 {
     if (fuzz_dir[0])
         nftw(fuzz_dir, fuzz_rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Make the folder; aborts when it cannot (a harness, not the program). */
-static void fuzz_fs_init(const char *what)
+static inline void fuzz_fs_init(const char *what)
 {
     const char *t = getenv("TMPDIR");
     snprintf(fuzz_dir, sizeof fuzz_dir, "%s/kembali-%s-XXXXXX", t && *t ? t : "/tmp", what);
@@ -44,13 +44,13 @@ static void fuzz_fs_init(const char *what)
 }
 
 /* fuzz_dir/rel, in a static buffer per call site's choice (out, cap). */
-static const char *fuzz_path(char *out, size_t cap, const char *rel)
+static inline const char *fuzz_path(char *out, size_t cap, const char *rel)
 {
     snprintf(out, cap, "%s/%s", fuzz_dir, rel);
     return out;
 }
 
-static void fuzz_mkdir(const char *rel)
+static inline void fuzz_mkdir(const char *rel)
 {
     char p[PATH_MAX];
     if (mkdir(fuzz_path(p, sizeof p, rel), 0700) != 0) {
@@ -60,7 +60,7 @@ static void fuzz_mkdir(const char *rel)
 }
 
 /* Write n bytes to fuzz_dir/rel with mode `mode`, replacing it. */
-static void fuzz_write(const char *rel, const void *data, size_t n, mode_t mode)
+static inline void fuzz_write(const char *rel, const void *data, size_t n, mode_t mode)
 {
     char p[PATH_MAX];
     fuzz_path(p, sizeof p, rel);
@@ -72,14 +72,14 @@ static void fuzz_write(const char *rel, const void *data, size_t n, mode_t mode)
     chmod(p, mode);
 }
 
-static void fuzz_unlink(const char *rel)
+static inline void fuzz_unlink(const char *rel)
 {
     char p[PATH_MAX];
     unlink(fuzz_path(p, sizeof p, rel));
 }
 
 /* A set of pages for every word in both locales under fuzz_dir/rel. */
-static void fuzz_write_templates(const char *rel, int skip_every)
+static inline void fuzz_write_templates(const char *rel, int skip_every)
 {
     static const char *const words[] = {
         "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",

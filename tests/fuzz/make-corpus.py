@@ -99,13 +99,17 @@ codec("bad-version", b"\x02\x01\x00\x01\x00\x08\x00\x00" + b"\0" * 8)
 codec("stdout-from-peer", rec(STDOUT, 1, b"x"))
 codec("encode-large", request(1, "id=T1"), flags=0x20, mult=7)
 
-# ---- query strings (1 byte capacity choice, query, NUL, id_param) ----
+# ---- query strings (1 byte capacity choice, then query, id_param, host, shop separated by NUL) ----
+HOSTS = [("toko-a.example", ""), ("TOKO-A.example.:8443", ""), ("[2001:db8::1]:443", ""), ("192.0.2.7", ""),
+         ("other.example", ""), ("toko-b.example", "toko-a"), ("", "c"), ("toko-a.example", "nope"), ("[::1", ""),
+         ("toko-b.example" + "." * 300, "")]
 for i, (q, ip) in enumerate([
         ("id=T1", ""), ("id=T1&format=json", ""), ("status=succeeded&id=tx_1-2&format=json", "order"),
         ("id=a;b", ""), ("id=%41%42%43&id=T2", ""), ("order=ORD-77&id=x", "order"), ("id=a+b%20c%00d", ""),
         ("id=" + "A" * 64, ""), ("id=" + "A" * 65, ""), ("format=metrics", ""), ("id", ""), ("id=%zz%4", ""),
         ("&&id=&id=2", ""), ("id=%E2%82%AC", "")]):
-    put("query", "q%02d" % i, bytes([i * 3 % 9]) + q.encode() + b"\0" + ip.encode())
+    host, shop = HOSTS[i % len(HOSTS)]
+    put("query", "q%02d" % i, bytes([i * 3 % 9]) + "\0".join([q, ip, host, shop]).encode())
 
 # ---- Accept ----
 for i, a in enumerate([
