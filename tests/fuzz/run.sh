@@ -5,7 +5,8 @@
 # Runs tests/fuzz/fuzz_NAME (in the current build folder) for SECONDS each,
 # JOBS at a time, niced. Each gets WORKDIR/NAME/: corpus/ (its seeds from
 # SRCDIR/tests/fuzz/corpus/NAME copied in, plus what earlier runs found: the
-# source tree is never written), artifacts/ (crashing inputs) and log.
+# source tree is never written), artifacts/ (crashing inputs), tmp/ (its
+# TMPDIR: the files the config and templates targets write) and log.
 # Prints one line per target as it ends (runs, coverage, result) and exits 1
 # when any target crashed or failed to start.
 set -u
@@ -15,8 +16,8 @@ shift 4
 one() { # name
     name=$1
     dir=$work/$name
-    rm -rf "$dir/artifacts"   # only this run's crashes are reported
-    mkdir -p "$dir/corpus" "$dir/artifacts"
+    rm -rf "$dir/artifacts" "$dir/tmp"   # only this run's crashes are reported
+    mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
     cp "$srcdir/tests/fuzz/corpus/$name"/* "$dir/corpus/" 2>/dev/null
     case $name in
         fastcgi_codec) maxlen=24000 ;;
@@ -26,7 +27,8 @@ one() { # name
     dict=
     [ -f "$srcdir/tests/fuzz/$name.dict" ] && dict=-dict=$srcdir/tests/fuzz/$name.dict
     # libFuzzer sets its own ASan and UBSan behaviour; keep leaks checked
-    nice -n "${FUZZ_NICE:-10}" ./tests/fuzz/fuzz_"$name" -max_total_time="$secs" -timeout=25 \
+    # the targets that write files do it in a folder under TMPDIR (left there after a crash)
+    TMPDIR=$dir/tmp nice -n "${FUZZ_NICE:-10}" ./tests/fuzz/fuzz_"$name" -max_total_time="$secs" -timeout=25 \
         -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 $dict \
         -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1
     rc=$?
