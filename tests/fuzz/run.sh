@@ -32,6 +32,9 @@ one() { # name
         -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 $dict \
         -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/log" 2>&1
     rc=$?
+    # CPU seconds of this subshell's children (the target, niced: it may get less than the wall time)
+    times >"$dir/times"   # not in a pipeline: a forked shell has no children's times
+    cpu=$(tail -1 "$dir/times" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } printf "%.0f", t }')
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
     cov=$(sed -n 's/.*DONE *cov: *\([0-9]*\) *ft: *\([0-9]*\) *corp: *\([0-9]*\).*/cov=\1 ft=\2 corpus=\3/p' "$dir/log" | tail -1)
     [ -n "$cov" ] || cov=$(sed -n 's/^#[0-9]*.*cov: *\([0-9]*\) *ft: *\([0-9]*\) *corp: *\([0-9]*\).*/cov=\1 ft=\2 corpus=\3/p' "$dir/log" | tail -1)
@@ -41,7 +44,7 @@ one() { # name
         art=$(ls -t "$dir/artifacts" 2>/dev/null | head -1)
         result="FAILED (exit $rc${art:+, input $dir/artifacts/$art}; log $dir/log)"
     fi
-    printf 'fuzz_%-14s %ss runs=%s %s result=%s\n' "$name" "$secs" "${runs:-?}" "${cov:-cov=?}" "$result"
+    printf 'fuzz_%-14s %ss cpu=%ss runs=%s %s result=%s\n' "$name" "$secs" "${cpu:-?}" "${runs:-?}" "${cov:-cov=?}" "$result"
     [ $rc -eq 0 ]
 }
 
