@@ -2333,6 +2333,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t
 }
 
 /* MHD's own error messages, as key=value lines; silent for a deliberate drop. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	char msg[512], safe[512];

@@ -902,6 +902,23 @@ static void test_max_held(void **unused)
     setrlimit(RLIMIT_NOFILE, &saved);
 }
 
+/* Found by fuzz_config: a shops_dir without any *.json file sorted a NULL
+ * list (qsort(NULL, 0, ...): undefined behaviour, caught by UBSan). */
+static void test_shops_dir_empty(void **unused)
+{
+    (void)unused;
+    make_dir("shops_empty");
+    make_dir("shops_none");
+    put_file("shops_none/readme.txt", "no shop here");
+    struct config *c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": "
+                                                "\"KEMBALI_TEST_KEY_B\"}], \"shops_dir\": \"%s/shops_empty\"}",
+                                          g_dir));
+    assert_int_equal(c->nshops, 1);
+    config_unref(c);
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_empty\"}", g_dir), g_cfg, "shops", "no shop");
+    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_none\"}", g_dir), g_cfg, "shops", "no shop");
+}
+
 static void test_syntax_errors(void **unused)
 {
     (void)unused;
@@ -1157,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_ipv6_host_configurable),
         cmocka_unit_test(test_host_trailing_dot_in_config),
         cmocka_unit_test(test_valid_id),
+        cmocka_unit_test(test_shops_dir_empty),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
