@@ -911,12 +911,15 @@ static void test_shops_dir_empty(void **unused)
     make_dir("shops_none");
     put_file("shops_none/readme.txt", "no shop here");
     struct config *c = expect_ok(load_fmt(HEAD "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": "
-                                                "\"KEMBALI_TEST_KEY_B\"}], \"shops_dir\": \"%s/shops_empty\"}",
-                                          g_dir));
+                                                "\"KEMBALI_TEST_KEY_B\"}], \"keys_dir\": \"%s\", "
+                                                "\"shops_dir\": \"%s/shops_empty\"}",
+                                          g_dir, g_dir));
     assert_int_equal(c->nshops, 1);
     config_unref(c);
-    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_empty\"}", g_dir), g_cfg, "shops", "no shop");
-    expect_error(load_fmt(HEAD "\"shops_dir\": \"%s/shops_none\"}", g_dir), g_cfg, "shops", "no shop");
+    expect_error(load_fmt(HEAD "\"keys_dir\": \"%s\", \"shops_dir\": \"%s/shops_empty\"}", g_dir, g_dir), g_cfg,
+                 "shops", "no shop");
+    expect_error(load_fmt(HEAD "\"keys_dir\": \"%s\", \"shops_dir\": \"%s/shops_none\"}", g_dir, g_dir), g_cfg,
+                 "shops", "no shop");
 }
 
 static void test_syntax_errors(void **unused)
