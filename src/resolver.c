@@ -515,6 +515,13 @@ void resolver_drop(struct resolver *rs, struct resolver_waiter *r)
     /* otherwise the others' timer or the read's end looks again */
 }
 
+void resolver_poke(struct resolver *rs, const struct state_key *key, const char *id)
+{
+    struct resolver_watch *w = watch_find(rs, key, id);
+    if (w != NULL && w->waiters != NULL)
+        step(rs, w);
+}
+
 size_t resolver_held(const struct resolver *rs)
 {
     return rs->held;

@@ -54,6 +54,11 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
  * returns (a final status found at once, a deadline already past). */
 void resolver_hold(struct resolver *rs, struct resolver_waiter *w);
 
+/* Something was recorded about (key, id) in this process (a told status):
+ * look at its held requests now, without waiting for the state's wake
+ * (which still tells the other processes). Can't fail. */
+void resolver_poke(struct resolver *rs, const struct state_key *key, const char *id);
+
 /* Forget w without answering (its client went away). A read it started
  * goes on for the others and for the cache. Can't fail. */
 void resolver_drop(struct resolver *rs, struct resolver_waiter *w);

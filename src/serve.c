@@ -262,6 +262,9 @@ static void respond_notify(struct serve_req *r, const char *query)
         len = REQUEST_NOTIFY_BODY_MAX + 1;
     int http = notify_request(r->s->app->state, r->shop, query, (const char *)body, len, util_mono_ms(),
                               why, sizeof why);
+    char id[STATE_ID_MAX + 2];
+    if (http == 204 && request_query_param(query, r->shop->id_param, id, sizeof id) && config_valid_id(id))
+        resolver_poke(r->s->rs, &r->shop->key, id); /* this process's held requests: at once */
     struct buf b = {0}, out = {0};
     if (http != 204)
         buf_printf(&b, "%s\n", why);
