@@ -521,6 +521,11 @@ size_t fcgi_parser_held(const struct fcgi_parser *p)
     return p->params_cap + p->in_cap;
 }
 
+bool fcgi_parser_mid_record(const struct fcgi_parser *p)
+{
+    return p->phase != PH_HEADER || p->hdr_have > 0;
+}
+
 void fcgi_request_taken(struct fcgi_parser *p)
 {
     free_request_buffers(p);

@@ -155,6 +155,11 @@ uint16_t fcgi_request_id(const struct fcgi_parser *p);
  * FCGI_CODEC_STDIN_KEEP). */
 size_t fcgi_parser_held(const struct fcgi_parser *p);
 
+/* True when p has taken part of a record (its header or content) and waits
+ * for the rest: on a kept connection, the start of the next request. This
+ * function can't fail. */
+bool fcgi_parser_mid_record(const struct fcgi_parser *p);
+
 /* The caller has copied what it needs: free the params and stdin buffers
  * (fcgi_param() returns NULL and fcgi_stdin() nothing from now on). The
  * request stays live until fcgi_request_done(): an ABORT_REQUEST for it is

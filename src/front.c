@@ -55,6 +55,7 @@ struct front_conn {
     struct front_req req;
     int64_t req_since;        /* a request is being read since (0: none) */
     int64_t idle_since;       /* kept and idle since (0: not idle) */
+    int64_t early_since;      /* bytes came while a request was held, since (0: none) */
     int64_t out_since;        /* bytes wait to be written since (0: none) */
     uint8_t *out;
     size_t out_len, out_off;
@@ -298,6 +299,8 @@ static void conn_feed(struct front_conn *c, const uint8_t *b, size_t n)
     if (c->req_since == 0 && !c->req.live) {
         c->req_since = loop_now(c->f->loop); /* a kept connection: the next request's first byte */
         c->idle_since = 0;
+    } else if (c->req.live && c->early_since == 0) {
+        c->early_since = loop_now(c->f->loop); /* maybe the next request, sent early */
     }
     while (n > 0 && !c->dead) {
         struct fcgi_event ev;
@@ -325,7 +328,8 @@ static void conn_feed(struct front_conn *c, const uint8_t *b, size_t n)
             }
             size_t e = fcgi_encode_end(end, sizeof end, ev.id, 0, FCGI_REQUEST_COMPLETE);
             fcgi_request_done(&c->p);
-            c->req_since = 0;
+            c->req_since = n > 0 ? loop_now(c->f->loop) : 0; /* bytes after it: the next request */
+            c->early_since = 0;
             if (!keep)
                 c->close_after_write = true;
             if (!conn_queue(c, end, e)) {
@@ -637,6 +641,11 @@ int front_reply(struct front *f, struct front_req *r, const void *resp, size_t l
     r->live = false;
     r->user = NULL;
     fcgi_request_done(&c->p);
+    /* part of a record already in: the next request's clock started at its
+     * first byte, not now (else a peer could trickle it in an idle's 60 s) */
+    if (fcgi_parser_mid_record(&c->p))
+        c->req_since = c->early_since ? c->early_since : loop_now(f->loop);
+    c->early_since = 0;
     if (!keep || c->eof || f->stopping)
         c->close_after_write = true;
     c->busy++;

@@ -143,6 +143,23 @@ def test_kept_connection_idle_is_closed_after_60_s(tmpdir):
     assert_between(time.monotonic() - t0, 55, 75, "closed after about 60 s idle")
 
 
+def test_next_request_sent_early_has_5_s_from_its_first_byte(tmpdir):
+    """On a kept connection, the first bytes of the next request sent while
+    one is held start that request's 5 s: once the held one is answered the
+    connection is not given an idle connection's 60 s to trickle the rest."""
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t1", 1, "succeeded")
+    s = connect(k)
+    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    harness.wait_for(lambda: sb.reads("t1"), 5)  # held
+    t0 = time.monotonic()
+    s.sendall(harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2)[:4])
+    r = harness.fcgi_receive(s, timeout=15, request_id=1, close=False)
+    assert_eq(r.header("kembali-status"), "succeeded", "the held request is answered")
+    assert closed_by_peer(s, 20), "the unfinished next request is cut off"
+    assert_between(time.monotonic() - t0, 4, 20, "about 5 s after its first byte, not 60 s idle")
+
+
 def test_abort_drops_the_request_and_keeps_the_connection(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "pending")

@@ -343,6 +343,27 @@ static void test_requests_in_a_row(void **unused)
     msg_free(&m);
 }
 
+/* fcgi_parser_mid_record: false at every record boundary, true inside a
+ * header, a content or a padding (a kept connection's next request begun). */
+static void test_mid_record(void **unused)
+{
+    (void)unused;
+    struct msg m = {0};
+    begin(&m, 1, FCGI_RESPONDER, FCGI_KEEP_CONN, 3);
+    struct fcgi_parser p;
+    fcgi_parser_init(&p);
+    assert_false(fcgi_parser_mid_record(&p));
+    for (size_t i = 0; i < m.len; i++) {
+        struct fcgi_event ev;
+        size_t used = 0;
+        assert_int_equal(fcgi_feed(&p, m.b + i, 1, &used, &ev), FCGI_EV_NONE);
+        assert_int_equal(used, 1);
+        assert_int_equal(fcgi_parser_mid_record(&p), i + 1 < m.len);
+    }
+    fcgi_parser_free(&p);
+    msg_free(&m);
+}
+
 /* ---- management records ---- */
 
 static void expect_reply(const struct msg *m, size_t chunk, uint16_t id, const struct msg *want)
@@ -1132,6 +1153,7 @@ int main(void)
         cmocka_unit_test(test_request_every_split),
         cmocka_unit_test(test_keep_conn),
         cmocka_unit_test(test_requests_in_a_row),
+        cmocka_unit_test(test_mid_record),
         cmocka_unit_test(test_get_values_all),
         cmocka_unit_test(test_get_values_some),
         cmocka_unit_test(test_get_values_empty),
