@@ -79,11 +79,21 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
             stalled.append(s)
             t = connect(k)
             t.sendall(req[:1])
-            trickling.append([t, 1])
+            trickling.append([t, 1, time.monotonic(), False])
     worst = 0.0
     for i in range(8):
         for t in trickling:
-            t[0].sendall(req[t[1]:t[1] + 1])
+            if t[3]:
+                continue
+            try:
+                t[0].sendall(req[t[1]:t[1] + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                # cut off, as it should be 5 s after connecting (a busy
+                # machine makes this loop take longer), never before
+                waited = time.monotonic() - t[2]
+                assert waited >= 4.8, "a trickling peer was cut off %.2f s after connecting" % waited
+                t[3] = True
+                continue
             t[1] += 1
         for k in (unix, tcp):
             r = k.get("id=t1", timeout=10)
@@ -97,7 +107,7 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
         slow = [l for l in k.find_log(event="request", id="t1") if int(l["ms"]) > 100]
         assert_eq(slow, [], "cached answers while peers stall")
     for t in trickling:
-        assert closed_by_peer(t[0], 8), "a trickling peer is disconnected 5 s after connecting"
+        assert t[3] or closed_by_peer(t[0], 8), "a trickling peer is disconnected 5 s after connecting"
     for k in (unix, tcp):
         t0 = time.monotonic()
         k.signal(15)
