@@ -27,6 +27,8 @@
 #endif
 
 #define SECRET_MAX 256
+/* the longest first line read_first_line takes */
+#define LINE_MAX_SECRET (SECRET_MAX > CONFIG_REDIS_PASSWORD_MAX ? SECRET_MAX : CONFIG_REDIS_PASSWORD_MAX)
 #define SHOP_FILE_MAX (64 * 1024) /* bytes of one file in shops_dir */
 #define SHOP_ERR_MAX 2048         /* bytes of the reasons kept for one skipped file */
 
@@ -198,14 +200,18 @@ static bool check_secret(const char *s)
     return true;
 }
 
-/* First line of a key file, trimmed; NULL with a reason on failure (with
- * *oom set when out of memory). With keys_dir (resolved), the file must lie
- * inside it after resolving symbolic links, and is opened by its resolved
- * name without following a link swapped in since. The mode is checked on
- * the opened descriptor (fstat, no window between the check and the read):
- * a regular file that others cannot read and that group and others cannot
- * write. */
-static char *read_secret(const char *path, const char *keys_dir, bool *oom, char *why, size_t whylen)
+/* First line of a secret's file (a shop's key, the Redis password),
+ * trimmed; NULL with a reason on failure (with *oom set when out of
+ * memory). `what` names the secret in the reasons ("key", "password");
+ * a first line longer than max + 63 bytes is refused rather than cut. With
+ * keys_dir (resolved), the file must lie inside it after resolving symbolic
+ * links, and is opened by its resolved name without following a link
+ * swapped in since. The mode is checked on the opened descriptor (fstat, no
+ * window between the check and the read): a regular file that others cannot
+ * read and that group and others cannot write. The reasons never hold the
+ * file's content. */
+static char *read_first_line(const char *path, const char *keys_dir, size_t max, const char *what, bool *oom,
+                             char *why, size_t whylen)
 {
     char real[PATH_MAX];
     const char *open_path = path;
@@ -234,18 +240,19 @@ static char *read_secret(const char *path, const char *keys_dir, bool *oom, char
         return NULL;
     }
     if (st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) {
-        snprintf(why, whylen, "%s has mode %04o: a key file must not be readable by others nor writable by "
+        snprintf(why, whylen, "%s has mode %04o: a %s file must not be readable by others nor writable by "
                  "group or others (chmod 0600, or 0640 with the group kembali runs as)",
-                 path, (unsigned)(st.st_mode & 07777));
+                 path, (unsigned)(st.st_mode & 07777), what);
         close(fd);
         return NULL;
     }
-    char line[SECRET_MAX + 64];
+    char line[LINE_MAX_SECRET + 64];
+    size_t limit = max + 64 < sizeof line ? max + 64 : sizeof line;
     size_t n = 0;
     bool eof = false, bad = false;
     int read_errno = 0;
-    while (n + 1 < sizeof line && memchr(line, '\n', n) == NULL) {
-        ssize_t r = read(fd, line + n, sizeof line - 1 - n);
+    while (n + 1 < limit && memchr(line, '\n', n) == NULL) {
+        ssize_t r = read(fd, line + n, limit - 1 - n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
@@ -273,7 +280,7 @@ static char *read_secret(const char *path, const char *keys_dir, bool *oom, char
     }
     if (nl == NULL && !eof) { /* never use a cut-off key */
         explicit_bzero(line, sizeof line);
-        snprintf(why, whylen, "the first line of %s is longer than a key can be", path);
+        snprintf(why, whylen, "the first line of %s is longer than a %s can be", path, what);
         return NULL;
     }
     if (nl != NULL)
@@ -445,7 +452,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         cfail(e, file, P("secret_key_file"), "give exactly one of secret_key_file or secret_key_env");
     } else if (kf != NULL) {
         bool oom = false;
-        s->secret = read_secret(kf, c->keys_dir, &oom, why, sizeof why);
+        s->secret = read_first_line(kf, c->keys_dir, SECRET_MAX, "key", &oom, why, sizeof why);
         if (oom)
             cfail_oom(e, file);
         else if (s->secret == NULL)
