@@ -27,6 +27,8 @@
 #endif
 
 #define SECRET_MAX 256
+/* the longest first line read_first_line takes */
+#define LINE_MAX_SECRET (SECRET_MAX > CONFIG_REDIS_PASSWORD_MAX ? SECRET_MAX : CONFIG_REDIS_PASSWORD_MAX)
 #define SHOP_FILE_MAX (64 * 1024) /* bytes of one file in shops_dir */
 #define SHOP_ERR_MAX 2048         /* bytes of the reasons kept for one skipped file */
 
@@ -198,14 +200,18 @@ static bool check_secret(const char *s)
     return true;
 }
 
-/* First line of a key file, trimmed; NULL with a reason on failure (with
- * *oom set when out of memory). With keys_dir (resolved), the file must lie
- * inside it after resolving symbolic links, and is opened by its resolved
- * name without following a link swapped in since. The mode is checked on
- * the opened descriptor (fstat, no window between the check and the read):
- * a regular file that others cannot read and that group and others cannot
- * write. */
-static char *read_secret(const char *path, const char *keys_dir, bool *oom, char *why, size_t whylen)
+/* First line of a secret's file (a shop's key, the Redis password),
+ * trimmed; NULL with a reason on failure (with *oom set when out of
+ * memory). `what` names the secret in the reasons ("key", "password");
+ * a first line longer than max + 63 bytes is refused rather than cut. With
+ * keys_dir (resolved), the file must lie inside it after resolving symbolic
+ * links, and is opened by its resolved name without following a link
+ * swapped in since. The mode is checked on the opened descriptor (fstat, no
+ * window between the check and the read): a regular file that others cannot
+ * read and that group and others cannot write. The reasons never hold the
+ * file's content. */
+static char *read_first_line(const char *path, const char *keys_dir, size_t max, const char *what, bool *oom,
+                             char *why, size_t whylen)
 {
     char real[PATH_MAX];
     const char *open_path = path;
@@ -234,18 +240,19 @@ static char *read_secret(const char *path, const char *keys_dir, bool *oom, char
         return NULL;
     }
     if (st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) {
-        snprintf(why, whylen, "%s has mode %04o: a key file must not be readable by others nor writable by "
+        snprintf(why, whylen, "%s has mode %04o: a %s file must not be readable by others nor writable by "
                  "group or others (chmod 0600, or 0640 with the group kembali runs as)",
-                 path, (unsigned)(st.st_mode & 07777));
+                 path, (unsigned)(st.st_mode & 07777), what);
         close(fd);
         return NULL;
     }
-    char line[SECRET_MAX + 64];
+    char line[LINE_MAX_SECRET + 64];
+    size_t limit = max + 64 < sizeof line ? max + 64 : sizeof line;
     size_t n = 0;
     bool eof = false, bad = false;
     int read_errno = 0;
-    while (n + 1 < sizeof line && memchr(line, '\n', n) == NULL) {
-        ssize_t r = read(fd, line + n, sizeof line - 1 - n);
+    while (n + 1 < limit && memchr(line, '\n', n) == NULL) {
+        ssize_t r = read(fd, line + n, limit - 1 - n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
@@ -273,7 +280,7 @@ static char *read_secret(const char *path, const char *keys_dir, bool *oom, char
     }
     if (nl == NULL && !eof) { /* never use a cut-off key */
         explicit_bzero(line, sizeof line);
-        snprintf(why, whylen, "the first line of %s is longer than a key can be", path);
+        snprintf(why, whylen, "the first line of %s is longer than a %s can be", path, what);
         return NULL;
     }
     if (nl != NULL)
@@ -300,10 +307,213 @@ static char *read_secret(const char *path, const char *keys_dir, bool *oom, char
     return out;
 }
 
+/* The Redis password: 1..CONFIG_REDIS_PASSWORD_MAX bytes, no control
+ * characters (it goes into an AUTH command, never into a header). */
+static bool check_password(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > CONFIG_REDIS_PASSWORD_MAX)
+        return false;
+    for (; *s; s++)
+        if ((unsigned char)*s < ' ' || (unsigned char)*s == 0x7f)
+            return false;
+    return true;
+}
+
+/* A database number: 1 to 9 decimal digits and nothing else. */
+static bool parse_db(const char *v, int *db)
+{
+    size_t n = strlen(v);
+    if (n == 0 || n > 9 || strspn(v, "0123456789") != n)
+        return false;
+    *db = atoi(v);
+    return true;
+}
+
+/* `redis`: redis://HOST:PORT[/DB] (HOST a name, an IPv4 address or an IPv6
+ * address in brackets) or unix:///PATH[?db=N], into r (host, port, path,
+ * db, unix_socket). False with the reason in why, which quotes only the
+ * part at fault (never a user:password@ part). */
+static bool parse_redis_url(const char *v, struct config_redis *r, char *why, size_t whylen)
+{
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (*p <= ' ' || *p >= 0x7f) {
+            snprintf(why, whylen, "must not contain spaces or control characters");
+            return false;
+        }
+    if (strncmp(v, "unix://", 7) == 0) {
+        const char *p = v + 7;
+        if (*p != '/') {
+            snprintf(why, whylen, "the socket's path must be absolute: unix:///PATH (three slashes), e.g. "
+                     "unix:///run/redis/redis-server.sock");
+            return false;
+        }
+        size_t plen = strcspn(p, "?#");
+        if (plen >= sizeof r->path) {
+            snprintf(why, whylen, "the socket's path is longer than %zu bytes (a Unix socket's limit)",
+                     sizeof r->path - 1);
+            return false;
+        }
+        memcpy(r->path, p, plen);
+        r->path[plen] = '\0';
+        r->db = 0;
+        if (p[plen] == '#') {
+            snprintf(why, whylen, "a fragment (#...) is not accepted: unix:///PATH[?db=N]");
+            return false;
+        }
+        if (p[plen] == '?') {
+            const char *q = p + plen + 1;
+            if (strncmp(q, "db=", 3) != 0) {
+                snprintf(why, whylen, "the only query parameter is db: unix:///PATH?db=N");
+                return false;
+            }
+            if (!parse_db(q + 3, &r->db)) {
+                snprintf(why, whylen, "the db \"%.40s\" is not a number (0, 1, 2, ...)", q + 3);
+                return false;
+            }
+        }
+        r->unix_socket = true;
+        return true;
+    }
+    if (strncmp(v, "rediss://", 9) == 0) {
+        snprintf(why, whylen, "TLS (rediss://) is not supported: give redis://HOST:PORT[/DB] or unix:///PATH[?db=N]");
+        return false;
+    }
+    if (strncmp(v, "redis://", 8) != 0) {
+        snprintf(why, whylen, "must start with redis:// or unix:// (redis://HOST:PORT[/DB] or unix:///PATH[?db=N])");
+        return false;
+    }
+    const char *p = v + 8;
+    if (memchr(p, '@', strcspn(p, "/?#")) != NULL) {
+        snprintf(why, whylen, "must not carry a user or password (user:password@): give the password in "
+                 "redis_password_file");
+        return false;
+    }
+    const char *host = p, *end;
+    size_t hlen;
+    if (*p == '[') {
+        const char *close = strchr(p, ']');
+        char inner[64];
+        struct in6_addr a;
+        hlen = close ? (size_t)(close - p - 1) : 0;
+        if (close == NULL || hlen == 0 || hlen >= sizeof inner) {
+            snprintf(why, whylen, "the IPv6 address in brackets is not closed or not valid ([2001:db8::1])");
+            return false;
+        }
+        memcpy(inner, p + 1, hlen);
+        inner[hlen] = '\0';
+        if (inet_pton(AF_INET6, inner, &a) != 1) {
+            snprintf(why, whylen, "\"[%s]\" is not an IPv6 address", inner);
+            return false;
+        }
+        host = p + 1;
+        end = close + 1;
+    } else {
+        hlen = strcspn(p, ":/?#");
+        end = p + hlen;
+        if (hlen == 0) {
+            snprintf(why, whylen, "the host is missing (redis://HOST:PORT[/DB])");
+            return false;
+        }
+        if (hlen > 253) {
+            snprintf(why, whylen, "the host is longer than 253 characters");
+            return false;
+        }
+        for (size_t i = 0; i < hlen; i++) {
+            char ch = host[i];
+            if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                  ch == '.' || ch == '_')) {
+                snprintf(why, whylen, "the host \"%.*s\" is not a host name or an IPv4 address (an IPv6 address "
+                         "goes in brackets: redis://[::1]:6379)", (int)(hlen > 80 ? 80 : hlen), host);
+                return false;
+            }
+        }
+    }
+    if (*end != ':') {
+        snprintf(why, whylen, "the port is missing: redis://HOST:PORT[/DB] (Redis's usual port is 6379)");
+        return false;
+    }
+    const char *ps = end + 1;
+    size_t plen = strcspn(ps, "/?#");
+    if (plen == 0) {
+        snprintf(why, whylen, "the port is missing: redis://HOST:PORT[/DB] (Redis's usual port is 6379)");
+        return false;
+    }
+    if (strspn(ps, "0123456789") != plen) {
+        snprintf(why, whylen, "the port \"%.*s\" is not a number (1-65535)", (int)(plen > 20 ? 20 : plen), ps);
+        return false;
+    }
+    long port = plen > 6 ? 100000 : strtol(ps, NULL, 10);
+    if (port < 1 || port > 65535) {
+        snprintf(why, whylen, "the port %.*s is out of range (1-65535)", (int)(plen > 20 ? 20 : plen), ps);
+        return false;
+    }
+    const char *rest = ps + plen;
+    r->db = 0;
+    if (*rest == '/') {
+        if (!parse_db(rest + 1, &r->db)) {
+            snprintf(why, whylen, "the db \"%.40s\" after the port is not a number (0, 1, 2, ...)", rest + 1);
+            return false;
+        }
+    } else if (*rest != '\0') {
+        snprintf(why, whylen, "\"%.40s\" after the port is not accepted: redis://HOST:PORT[/DB]", rest);
+        return false;
+    }
+    memcpy(r->host, host, hlen);
+    r->host[hlen] = '\0';
+    r->port = (int)port;
+    r->unix_socket = false;
+    return true;
+}
+
+/* redis_prefix: 1..CONFIG_REDIS_PREFIX_MAX of A-Z a-z 0-9 : _ - . */
+static bool check_redis_prefix(const char *v, char *why, size_t whylen)
+{
+    size_t n = strlen(v);
+    if (n > CONFIG_REDIS_PREFIX_MAX) {
+        snprintf(why, whylen, "is %zu characters long: at most %d", n, CONFIG_REDIS_PREFIX_MAX);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if (!((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == ':' ||
+              ch == '_' || ch == '-' || ch == '.')) {
+            if (ch == ' ')
+                snprintf(why, whylen, "a space (at %zu) is not allowed: only A-Z a-z 0-9 : _ - .", i + 1);
+            else if (ch > ' ' && ch < 0x7f)
+                snprintf(why, whylen, "the character '%c' (at %zu) is not allowed: only A-Z a-z 0-9 : _ - .", ch,
+                         i + 1);
+            else
+                snprintf(why, whylen, "the byte 0x%02x (at %zu) is not allowed: only A-Z a-z 0-9 : _ - .", ch, i + 1);
+            return false;
+        }
+    }
+    return n > 0;
+}
+
+void config_redis_address(const struct config_redis *r, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    int n;
+    if (!r->on)
+        n = snprintf(buf, len, "-");
+    else if (r->unix_socket)
+        n = r->db ? snprintf(buf, len, "unix://%s?db=%d", r->path, r->db) : snprintf(buf, len, "unix://%s", r->path);
+    else {
+        bool v6 = strchr(r->host, ':') != NULL;
+        n = snprintf(buf, len, "redis://%s%s%s:%d", v6 ? "[" : "", r->host, v6 ? "]" : "", r->port);
+        if (n > 0 && (size_t)n < len && r->db)
+            snprintf(buf + n, len - (size_t)n, "/%d", r->db);
+    }
+    if (n < 0)
+        buf[0] = '\0';
+}
+
 static const char *const top_keys[] = {
     "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "keys_dir", "shop_templates_root",
     "schedule_ms", "read_timeout_ms", "state_slots", "max_held", "max_held_per_shop",
-    "read_planning",
+    "read_planning", "redis", "redis_password_file", "redis_prefix", "redis_hosts",
 };
 static const char *const shop_keys[] = {
     "id", "name", "hosts", "secret_key_file", "secret_key_env", "shop_url", "locale",
@@ -445,7 +655,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         cfail(e, file, P("secret_key_file"), "give exactly one of secret_key_file or secret_key_env");
     } else if (kf != NULL) {
         bool oom = false;
-        s->secret = read_secret(kf, c->keys_dir, &oom, why, sizeof why);
+        s->secret = read_first_line(kf, c->keys_dir, SECRET_MAX, "key", &oom, why, sizeof why);
         if (oom)
             cfail_oom(e, file);
         else if (s->secret == NULL)
@@ -801,6 +1011,56 @@ static bool opt_long(struct cerr *e, const char *file, json_t *root, const char 
     return true;
 }
 
+/* The top-level Redis keys into c->redis (the defaults without them).
+ * The password is read like a key file (same mode rules), but never
+ * confined to keys_dir: it is the operator's, named by the main
+ * configuration. */
+static void load_redis(struct config *c, struct cerr *e, const char *file, json_t *root)
+{
+    struct config_redis *r = &c->redis;
+    char why[600];
+    util_copy(r->prefix, sizeof r->prefix, "kembali:");
+    r->hosts = 2;
+    const char *url = opt_str(e, file, "", root, "redis");
+    static const char *const needs_redis[] = {"redis_password_file", "redis_prefix", "redis_hosts"};
+    if (url == NULL) {
+        if (json_object_get(root, "redis") == NULL || json_is_null(json_object_get(root, "redis")))
+            for (size_t i = 0; i < ARRAY_LEN(needs_redis); i++) {
+                json_t *v = json_object_get(root, needs_redis[i]);
+                if (v != NULL && !json_is_null(v))
+                    cfail(e, file, needs_redis[i], "is set but redis is not (give redis, or remove %s)",
+                          needs_redis[i]);
+            }
+        return;
+    }
+    if (!parse_redis_url(url, r, why, sizeof why))
+        cfail(e, file, "redis", "%s", why);
+    r->on = true;
+
+    const char *pf = opt_str(e, file, "", root, "redis_password_file");
+    if (pf != NULL) {
+        bool oom = false;
+        r->password = read_first_line(pf, NULL, CONFIG_REDIS_PASSWORD_MAX, "password", &oom, why, sizeof why);
+        if (oom)
+            cfail_oom(e, file);
+        else if (r->password == NULL)
+            cfail(e, file, "redis_password_file", "%s", why);
+        else if (!check_password(r->password))
+            cfail(e, file, "redis_password_file", "the password in %s must be 1-%d bytes without control characters",
+                  pf, CONFIG_REDIS_PASSWORD_MAX);
+    }
+    const char *pre = opt_str(e, file, "", root, "redis_prefix");
+    if (pre != NULL) {
+        if (!check_redis_prefix(pre, why, sizeof why))
+            cfail(e, file, "redis_prefix", "%s", why);
+        else
+            util_copy(r->prefix, sizeof r->prefix, pre);
+    }
+    long hosts = 2;
+    if (opt_long(e, file, root, "redis_hosts", 1, CONFIG_REDIS_HOSTS_MAX, &hosts, NULL))
+        r->hosts = (int)hosts;
+}
+
 struct config *config_load(const char *path, char *errbuf, size_t errlen)
 {
     return config_reload(path, NULL, errbuf, errlen);
@@ -914,6 +1174,8 @@ struct config *config_reload(const char *path, const struct config *prev, char *
             c->read_planning = json_is_true(rp);
     }
 
+    load_redis(c, &e, path, root);
+
     /* the default templates must load: shops fall back to them */
     if (e.count == 0)
         c->default_tpl = get_templates(c, &e, path, "templates_dir", c->templates_dir, "id", NULL);
@@ -991,6 +1253,10 @@ void config_unref(struct config *c)
     free(c->api_base);
     free(c->state_dir);
     free(c->templates_dir);
+    if (c->redis.password != NULL) {
+        explicit_bzero(c->redis.password, strlen(c->redis.password));
+        free(c->redis.password);
+    }
     free(c);
 }
 

@@ -20,6 +20,25 @@
 #define CONFIG_MAX_HELD_DEFAULT 10000L
 #define CONFIG_MAX_HELD_MAX 1000000L
 #define CONFIG_FD_RESERVE 64L          /* descriptors kembali needs besides connections */
+#define CONFIG_REDIS_HOSTS_MAX 64
+#define CONFIG_REDIS_PASSWORD_MAX 512  /* bytes of redis_password_file's first line */
+#define CONFIG_REDIS_PREFIX_MAX 64
+
+/* The shared state's Redis (interface.md, "Several hosts"): the top-level
+ * keys redis, redis_password_file, redis_prefix and redis_hosts. Without
+ * `redis`, on is false and the rest is zero. */
+struct config_redis {
+    bool on;              /* `redis` is set */
+    bool unix_socket;     /* unix:///PATH[?db=N] */
+    char host[256];       /* redis://HOST:PORT[/DB] (HOST: a name, an IPv4 or [IPv6]); an IPv6
+                           * address is kept without its brackets, as getaddrinfo and hiredis take it */
+    int port;             /* 1..65535 */
+    char path[108];       /* the socket's path (absolute) */
+    int db;               /* 0.. */
+    char *password;       /* redis_password_file's first line, trimmed; NULL without; never logged */
+    char prefix[CONFIG_REDIS_PREFIX_MAX + 1]; /* default "kembali:"; 1..64 chars of A-Z a-z 0-9 : _ - . */
+    int hosts;            /* redis_hosts, default 2, 1..CONFIG_REDIS_HOSTS_MAX */
+};
 
 struct shop {
     char id[STATE_ID_MAX + 1];
@@ -70,6 +89,7 @@ struct config {
     long max_held_wanted;          /* what the file asked (0: not given), before the cap */
     struct config_skip *skipped;   /* bad files in shops_dir */
     int nskipped;
+    struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
 };
 
 /* Load, validate and prepare (keys read, templates loaded) the
@@ -108,5 +128,11 @@ const struct shop *config_pick_shop(const struct config *c, const char *shop_par
 
 /* True when id is 1..64 characters of A-Z a-z 0-9 _ -. */
 bool config_valid_id(const char *id);
+
+/* The Redis's address for messages and logs, as the configuration gives
+ * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets) or
+ * "unix:///PATH[?db=N]" (the db only when not 0); never the password.
+ * "-" when r->on is false. Always NUL-terminated (cut to len). Can't fail. */
+void config_redis_address(const struct config_redis *r, char *buf, size_t len);
 
 #endif
