@@ -26,7 +26,8 @@
 
 /* The shared state's Redis (interface.md, "Several hosts"): the top-level
  * keys redis, redis_password_file, redis_prefix and redis_hosts. Without
- * `redis`, on is false and the rest is zero. */
+ * `redis`: on is false, no address, no password, prefix and hosts their
+ * defaults (the other three keys are refused without `redis`). */
 struct config_redis {
     bool on;              /* `redis` is set */
     bool unix_socket;     /* unix:///PATH[?db=N] */

@@ -35,6 +35,7 @@
 #include "notify.h"
 #include "serve.h"
 #include "state.h"
+#include "state_redis_check.h"
 #include "util.h"
 
 #ifndef KEMBALI_CONFIG_DEFAULT
@@ -45,6 +46,7 @@
 #endif
 
 #define STOP_FLUSH_MS 500 /* at SIGTERM: the most we wait for answers to be taken */
+#define CHECK_REDIS_MS 1000 /* --check-config: the most we wait for the Redis */
 #define ERRBUF 8192
 
 static void usage(FILE *f)
@@ -72,12 +74,15 @@ static void usage(FILE *f)
             "                   record that transaction ID of shop SHOP has STATUS\n"
             "                   (pending, succeeded, failed, canceled, expired), as the\n"
             "                   shop's webhook learnt it, in the state shared through\n"
-            "                   state_dir; no read, no running kembali needed; exit 0\n"
-            "                   silently, or 1 with a reason\n"
+            "                   state_dir (or redis); no read, no running kembali\n"
+            "                   needed; exit 0 silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
             "                   print what is wrong (every bad file in shops_dir by\n"
             "                   name), exit 0 if all is well, 1 if anything is wrong\n"
-            "                   (a shop file a running kembali would skip included)\n"
+            "                   (a shop file a running kembali would skip included);\n"
+            "                   with redis, try it for 1 s: no answer is a warning\n"
+            "                   (kembali runs without it), a refused password or db\n"
+            "                   an error\n"
             "  --version        print the version\n"
             "  --help           print this help\n"
             "\n"
@@ -227,6 +232,19 @@ static int check_config(const char *path)
         return 1;
     }
     int rc = 0;
+    if (c->redis.on) {
+        /* unreachable: a warning (kembali runs on state_dir alone until it
+         * answers); a refused password or db: the configuration is wrong */
+        char addr[300], rwhy[600];
+        config_redis_address(&c->redis, addr, sizeof addr);
+        int rr = state_redis_check(&c->redis, CHECK_REDIS_MS, rwhy, sizeof rwhy);
+        if (rr == STATE_REDIS_CHECK_UNREACHABLE) {
+            fprintf(stdout, "kembali: warning: redis %s: %s\n", addr, rwhy);
+        } else if (rr != STATE_REDIS_CHECK_OK) {
+            fprintf(stdout, "kembali: error: redis %s: %s\n", addr, rwhy);
+            rc = 1;
+        }
+    }
     if (c->nskipped > 0) {
         fprintf(stdout, "%s: %d shop file%s would be skipped:\n", path, c->nskipped, c->nskipped == 1 ? "" : "s");
         for (int i = 0; i < c->nskipped; i++)

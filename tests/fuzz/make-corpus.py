@@ -205,6 +205,12 @@ put("config", "plain-http", '{"api_base": "http://pay.kasera.id", "shops": []}')
 put("config", "dup-host", '{"shops": [{"id": "a", "secret_key_file": "/k", "hosts": ["x.example"]}, '
     '{"id": "a", "secret_key_file": "/k", "hosts": ["X.example"]}]}')
 put("config", "broken-json", '{"shops": [{"id": "a",}]')
+put("config", "redis-tcp", '{"templates_dir": "/t", "redis": "redis://[::1]:6379/2", "redis_password_file": "/k/pw", '
+    '"redis_prefix": "shop-1:", "redis_hosts": 3, "shops": [{"id": "t", "secret_key_file": "/k"}]}')
+put("config", "redis-unix", '{"templates_dir": "/t", "redis": "unix:///run/redis/redis-server.sock?db=1", '
+    '"shops": [{"id": "t", "secret_key_file": "/k"}]}')
+put("config", "redis-bad", '{"templates_dir": "/t", "redis": "redis://:pw@host", "redis_prefix": "a b", '
+    '"redis_hosts": 0, "shops": [{"id": "t", "secret_key_file": "/k"}]}')
 
 # ---- templates: the real pages ----
 WORDS = ["succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop"]

@@ -1,6 +1,7 @@
 """What the kembali integration tests share: starting a sandbox and kembali
 together with a short schedule, and reading the sandbox's read log."""
 
+import os
 import threading
 
 import harness
@@ -85,21 +86,55 @@ def start_many(tmpdir, n, schedule=FAST, shops=None, sandbox_args=(), top=None, 
     """A sandbox and n kembali processes sharing one state_dir, each on its
     own Unix socket (listen="unix"), or all on one listening socket handed
     over as fd 0 as spawn-fcgi -F does (listen="shared"). Returns (sandbox, [kembali])."""
+    return _start(tmpdir, n, schedule, shops, sandbox_args, lambda i: top, listen, sb,
+                  lambda i: name or "k%d" % i)
+
+
+def start_hosts(tmpdir, n, redis, schedule=FAST, shops=None, sandbox_args=(), top=None, sb=None, bin=None):
+    """A sandbox and n kembali "hosts" sharing one Redis, as n machines would:
+    each kembali (named h0, h1, ...) has its OWN state_dir (<tmpdir>/state-h0,
+    ...) and a configuration with "redis": redis.url() (its TCP form; `redis`
+    may also be a URL string) and, when that Redis has a password,
+    "redis_password_file": redis.password_file(); then `top` (which may
+    override either: "redis": redis.unix_url()). `bin`: another kembali
+    binary. Returns (sandbox, [kembali]), started."""
+    common = {}
+    if isinstance(redis, str):
+        common["redis"] = redis
+    else:
+        common["redis"] = redis.url()
+        if redis.password is not None:
+            common["redis_password_file"] = redis.password_file()
+
+    def host_top(i):
+        state = os.path.join(tmpdir, "state-h%d" % i)
+        os.makedirs(state, mode=0o700, exist_ok=True)
+        extra = dict(common, state_dir=state)
+        extra.update(top or {})
+        return extra
+
+    return _start(tmpdir, n, schedule, shops, sandbox_args, host_top, "unix", sb, lambda i: "h%d" % i, bin)
+
+
+def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_for, bin=None):
+    """start_many and start_hosts: process i gets top_for(i) and the name name_for(i)."""
     sb = sb or harness.Sandbox(tmpdir, keys=(KEY, KEY2),
                                args=["--key", KEY, "--key", KEY2] + list(sandbox_args))
 
-    def config(k):
-        s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
-        extra = dict(top or {})
-        if schedule is not None:
-            extra["schedule_ms"] = schedule
-        return harness.make_config(sb, s, **extra)
+    def config_for(i):
+        def config(k):
+            s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
+            extra = dict(top_for(i) or {})
+            if schedule is not None:
+                extra["schedule_ms"] = schedule
+            return harness.make_config(sb, s, **extra)
+        return config
 
     shared = harness.unix_listen_socket(harness.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
     ks = []
     for i in range(n):
-        k = harness.Kembali(tmpdir, config=config, keys={"a": KEY, "b": KEY2}, name=name or "k%d" % i,
-                            listen=shared if shared is not None else listen)
+        k = harness.Kembali(tmpdir, config=config_for(i), keys={"a": KEY, "b": KEY2}, name=name_for(i),
+                            listen=shared if shared is not None else listen, bin=bin)
         k.start()
         ks.append(k)
     if shared is not None:

@@ -209,6 +209,77 @@ def test_check_config_errors(tmpdir):
         assert_in(expect, out, "message for %r" % (cfg,))
 
 
+def test_check_config_redis(tmpdir):
+    """--check-config tries the Redis for 1 s: fine says nothing more; not
+    reachable (down, paused) is a warning naming it, exit 0; a refused
+    password or db is an error, exit 1; the password never shows."""
+    good = os.path.join(tmpdir, "k")
+    harness.write_secret(good, "sk_test_x")
+    base = {"templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+            "state_dir": os.path.join(tmpdir, "state"),
+            "shops": [{"id": "toko-a", "secret_key_file": good}]}
+    rc, plain = harness.Kembali.run_check_config(base)
+    assert_eq(rc, 0, plain)
+    plain = plain.split(": ", 1)[1]  # after the file's name
+    r = harness.Redis(tmpdir, password="redis-pw-7")
+    pw = r.password_file()
+    wrong = harness.write_secret(os.path.join(tmpdir, "wrong.password"), "not-it-9")
+
+    def check(want_rc, **top):
+        rc, out = harness.Kembali.run_check_config(dict(base, **top))
+        assert_eq(rc, want_rc, "for %r: %s" % (top, out))
+        assert "redis-pw-7" not in out and "not-it-9" not in out, out
+        return out
+
+    for url in (r.url(), r.unix_url(), r.url(db=3), r.unix_url(db=15)):
+        assert_eq(check(0, redis=url, redis_password_file=pw).split(": ", 1)[1], plain)
+    out = check(1, redis=r.url(), redis_password_file=wrong)
+    assert_in("kembali: error: redis %s: AUTH refused" % r.url(), out)
+    assert_in("WRONGPASS", out)
+    out = check(1, redis=r.unix_url())
+    assert_in("kembali: error: redis %s: PING refused: NOAUTH" % r.unix_url(), out)
+    assert_in("redis_password_file", out)
+    out = check(1, redis=r.url(db=99), redis_password_file=pw)
+    assert_in("SELECT 99 refused", out)
+    # not reachable: a warning, exit 0
+    r.pause()
+    t0 = time.monotonic()
+    out = check(0, redis=r.unix_url(), redis_password_file=pw)
+    assert_between(time.monotonic() - t0, 0.9, 10)
+    assert_in("kembali: warning: redis %s: no answer to AUTH within 1000 ms" % r.unix_url(), out)
+    r.kill()
+    out = check(0, redis=r.url(), redis_password_file=pw)
+    assert_in("kembali: warning: redis %s: cannot connect: Connection refused" % r.url(), out)
+    out = check(0, redis="unix://" + os.path.join(tmpdir, "none.sock"))
+    assert_in("cannot connect: No such file or directory", out)
+    # configuration errors name the key
+    for top, expect in (({"redis": "redis://127.0.0.1"}, "redis: the port is missing"),
+                        ({"redis": "unix://relative.sock"}, "must be absolute"),
+                        ({"redis_prefix": "x:"}, "redis_prefix: is set but redis is not"),
+                        ({"redis": r.url(), "redis_hosts": 0}, "redis_hosts: must be an integer from 1 to 64"),
+                        ({"redis": r.url(), "redis_password_file": "/nonexistent/pw"}, "/nonexistent/pw")):
+        assert_in(expect, check(1, **top))
+    os.chmod(pw, 0o644)
+    out = check(1, redis=r.url(), redis_password_file=pw)
+    assert_in("redis_password_file: %s has mode 0644" % pw, out)
+
+
+def test_hosts_with_redis_start(tmpdir):
+    """kit.start_hosts: each host its own state_dir, all configured with
+    one Redis (with a password); each serves."""
+    r = harness.Redis(tmpdir, password="pw-hosts")
+    sb, hosts = kit.start_hosts(tmpdir, 2, r)
+    sb.put_tx("h1", "succeeded")
+    for k in hosts:
+        assert_eq(k.get("id=h1").header("kembali-status"), "succeeded")
+    dirs = [json.load(open(k.config_path))["state_dir"] for k in hosts]
+    assert_eq(len(set(dirs)), 2)
+    for d in dirs:
+        assert os.listdir(d), "no state in %s" % d
+    for k in hosts:
+        assert "pw-hosts" not in k.log_text()
+
+
 def test_start_refuses_broken_config(tmpdir):
     k = harness.Kembali(tmpdir, config={"shops": [], "bogus": 1})
     try:

@@ -657,6 +657,238 @@ def test_chromium_dump_dom_through_nginx(tmpdir):
 
 
 # ---------------------------------------------------------------------------
+# Redis: a real redis-server, the RESP client, kit.start_hosts
+# ---------------------------------------------------------------------------
+
+def test_redis_start_and_commands(tmpdir):
+    r = harness.Redis(tmpdir)
+    assert r.port and r.port != 6379
+    assert_eq(r.url(), "redis://127.0.0.1:%d" % r.port)
+    assert_eq(r.url(db=3), "redis://127.0.0.1:%d/3" % r.port)
+    assert_eq(r.unix_url(), "unix://" + r.sock_path)
+    assert_eq(r.unix_url(db=2), "unix://%s?db=2" % r.sock_path)
+    assert r.sock_path.startswith("/") and stat.S_ISSOCK(os.stat(r.sock_path).st_mode)
+    # replies: simple string, bulk string (str or bytes), nil, integer, array, error
+    assert_eq(r.cmd("SET", "x", "1"), "OK")
+    assert_eq(r.cmd("GET", "x"), "1")
+    assert_eq(r.cmd("GET", "x", raw=True), b"1")
+    assert_eq(r.cmd("GET", "nothing"), None)
+    assert_eq(r.cmd("INCR", "x"), 2)
+    assert_eq(r.cmd("INCRBY", "x", 40), 42)
+    blob = bytes(range(256))
+    assert_eq(r.cmd("SET", "blob", blob), "OK")
+    assert_eq(r.cmd("GET", "blob", raw=True), blob)
+    assert_eq(r.cmd("RPUSH", "l", "a", "b", "c"), 3)
+    assert_eq(r.cmd("LRANGE", "l", 0, -1), ["a", "b", "c"])
+    assert_eq(r.cmd("HSET", "h", "f", "v"), 1)
+    assert_eq(r.cmd("HGETALL", "h"), ["f", "v"])
+    try:
+        r.cmd("INCR", "l")
+    except harness.RedisError as e:
+        assert_in("WRONGTYPE", str(e))
+    else:
+        raise AssertionError("no RedisError")
+    assert_eq(r.keys(), ["blob", "h", "l", "x"])
+    assert_eq(r.keys("b*"), ["blob"])
+    # other databases
+    assert_eq(r.cmd("SET", "in1", "y", db=1), "OK")
+    assert_eq(r.keys(db=1), ["in1"])
+    assert_eq(r.keys("in*"), [])
+    # private, no persistence, in the foreground
+    assert_eq(r.cmd("CONFIG", "GET", "save"), ["save", ""])
+    assert_eq(r.cmd("CONFIG", "GET", "appendonly"), ["appendonly", "no"])
+    assert_eq(r.cmd("CONFIG", "GET", "dir")[1], os.path.realpath(r.dir))
+    # TCP too, and a kept connection that pipelines
+    with r.client(tcp=True) as c:
+        assert_eq(c.cmd("PING"), "PONG")
+        c.send("SET", "p", "1")
+        c.send("INCR", "p")
+        c.send("MULTI")
+        c.send("INCR", "p")
+        c.send("INCR", "l")
+        c.send("EXEC")
+        assert_eq([c.reply() for _ in range(5)], ["OK", 2, "OK", "QUEUED", "QUEUED"])
+        got = c.reply()
+        assert_eq(got[0], 3)
+        assert isinstance(got[1], harness.RedisError), got
+    assert os.path.getsize(r.log_path) > 0
+    assert_eq(r.stop(), 0)
+    assert not r.running()
+
+
+def test_redis_pause_resume(tmpdir):
+    r = harness.Redis(tmpdir)
+    r.cmd("SET", "k", "v")
+    with r.client() as kept:
+        r.pause()
+        assert r.paused and r.running()
+        t0 = time.monotonic()
+        for fn in (lambda: kept.cmd("GET", "k", timeout=0.3), lambda: r.cmd("GET", "k", timeout=0.3)):
+            try:
+                fn()
+            except TimeoutError:
+                pass
+            else:
+                raise AssertionError("a paused Redis answered")
+        assert_between(time.monotonic() - t0, 0.5, 3.0)
+        r.resume()
+        assert not r.paused
+        assert_eq(r.cmd("GET", "k"), "v")
+        # the kept connection's late reply to its timed-out GET comes first
+        kept.sock.settimeout(5)
+        assert_eq(kept.reply(), "v")
+        assert_eq(kept.cmd("GET", "k"), "v")
+    # stop() resumes a paused Redis so that SIGTERM ends it
+    r.pause()
+    t0 = time.monotonic()
+    assert_eq(r.stop(), 0)
+    assert time.monotonic() - t0 < 5
+
+
+def test_redis_restart_kill_empty(tmpdir):
+    r = harness.Redis(tmpdir)
+    port, sock, pid = r.port, r.sock_path, r.pid
+    r.cmd("SET", "a", "1")
+    r.restart()
+    assert_eq((r.port, r.sock_path), (port, sock))
+    assert r.pid != pid
+    assert_eq(r.cmd("GET", "a"), None)
+    assert_eq(r.cmd("DBSIZE"), 0)
+    r.cmd("SET", "b", "2")
+    assert_eq(r.kill(), -signal.SIGKILL)
+    assert not r.running()
+    try:
+        r.cmd("PING", timeout=1)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("a killed Redis answered")
+    r.restart()  # from killed
+    assert_eq((r.port, r.sock_path), (port, sock))
+    assert_eq(r.keys(), [])
+    with harness.RedisConnection(("127.0.0.1", port)) as c:
+        assert_eq(c.cmd("PING"), "PONG")
+    assert_eq(r.starts, 3)
+
+
+def test_redis_password(tmpdir):
+    r = harness.Redis(tmpdir, password="pa ss:1")
+    assert_eq(r.cmd("PING"), "PONG")
+    assert_eq(r.cmd("CONFIG", "GET", "requirepass"), ["requirepass", "pa ss:1"])
+    for addr in (r.sock_path, ("127.0.0.1", r.port)):
+        with harness.RedisConnection(addr) as c:
+            try:
+                c.cmd("GET", "x")
+            except harness.RedisError as e:
+                assert_in("NOAUTH", str(e))
+            else:
+                raise AssertionError("no NOAUTH")
+    try:
+        harness.RedisConnection(r.sock_path, password="wrong")
+    except harness.RedisError as e:
+        assert_in("WRONGPASS", str(e))
+    else:
+        raise AssertionError("no WRONGPASS")
+    path = r.password_file()
+    assert_eq(path, os.path.join(tmpdir, "redis.password"))
+    assert_eq(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+    assert_eq(open(path).read(), "pa ss:1\n")
+    r.restart()
+    assert_eq(r.cmd("PING"), "PONG")
+    try:
+        harness.Redis(tmpdir, name="nopw").password_file()
+    except AssertionError as e:
+        assert_in("no password", str(e))
+    else:
+        raise AssertionError("a password file without a password")
+
+
+def test_redis_two_side_by_side(tmpdir):
+    a, b = harness.Redis(tmpdir, name="ra"), harness.Redis(tmpdir, name="rb")
+    assert a.port != b.port and a.sock_path != b.sock_path
+    a.cmd("SET", "only", "a")
+    assert_eq(b.keys(), [])
+
+
+def test_redis_paused_is_killed_at_cleanup(tmpdir):
+    """A test that ends with its Redis paused: cleaned up at once (SIGCONT
+    with the SIGTERM), not after the SIGKILL grace."""
+    pidfile = os.path.join(tmpdir, "pid")
+    script = os.path.join(tmpdir, "t_paused.py")
+    with open(script, "w") as f:
+        f.write("import sys; sys.path.insert(0, %r)\nimport harness\n"
+                "def test_paused(tmpdir):\n"
+                "    r = harness.Redis(tmpdir)\n"
+                "    open(%r, 'w').write(str(r.pid))\n"
+                "    r.pause()\n"
+                "if __name__ == '__main__': harness.run(globals())\n" % (os.path.dirname(SELF), pidfile))
+    p = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert_eq(p.returncode, 0, p.stdout + p.stderr)
+    m = __import__("re").search(r"ok - test_paused \(([\d.]+)s\)", p.stdout)
+    assert m, p.stdout
+    assert float(m.group(1)) < 2.5, "cleanup waited for the SIGKILL grace: " + p.stdout
+    pid = int(open(pidfile).read())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pass
+    else:
+        raise AssertionError("redis-server %d still runs" % pid)
+
+
+def test_redis_missing_skips_unless_required(tmpdir):
+    missing = os.path.join(tmpdir, "no-redis-server")
+    try:
+        harness.redis_server_or_skip(missing, env={})
+    except harness.Skip as e:
+        assert_in("not installed", str(e))
+    else:
+        raise AssertionError("no Skip")
+    try:
+        harness.redis_server_or_skip(missing, env={"KEMBALI_REQUIRE_SERVERS": "1"})
+    except harness.Skip:
+        raise AssertionError("Skip although KEMBALI_REQUIRE_SERVERS=1") from None
+    except AssertionError as e:
+        assert_in("KEMBALI_REQUIRE_SERVERS=1", str(e))
+    else:
+        raise AssertionError("no failure")
+    try:
+        harness.Redis(tmpdir, bin=missing)
+    except (harness.Skip, AssertionError) as e:
+        assert_in("no-redis-server", str(e))
+    else:
+        raise AssertionError("started a missing redis-server")
+
+
+def test_redis_start_hosts(tmpdir):
+    import kit
+    r = harness.Redis(tmpdir, password="pw")
+    sb = harness.Sandbox(tmpdir, bin=fake_bin(tmpdir, "sandbox"))
+    sb2, hosts = kit.start_hosts(tmpdir, 3, r, sb=sb, bin=fake_bin(tmpdir, "kembali"), top={"redis_prefix": "t:"})
+    assert sb2 is sb
+    assert_eq([k.name for k in hosts], ["h0", "h1", "h2"])
+    cfgs = [json.load(open(k.config_path)) for k in hosts]
+    assert_eq([c["redis"] for c in cfgs], [r.url()] * 3)
+    assert_eq([c["redis_password_file"] for c in cfgs], [r.password_file()] * 3)
+    assert_eq([c["redis_prefix"] for c in cfgs], ["t:"] * 3)
+    assert_eq([c["schedule_ms"] for c in cfgs], [kit.FAST] * 3)
+    dirs = [c["state_dir"] for c in cfgs]
+    assert_eq(dirs, [os.path.join(tmpdir, "state-h%d" % i) for i in range(3)])
+    assert all(os.path.isdir(d) for d in dirs)
+    assert_eq(len({k.addr for k in hosts}), 3)
+    for k in hosts:
+        assert_eq(k.get("id=x").status, 200)
+    # a URL instead of a Redis; top overrides
+    other = os.path.join(tmpdir, "other")
+    os.mkdir(other)
+    _, more = kit.start_hosts(other, 1, "unix:///x.sock", sb=sb, bin=fake_bin(tmpdir, "kembali"),
+                              top={"state_dir": os.path.join(other, "mine")}, schedule=None)
+    cfg = json.load(open(more[0].config_path))
+    assert_eq((cfg["redis"], cfg["state_dir"]), ("unix:///x.sock", os.path.join(other, "mine")))
+    assert "redis_password_file" not in cfg and "schedule_ms" not in cfg
+
+
+# ---------------------------------------------------------------------------
 # Stand-ins: this file as a fake kembali or a fake sandbox
 # ---------------------------------------------------------------------------
 

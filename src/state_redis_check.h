@@ -1,0 +1,43 @@
+/* state_redis_check.h - a blocking probe of the configured Redis, for
+ * --check-config.
+ *
+ * Not the backend: state_redis.c speaks to Redis without ever blocking
+ * (hiredis' async API on the event loop). This is one short-lived,
+ * blocking connection, made and closed within the call, that tells an
+ * operator whether the configured Redis answers and accepts the
+ * configuration's password and database. Redis being down is not a
+ * configuration error (kembali runs without it, interface.md "Several
+ * hosts"); a refused password or database is. */
+#ifndef KEMBALI_STATE_REDIS_CHECK_H
+#define KEMBALI_STATE_REDIS_CHECK_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+#define STATE_REDIS_CHECK_OK 0          /* reachable, AUTH and SELECT accepted, PING answered */
+#define STATE_REDIS_CHECK_UNREACHABLE 1 /* cannot connect, no answer in time, not a Redis, or busy loading */
+#define STATE_REDIS_CHECK_REFUSED 2     /* the password or the database refused */
+
+/* Connect to the Redis `r` names (r->on must be true: TCP r->host:r->port
+ * or the Unix socket r->path), then AUTH r->password when there is one,
+ * SELECT r->db when it is not 0, and PING; all of it within timeout_ms
+ * (connect included; a host name's lookup is not bounded by it).
+ *
+ * Returns STATE_REDIS_CHECK_OK (0; why is ""), STATE_REDIS_CHECK_UNREACHABLE
+ * (1: why says what failed, e.g. "cannot connect: Connection refused" or
+ * "no answer to PING within 1000 ms"), or STATE_REDIS_CHECK_REFUSED (2: an
+ * error reply to AUTH (WRONGPASS, ERR: no password configured), to SELECT
+ * (a database out of range), or NOAUTH/DENIED (Redis wants a password the
+ * configuration does not give); why says which command and quotes Redis's
+ * reply). Transient error replies (LOADING, BUSY, MASTERDOWN, TRYAGAIN)
+ * count as unreachable. why (capacity whylen) never holds the password: a
+ * reply quoting it is not quoted. The address is not in why (the caller
+ * names it: config_redis_address).
+ *
+ * Blocking; meant for the command line (--check-config). Thread-safe: a
+ * SIGPIPE from a connection Redis closed is blocked in the calling thread
+ * and discarded, the thread's signal mask restored. */
+int state_redis_check(const struct config_redis *r, int timeout_ms, char *why, size_t whylen);
+
+#endif
