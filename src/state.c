@@ -1445,6 +1445,25 @@ static void budget_push(struct st_keyent *k, int64_t now)
         k->ring_n++;
 }
 
+/* Take back one read started at t (the newest such) from the ring: the
+ * newer ones move down a place. */
+static void budget_unpush(struct st_keyent *k, int64_t t)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] != t)
+            continue;
+        for (; j > 0; j--) {
+            int32_t newer = (i + 1) % STATE_BUDGET_MAX;
+            k->ring[i] = k->ring[newer];
+            i = newer;
+        }
+        k->ring_head = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        k->ring_n--;
+        return;
+    }
+}
+
 /* ---- the budget plan (plan.h): who waits, what is reserved ---- */
 
 /* Entry idx of the key's waiting set still waits at `now`. */
@@ -1718,6 +1737,13 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         out->next_read = now + 1000;
         goto done;
     }
+    /* what state_unclaim() restores */
+    ticket->undo.serial = e->inflight_serial;
+    ticket->undo.last_start = e->last_start;
+    ticket->undo.reads = e->reads;
+    ticket->undo.early_reads = e->early_reads;
+    ticket->undo.resv_at = e->resv_at;
+    ticket->undo.last_chance = kind == PLAN_LAST_CHANCE;
     if (!pace_in_episode(e->reads, e->last_start, now))
         e->reads = e->early_reads = 0;
     e->reads++;
@@ -1750,6 +1776,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
     memset(&ticket->client, 0, sizeof ticket->client); /* the caller sets it before finishing */
+    ticket->undo.resv_left = e->resv_at;
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
     claimed = true;
@@ -1913,6 +1940,30 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
     st_unlock(st);
     st_bump(st); /* wake waiters in every process */
+}
+
+void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
+{
+    st_lock(st, now);
+    struct st_tx *e = tx_find(st, &t->key, t->id);
+    bool undone = e != NULL && e->inflight_serial == t->serial;
+    if (undone) {
+        e->inflight_until = 0;
+        e->inflight_serial = t->undo.serial; /* the claim before is the last one again */
+        e->last_start = t->undo.last_start;
+        e->reads = t->undo.reads;
+        e->early_reads = t->undo.early_reads;
+        if (e->resv_at == t->undo.resv_left) /* no hold changed it since */
+            e->resv_at = t->undo.resv_at;
+        if (t->undo.last_chance && st->h->last_chance_reads > 0)
+            st->h->last_chance_reads--;
+        struct st_keyent *k = key_get(st, &t->key, now, false);
+        if (k != NULL)
+            budget_unpush(k, t->started);
+    }
+    st_unlock(st);
+    if (undone)
+        st_bump(st); /* processes waiting on the lease look again */
 }
 
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,

@@ -12,6 +12,11 @@
  *   state_tell()    record a status the shop was told (its webhook), no read
  *   state_metrics()  counters for the metrics page
  *
+ * and, for several hosts sharing a pace (another authority, e.g. Redis,
+ * says what other hosts do):
+ *
+ *   state_unclaim()  undo a claim whose read was never made
+ *
  * All data lives in one flat region (no pointers, fixed-size tables,
  * indexes instead of links) guarded by one mutex that is process-shared and
  * robust, so the same code can serve a region mapped by several processes.
@@ -90,6 +95,14 @@ struct state_ticket {
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
     struct state_client client; /* set by the caller before finishing: who asked (zeroed by state_claim) */
+    struct {                 /* set by state_claim, for state_unclaim: what the claim changed */
+        uint64_t serial;     /* the transaction's last claim before this one */
+        int64_t last_start;  /* the pace before it */
+        int32_t reads, early_reads;
+        int64_t resv_at;     /* its reservation before it ... */
+        int64_t resv_left;   /* ... and after it */
+        bool last_chance;    /* it was a last-chance read (plan.h) */
+    } undo;
 };
 
 /* What state_finish() changed that the caller should log once. */
@@ -267,6 +280,20 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  * a stale one leaves a newer read's lease alone. */
 void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report);
+
+/* Undo the claim of `ticket`, whose read was never made (another host's
+ * authority refused it), at `now`, instead of state_finish(). While the
+ * ticket is the transaction's last claim, the transaction is as if it had
+ * never been claimed: the lease is released, the pace (reads of the
+ * episode, the last read's start, the episode itself), the plan's fields
+ * (early reads, a reservation the read used) and the last-chance count are
+ * what they were, and the key's budget ring no longer counts the read (a
+ * full ring's oldest start, which the claim pushed out, stays forgotten: it
+ * was older than any budget's span, or the claim could not have been
+ * made). The generation is bumped, so that processes waiting on the lease
+ * look again. A stale ticket (another read was claimed since, or it was
+ * unclaimed already) changes nothing. Can't fail. */
+void state_unclaim(struct state *st, const struct state_ticket *ticket, int64_t now);
 
 /* What state_tell() did. */
 enum state_told {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan.h"
 #include "state.h"
 #include "util.h"
 
@@ -1715,6 +1716,135 @@ static void test_long_ids(void **unused)
     state_free(st);
 }
 
+/* ---- several hosts: a claim undone ---- */
+
+/* A claim undone leaves the transaction as if it had never been made: the
+ * lease released, a claim at once succeeds, and after a real read the pace
+ * is the one without the undone claim. */
+static void test_unclaim_restores_the_pace(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64), *ref = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), kr = key_of(ref, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    assert_true(claim(ref, &kr, "T1", T0, &t, NULL));
+    finish(ref, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+
+    assert_true(claim(st, &k, "T1", T0 + 1500, &t, &f));
+    uint32_t gen = state_generation(st);
+    state_unclaim(st, &t, T0 + 1505);
+    assert_int_not_equal(state_generation(st), gen); /* waiters on the lease look again */
+    f = lookup(st, &k, "T1", T0 + 1505);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0 + 1505);
+    /* the real read, at once */
+    assert_true(claim(st, &k, "T1", T0 + 1510, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1800);
+    assert_true(claim(ref, &kr, "T1", T0 + 1510, &t, NULL));
+    finish(ref, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1800);
+    for (int64_t at = T0 + 1800; at < T0 + 5000; at += 100) {
+        struct state_fact a = lookup(st, &k, "T1", at), b = lookup(ref, &kr, "T1", at);
+        assert_int_equal(a.next_read, b.next_read);
+        assert_int_equal(a.wait, b.wait);
+    }
+    assert_int_equal(lookup(st, &k, "T1", T0 + 1800).next_read, T0 + 1510 + 2000); /* the second wait */
+
+    /* the first claim of an episode undone: the episode did not start */
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    state_unclaim(st, &t, T0 + 1);
+    assert_true(claim(st, &k, "T2", T0 + 2, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    assert_int_equal(lookup(st, &k, "T2", T0 + 100).next_read, T0 + 2 + 1500);
+    state_free(st);
+    state_free(ref);
+}
+
+/* The budget's ring no longer counts an undone claim. */
+static void test_unclaim_gives_back_the_budget(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t, t2;
+    struct state_fact f;
+    const int budget = 2;
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &t, &f));
+    state_unclaim(st, &t, T0 + 1);
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + 2, &t, &f));
+    assert_true(state_claim(st, &k, "T2", &s, budget, TIMEOUT, T0 + 3, &t2, &f));
+    assert_false(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + 4, &t2, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_int_equal(f.next_read, T0 + 2 + 60001); /* the first claim kept counts, not the undone one */
+    /* a read undone after another one's claim: only its own place goes */
+    state_unclaim(st, &t, T0 + 5);
+    assert_true(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + 6, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 7, &t, &f));
+    assert_int_equal(f.next_read, T0 + 3 + 60001);
+    state_free(st);
+}
+
+/* A stale ticket (another claim since, or undone already) changes nothing. */
+static void test_unclaim_stale_does_nothing(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket old, t, fresh;
+    struct state_fact f;
+    const int budget = 4;
+    /* a lease ran out and another read was claimed */
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &old, &f));
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + LEASE + 1, &fresh, &f));
+    uint32_t gen = state_generation(st);
+    state_unclaim(st, &old, T0 + LEASE + 2);
+    assert_int_equal(state_generation(st), gen);
+    f = lookup(st, &k, "T1", T0 + LEASE + 2);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, fresh.lease_until);
+    /* undone twice: the second time is stale (it takes no other read's place) */
+    assert_true(state_claim(st, &k, "T2", &s, budget, TIMEOUT, T0 + LEASE + 3, &t, &f));
+    assert_true(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + LEASE + 3, &fresh, &f));
+    state_unclaim(st, &t, T0 + LEASE + 4);
+    gen = state_generation(st);
+    state_unclaim(st, &t, T0 + LEASE + 5);
+    assert_int_equal(state_generation(st), gen);
+    /* the budget counts the three reads kept: room for one more */
+    assert_true(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + LEASE + 6, &t, &f));
+    assert_false(state_claim(st, &k, "T5", &s, budget, TIMEOUT, T0 + LEASE + 7, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    state_free(st);
+}
+
+/* A last-chance read undone: its reservation is back, and it counts as no
+ * last-chance read. */
+static void test_unclaim_gives_back_the_reservation(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    struct state_metrics m;
+    int64_t deadline = T0 + pace_hold_ms(&s), at = deadline - PLAN_LEAD_MS;
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, at, &t, &f));
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 1);
+    state_unclaim(st, &t, at + 1);
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 0);
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, at + 2, &t, &f));
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 1); /* the reserved read again */
+    state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1770,6 +1900,10 @@ int main(void)
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),
         cmocka_unit_test(test_long_ids),
+        cmocka_unit_test(test_unclaim_restores_the_pace),
+        cmocka_unit_test(test_unclaim_gives_back_the_budget),
+        cmocka_unit_test(test_unclaim_stale_does_nothing),
+        cmocka_unit_test(test_unclaim_gives_back_the_reservation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
