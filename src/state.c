@@ -14,8 +14,8 @@
  * When the table is full, an idle entry is evicted: like Redis' approximate
  * LRU, a sample of entries is examined and the least recently used idle one
  * goes. An entry is idle when no read of it is in flight, its episode is
- * over and no Retry-After or pause of its own is running; entries in use are
- * never evicted. */
+ * over and no Retry-After or pause of its own is running, nor any wait
+ * another host's word set (state_defer); entries in use are never evicted. */
 #include "state.h"
 
 #include <errno.h>
@@ -41,7 +41,7 @@
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 4
+#define ST_VERSION 5
 #define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
 #define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
 #define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
@@ -53,6 +53,7 @@ struct st_tx {
     uint8_t status;         /* enum tx_status of the last status read */
     uint8_t not_found;      /* known_until is a 404's memory */
     uint8_t unknown_seen;
+    uint8_t remote_why;     /* enum state_wait of remote_not_before */
     int32_t reads;          /* reads started in the current episode */
     struct state_key key;
     char id[STATE_ID_MAX + 1];
@@ -64,6 +65,9 @@ struct st_tx {
     uint64_t inflight_serial; /* serial of the last read claimed */
     uint64_t facts_serial;    /* serial of the read whose outcome is recorded (a told one: the last claimed) */
     int64_t last_used;
+    /* what other hosts say (state_defer) */
+    int64_t remote_until;      /* a read of it in flight there until then; 0: none */
+    int64_t remote_not_before; /* no read here before then */
     /* the budget plan (plan.h) */
     int32_t holders;        /* held requests, over every process */
     int32_t withheld;       /* the plan held a read of it back in this hold */
@@ -286,7 +290,8 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
         return;
     if (e->used != 1 || !valid_id(e->id) || e->status > TXS_UNKNOWN ||
         !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
-        e->reads < 0 || e->early_reads < 0 || e->holders < 0 || e->withheld < 0 || e->withheld > 1) {
+        e->reads < 0 || e->early_reads < 0 || e->holders < 0 || e->withheld < 0 || e->withheld > 1 ||
+        e->remote_why > WAIT_BUDGET || (e->remote_why == WAIT_NONE && e->remote_not_before > 0)) {
         int32_t next = e->next;
         memset(e, 0, sizeof *e);
         e->next = next; /* the links are checked (and rebuilt) next */
@@ -299,6 +304,8 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
     clamp_time(&e->last_start, now, 0, dmg);
     clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
     clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);
+    clamp_time(&e->remote_until, now, SPAN_LEASE, dmg);
+    clamp_time(&e->remote_not_before, now, STATE_DEFER_MAX_MS, dmg);
     /* the budget plan's: a hold lasts at most a held request's deadline */
     clamp_time(&e->hold_until, now, SPAN_HOLD, dmg);
     clamp_time(&e->resv_at, now, SPAN_HOLD, dmg);
@@ -657,6 +664,14 @@ void state_test_damage(struct state *st, enum state_test_damage what)
         u->inflight_until = INT64_MIN;
         u->reads = -4;
         h->host_paused_until = INT64_MAX;
+        break;
+    case STATE_TEST_REMOTE_TIMES:
+        u->remote_until = INT64_MAX;
+        u->remote_not_before = INT64_MAX - 3;
+        u->remote_why = WAIT_PACE;
+        break;
+    case STATE_TEST_REMOTE_WAIT:
+        u->remote_why = 200;
         break;
     case STATE_TEST_KEY_RING:
         k->ring_head = -1;
@@ -1200,7 +1215,7 @@ static struct st_tx *tx_find(struct state *st, const struct state_key *key, cons
 static bool tx_idle(const struct st_tx *e, int64_t now)
 {
     return e->inflight_until <= now && now - e->last_start > PACE_EPISODE_MS && e->not_before <= now &&
-           !(e->holders > 0 && e->hold_until > now);
+           e->remote_until <= now && e->remote_not_before <= now && !(e->holders > 0 && e->hold_until > now);
 }
 
 static void tx_unlink(struct state *st, int32_t idx)
@@ -1445,6 +1460,25 @@ static void budget_push(struct st_keyent *k, int64_t now)
         k->ring_n++;
 }
 
+/* Take back one read started at t (the newest such) from the ring: the
+ * newer ones move down a place. */
+static void budget_unpush(struct st_keyent *k, int64_t t)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] != t)
+            continue;
+        for (; j > 0; j--) {
+            int32_t newer = (i + 1) % STATE_BUDGET_MAX;
+            k->ring[i] = k->ring[newer];
+            i = newer;
+        }
+        k->ring_head = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        k->ring_n--;
+        return;
+    }
+}
+
 /* ---- the budget plan (plan.h): who waits, what is reserved ---- */
 
 /* Entry idx of the key's waiting set still waits at `now`. */
@@ -1477,7 +1511,8 @@ static void waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int6
 /* The pace alone (and its own windows) let e read now. */
 static bool tx_may_read_now(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
 {
-    return e->inflight_until <= now && e->not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
+    return e->inflight_until <= now && e->not_before <= now && e->remote_until <= now &&
+           e->remote_not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
 }
 
 static int cmp_time(const void *a, const void *b)
@@ -1655,12 +1690,15 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             else if (tx_status_final((enum tx_status)e->status))
                 f->final = true;
         }
-        if (e->inflight_until > now) {
+        /* a read here, or another host's (state_defer): the later */
+        int64_t inflight = e->inflight_until > e->remote_until ? e->inflight_until : e->remote_until;
+        if (inflight > now) {
             f->in_flight = true;
-            f->in_flight_until = e->inflight_until;
+            f->in_flight_until = inflight;
         }
         raise_to(&f->next_read, &f->wait, pace_next_read(sched, e->reads, e->last_start, now), WAIT_PACE);
         raise_to(&f->next_read, &f->wait, e->not_before, WAIT_RETRY);
+        raise_to(&f->next_read, &f->wait, e->remote_not_before, (enum state_wait)e->remote_why);
     }
     if (k != NULL) {
         raise_to(&f->next_read, &f->wait, k->paused_until, WAIT_KEY_PAUSE);
@@ -1718,6 +1756,13 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         out->next_read = now + 1000;
         goto done;
     }
+    /* what state_unclaim() restores */
+    ticket->undo.serial = e->inflight_serial;
+    ticket->undo.last_start = e->last_start;
+    ticket->undo.reads = e->reads;
+    ticket->undo.early_reads = e->early_reads;
+    ticket->undo.resv_at = e->resv_at;
+    ticket->undo.last_chance = kind == PLAN_LAST_CHANCE;
     if (!pace_in_episode(e->reads, e->last_start, now))
         e->reads = e->early_reads = 0;
     e->reads++;
@@ -1750,6 +1795,7 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
     memset(&ticket->client, 0, sizeof ticket->client); /* the caller sets it before finishing */
+    ticket->undo.resv_left = e->resv_at;
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
     claimed = true;
@@ -1833,6 +1879,7 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     bool current = e != NULL && e->inflight_serial == t->serial && now <= t->lease_until;
     report->stale = !current;
     if (e != NULL) {
+        e->remote_until = 0; /* another host's read is no longer what to wait for */
         if (e->inflight_serial == t->serial) {
             e->inflight_until = 0;
             /* Kasera's window runs from the request's arrival, which a
@@ -1915,6 +1962,30 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     st_bump(st); /* wake waiters in every process */
 }
 
+void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
+{
+    st_lock(st, now);
+    struct st_tx *e = tx_find(st, &t->key, t->id);
+    bool undone = e != NULL && e->inflight_serial == t->serial;
+    if (undone) {
+        e->inflight_until = 0;
+        e->inflight_serial = t->undo.serial; /* the claim before is the last one again */
+        e->last_start = t->undo.last_start;
+        e->reads = t->undo.reads;
+        e->early_reads = t->undo.early_reads;
+        if (e->resv_at == t->undo.resv_left) /* no hold changed it since */
+            e->resv_at = t->undo.resv_at;
+        if (t->undo.last_chance && st->h->last_chance_reads > 0)
+            st->h->last_chance_reads--;
+        struct st_keyent *k = key_get(st, &t->key, now, false);
+        if (k != NULL)
+            budget_unpush(k, t->started);
+    }
+    st_unlock(st);
+    if (undone)
+        st_bump(st); /* processes waiting on the lease look again */
+}
+
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now)
 {
@@ -1922,12 +1993,15 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         strlen(word) > STATUS_WORD_MAX)
         return STATE_TOLD_BAD;
     enum state_told done = STATE_TOLD_RECORDED;
+    bool was_remote = false;
     st_lock(st, now);
     struct st_tx *e = tx_get(st, key, id, now);
     if (e == NULL) {
         done = STATE_TOLD_FULL;
     } else {
         e->last_used = now;
+        was_remote = e->remote_until > now;
+        e->remote_until = 0; /* what another host's read would say is told */
         if (status_may_replace(e, status, true, now)) {
             status_record(e, status, word, now);
             e->facts_serial = st->h->serial; /* newer than every read started before it */
@@ -1940,9 +2014,69 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         }
     }
     st_unlock(st);
-    if (done == STATE_TOLD_RECORDED)
+    if (done == STATE_TOLD_RECORDED || was_remote)
         st_bump(st); /* wake the requests held for it in every process */
     return done;
+}
+
+bool state_defer(struct state *st, const struct state_key *key, const char *id, int64_t until, bool in_flight,
+                 enum state_wait why, int64_t now)
+{
+    if (!valid_id(id))
+        return false;
+    if (why != WAIT_PACE && why != WAIT_RETRY && why != WAIT_KEY_PAUSE && why != WAIT_BUDGET)
+        why = WAIT_RETRY;
+    int64_t span = in_flight ? SPAN_LEASE : STATE_DEFER_MAX_MS; /* what the check allows */
+    if (until > now + span)
+        until = now + span;
+    bool was = false, is = false;
+    st_lock(st, now);
+    struct st_tx *e = tx_get(st, key, id, now);
+    if (e != NULL) {
+        e->last_used = now;
+        was = e->remote_until > now;
+        if (in_flight) {
+            pause_until(&e->remote_until, until);
+        } else {
+            e->remote_until = 0; /* that read ended: its not-before replaces it */
+            if (until > e->remote_not_before) {
+                e->remote_not_before = until;
+                e->remote_why = (uint8_t)why;
+            }
+        }
+        is = e->remote_until > now;
+    }
+    st_unlock(st);
+    if (was != is)
+        st_bump(st);
+    return e != NULL;
+}
+
+bool state_learn_not_found(struct state *st, const struct state_key *key, const char *id, int64_t until,
+                           int64_t now)
+{
+    if (!valid_id(id))
+        return false;
+    if (until > now + STATE_TTL_NOT_FOUND_MS)
+        until = now + STATE_TTL_NOT_FOUND_MS;
+    st_lock(st, now);
+    struct st_tx *e = tx_get(st, key, id, now);
+    if (e != NULL) {
+        e->last_used = now;
+        e->remote_until = 0;
+        /* as a current read's 404 (read_may_record), newer than every read
+         * started before it (as a told status) */
+        if (until > now && !final_cached(e, now)) {
+            if (!e->not_found || e->known_until < until)
+                e->known_until = until;
+            e->not_found = 1;
+            e->facts_serial = st->h->serial;
+        }
+    }
+    st_unlock(st);
+    if (e != NULL)
+        st_bump(st);
+    return e != NULL;
 }
 
 bool state_hold(struct state *st, const struct state_key *key, const char *id,
@@ -2090,6 +2224,27 @@ bool state_client_blocked(struct state *st, const struct state_client *c, int64_
     bool blocked = e != NULL && e->blocked_until > now;
     st_unlock(st);
     return blocked;
+}
+
+void state_client_block(struct state *st, const struct state_client *client, int64_t until, int64_t now)
+{
+    if (client_none(client))
+        return;
+    if (until > now + STATE_CLIENT_BLOCK_MS)
+        until = now + STATE_CLIENT_BLOCK_MS;
+    if (until <= now)
+        return;
+    st_lock(st, now);
+    struct st_client *c = client_get(st, client, now, true); /* NULL: counted as client_full */
+    if (c != NULL) {
+        c->last_used = now;
+        if (c->blocked_until <= now) { /* a block starts, as client_charge's */
+            c->nhits = 0;
+            st->h->client_blocks++;
+        }
+        pause_until(&c->blocked_until, until);
+    }
+    st_unlock(st);
 }
 
 bool state_fact_unknown(const struct state_fact *f)

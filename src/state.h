@@ -12,6 +12,14 @@
  *   state_tell()    record a status the shop was told (its webhook), no read
  *   state_metrics()  counters for the metrics page
  *
+ * and, for several hosts sharing a pace (another authority, e.g. Redis,
+ * says what other hosts do), four that mirror it here:
+ *
+ *   state_unclaim()  undo a claim whose read was never made
+ *   state_defer()    another host's read in flight, or its next not-before
+ *   state_learn_not_found()  another host's 404
+ *   state_client_block()     another host's block of a client
+ *
  * All data lives in one flat region (no pointers, fixed-size tables,
  * indexes instead of links) guarded by one mutex that is process-shared and
  * robust, so the same code can serve a region mapped by several processes.
@@ -40,6 +48,7 @@
 #define STATE_UNAUTH_PAUSE_MS (300 * 1000LL)
 #define STATE_HOST_PAUSE_MS (60 * 1000LL)  /* after the failed-authentication 429 */
 #define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
+#define STATE_DEFER_MAX_MS (600 * 1000LL)  /* the longest not-before another host may set (state_defer) */
 
 struct state;
 
@@ -90,6 +99,14 @@ struct state_ticket {
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
     struct state_client client; /* set by the caller before finishing: who asked (zeroed by state_claim) */
+    struct {                 /* set by state_claim, for state_unclaim: what the claim changed */
+        uint64_t serial;     /* the transaction's last claim before this one */
+        int64_t last_start;  /* the pace before it */
+        int32_t reads, early_reads;
+        int64_t resv_at;     /* its reservation before it ... */
+        int64_t resv_left;   /* ... and after it */
+        bool last_chance;    /* it was a last-chance read (plan.h) */
+    } undo;
 };
 
 /* What state_finish() changed that the caller should log once. */
@@ -203,6 +220,8 @@ enum state_test_damage {
     STATE_TEST_WORD_NUL,    /* a status word without its NUL */
     STATE_TEST_STATUS,      /* a status and a flag out of their enums */
     STATE_TEST_TIMES,       /* times far in the future and past, negative reads */
+    STATE_TEST_REMOTE_TIMES, /* another host's marks (state_defer) far in the future */
+    STATE_TEST_REMOTE_WAIT, /* another host's reason out of its enum */
     STATE_TEST_KEY_RING,    /* a key's ring head and count out of range */
     STATE_TEST_KEY_TIMES,   /* a key's ring and pause far in the future */
     STATE_TEST_KEY_LINKS,   /* key bucket heads, a chain, the free list, key_used */
@@ -264,9 +283,24 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  *     extends a wait;
  *   - the budget: the read was counted when claimed and stays counted.
  * Only the ticket that is the transaction's last claim releases the lease;
- * a stale one leaves a newer read's lease alone. */
+ * a stale one leaves a newer read's lease alone. Any read's end clears
+ * another host's read in flight (state_defer) of the transaction. */
 void state_finish(struct state *st, const struct state_ticket *ticket, const char *shop_id,
                   const struct outcome *oc, int64_t now, struct state_report *report);
+
+/* Undo the claim of `ticket`, whose read was never made (another host's
+ * authority refused it), at `now`, instead of state_finish(). While the
+ * ticket is the transaction's last claim, the transaction is as if it had
+ * never been claimed: the lease is released, the pace (reads of the
+ * episode, the last read's start, the episode itself), the plan's fields
+ * (early reads, a reservation the read used) and the last-chance count are
+ * what they were, and the key's budget ring no longer counts the read (a
+ * full ring's oldest start, which the claim pushed out, stays forgotten: it
+ * was older than any budget's span, or the claim could not have been
+ * made). The generation is bumped, so that processes waiting on the lease
+ * look again. A stale ticket (another read was claimed since, or it was
+ * unclaimed already) changes nothing. Can't fail. */
+void state_unclaim(struct state *st, const struct state_ticket *ticket, int64_t now);
 
 /* What state_tell() did. */
 enum state_told {
@@ -283,8 +317,9 @@ enum state_told {
  * flight or any pause. A final status is cached with a read's TTLs and the
  * generation is bumped, so that requests held for it in every process are
  * answered at once; pending only becomes the last known status. A told
- * status clears a remembered 404 for that id. What is known never moves
- * backwards:
+ * status clears a remembered 404 for that id, and another host's read in
+ * flight (state_defer; the generation is bumped then too). What is known
+ * never moves backwards:
  *   - a final status is never replaced by pending (nor by an unknown word);
  *   - expired may become succeeded (a late payment), failed or canceled;
  *   - succeeded, failed and canceled are never replaced by another status
@@ -294,6 +329,43 @@ enum state_told {
  * anything but the state's lock. */
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
+
+/* Another host's state says that no read of (key, id) may start here
+ * before `until` (this process's monotonic ms, like every time here):
+ *   - in_flight: because a read of it is in flight on another host, until
+ *     `until` at the latest (clamped to the longest lease, STATE_LEASE_MAX_MS
+ *     + 1 s, from now). state_lookup() and state_claim() report
+ *     fact.in_flight with in_flight_until (the later of this mark and a
+ *     read in flight here), and no claim succeeds until then. The mark only
+ *     ever extends; it is cleared by state_tell(), state_learn_not_found(),
+ *     the end of any read of the transaction here (state_finish) or a
+ *     defer that is not in flight;
+ *   - otherwise: the other host's next not-before (its read ended, or its
+ *     pace, Retry-After, key pause or budget says so): clears the mark;
+ *     fact.next_read is then at least `until` (clamped to
+ *     STATE_DEFER_MAX_MS from now) with fact.wait `why` (WAIT_PACE,
+ *     WAIT_RETRY, WAIT_KEY_PAUSE or WAIT_BUDGET; any other reads as
+ *     WAIT_RETRY). A not-before only ever extends: the later `until` wins,
+ *     with its `why`.
+ * The budget, the pace's own fields and the cache are not touched. The
+ * generation is bumped only when the mark is set or cleared (waiters look
+ * again). Creates the transaction's entry when missing; returns false when
+ * there is no room to track it (as STATE_TOLD_FULL) or the id is not
+ * valid. Never blocks on anything but the state's lock. */
+bool state_defer(struct state *st, const struct state_key *key, const char *id, int64_t until, bool in_flight,
+                 enum state_wait why, int64_t now);
+
+/* Another host read a 404 for (key, id): remember it until `until`
+ * (clamped to STATE_TTL_NOT_FOUND_MS from now; a 404 remembered longer
+ * keeps its end) as a current read's 404 is remembered here (not while a
+ * final status is cached; a later read's status or a told one replaces
+ * it; a stale read's does not: see state_finish), without spending the
+ * budget, touching the pace or charging a client. Clears another host's
+ * read in flight (state_defer) and bumps the generation. Creates the
+ * transaction's entry when missing; returns false when there is no room
+ * to track it or the id is not valid. */
+bool state_learn_not_found(struct state *st, const struct state_key *key, const char *id, int64_t until,
+                           int64_t now);
 
 /* A request for (key, id) is held until `deadline` (a held HTML request):
  * the transaction waits, and the first request of a holding period reserves
@@ -342,6 +414,15 @@ void state_client_id(const struct state *st, const char *addr, struct state_clie
  * not counted (metrics client_full). Never blocks on anything but the
  * state's lock. */
 bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);
+
+/* Another host's count blocked `client`: block it here until `until`
+ * (clamped to STATE_CLIENT_BLOCK_MS from now; a block that ends later
+ * keeps its end), as if its 404s had been counted here:
+ * state_client_blocked() says true until then, and the metrics count a
+ * block started when it was not blocked already. A client that finds no
+ * room is not blocked (metrics client_full); an all-zero client or an
+ * `until` not after `now` changes nothing. Can't fail. */
+void state_client_block(struct state *st, const struct state_client *client, int64_t until, int64_t now);
 
 /* Does `f` say kembali knows nothing about the transaction (no status read
  * or told: no entry, or only a remembered 404)? This function can't fail. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan.h"
 #include "state.h"
 #include "util.h"
 
@@ -1715,6 +1716,393 @@ static void test_long_ids(void **unused)
     state_free(st);
 }
 
+/* ---- several hosts: undoing a claim, what another host says ---- */
+
+/* A claim undone leaves the transaction as if it had never been made: the
+ * lease released, a claim at once succeeds, and after a real read the pace
+ * is the one without the undone claim. */
+static void test_unclaim_restores_the_pace(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64), *ref = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), kr = key_of(ref, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    assert_true(claim(ref, &kr, "T1", T0, &t, NULL));
+    finish(ref, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+
+    assert_true(claim(st, &k, "T1", T0 + 1500, &t, &f));
+    uint32_t gen = state_generation(st);
+    state_unclaim(st, &t, T0 + 1505);
+    assert_int_not_equal(state_generation(st), gen); /* waiters on the lease look again */
+    f = lookup(st, &k, "T1", T0 + 1505);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0 + 1505);
+    /* the real read, at once */
+    assert_true(claim(st, &k, "T1", T0 + 1510, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1800);
+    assert_true(claim(ref, &kr, "T1", T0 + 1510, &t, NULL));
+    finish(ref, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1800);
+    for (int64_t at = T0 + 1800; at < T0 + 5000; at += 100) {
+        struct state_fact a = lookup(st, &k, "T1", at), b = lookup(ref, &kr, "T1", at);
+        assert_int_equal(a.next_read, b.next_read);
+        assert_int_equal(a.wait, b.wait);
+    }
+    assert_int_equal(lookup(st, &k, "T1", T0 + 1800).next_read, T0 + 1510 + 2000); /* the second wait */
+
+    /* the first claim of an episode undone: the episode did not start */
+    assert_true(claim(st, &k, "T2", T0, &t, NULL));
+    state_unclaim(st, &t, T0 + 1);
+    assert_true(claim(st, &k, "T2", T0 + 2, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    assert_int_equal(lookup(st, &k, "T2", T0 + 100).next_read, T0 + 2 + 1500);
+    state_free(st);
+    state_free(ref);
+}
+
+/* The budget's ring no longer counts an undone claim. */
+static void test_unclaim_gives_back_the_budget(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t, t2;
+    struct state_fact f;
+    const int budget = 2;
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &t, &f));
+    state_unclaim(st, &t, T0 + 1);
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + 2, &t, &f));
+    assert_true(state_claim(st, &k, "T2", &s, budget, TIMEOUT, T0 + 3, &t2, &f));
+    assert_false(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + 4, &t2, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_int_equal(f.next_read, T0 + 2 + 60001); /* the first claim kept counts, not the undone one */
+    /* a read undone after another one's claim: only its own place goes */
+    state_unclaim(st, &t, T0 + 5);
+    assert_true(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + 6, &t, &f));
+    assert_false(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + 7, &t, &f));
+    assert_int_equal(f.next_read, T0 + 3 + 60001);
+    state_free(st);
+}
+
+/* A stale ticket (another claim since, or undone already) changes nothing. */
+static void test_unclaim_stale_does_nothing(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket old, t, fresh;
+    struct state_fact f;
+    const int budget = 4;
+    /* a lease ran out and another read was claimed */
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &old, &f));
+    assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + LEASE + 1, &fresh, &f));
+    uint32_t gen = state_generation(st);
+    state_unclaim(st, &old, T0 + LEASE + 2);
+    assert_int_equal(state_generation(st), gen);
+    f = lookup(st, &k, "T1", T0 + LEASE + 2);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, fresh.lease_until);
+    /* undone twice: the second time is stale (it takes no other read's place) */
+    assert_true(state_claim(st, &k, "T2", &s, budget, TIMEOUT, T0 + LEASE + 3, &t, &f));
+    assert_true(state_claim(st, &k, "T3", &s, budget, TIMEOUT, T0 + LEASE + 3, &fresh, &f));
+    state_unclaim(st, &t, T0 + LEASE + 4);
+    gen = state_generation(st);
+    state_unclaim(st, &t, T0 + LEASE + 5);
+    assert_int_equal(state_generation(st), gen);
+    /* the budget counts the three reads kept: room for one more */
+    assert_true(state_claim(st, &k, "T4", &s, budget, TIMEOUT, T0 + LEASE + 6, &t, &f));
+    assert_false(state_claim(st, &k, "T5", &s, budget, TIMEOUT, T0 + LEASE + 7, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    state_free(st);
+}
+
+/* A last-chance read undone: its reservation is back, and it counts as no
+ * last-chance read. */
+static void test_unclaim_gives_back_the_reservation(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    struct state_metrics m;
+    int64_t deadline = T0 + pace_hold_ms(&s), at = deadline - PLAN_LEAD_MS;
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, at, &t, &f));
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 1);
+    state_unclaim(st, &t, at + 1);
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 0);
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, at + 2, &t, &f));
+    state_metrics(st, &m);
+    assert_int_equal(m.last_chance_reads, 1); /* the reserved read again */
+    state_free(st);
+}
+
+static bool defer(struct state *st, const struct state_key *k, const char *id, int64_t until, bool in_flight,
+                  enum state_wait why, int64_t now)
+{
+    return state_defer(st, k, id, until, in_flight, why, now);
+}
+
+/* Another host's read in flight: waited for, and no claim until it ends. */
+static void test_defer_in_flight(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    uint32_t gen = state_generation(st);
+    assert_true(defer(st, &k, "T1", T0 + 3000, true, WAIT_NONE, T0));
+    assert_int_not_equal(state_generation(st), gen);
+    f = lookup(st, &k, "T1", T0 + 10);
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, T0 + 3000);
+    assert_true(state_fact_unknown(&f));
+    assert_false(claim(st, &k, "T1", T0 + 2999, &t, &f));
+    assert_true(f.in_flight);
+    assert_int_equal(f.in_flight_until, T0 + 3000);
+    /* extended, not shortened; no wake for that */
+    gen = state_generation(st);
+    assert_true(defer(st, &k, "T1", T0 + 4000, true, WAIT_NONE, T0 + 20));
+    assert_true(defer(st, &k, "T1", T0 + 3500, true, WAIT_NONE, T0 + 30));
+    assert_int_equal(state_generation(st), gen);
+    assert_int_equal(lookup(st, &k, "T1", T0 + 40).in_flight_until, T0 + 4000);
+    assert_false(claim(st, &k, "T1", T0 + 3999, &t, &f));
+    assert_true(claim(st, &k, "T1", T0 + 4000, &t, &f));
+    /* a mark beyond the longest lease is clamped */
+    assert_true(defer(st, &k, "T2", T0 + 3600 * 1000LL, true, WAIT_NONE, T0));
+    f = lookup(st, &k, "T2", T0);
+    assert_true(f.in_flight);
+    assert_true(f.in_flight_until <= T0 + STATE_LEASE_MAX_MS + 1000);
+    /* a read in flight here and one there: the later */
+    assert_true(claim(st, &k, "T3", T0, &t, &f));
+    assert_true(defer(st, &k, "T3", T0 + 20000, true, WAIT_NONE, T0 + 10));
+    assert_int_equal(lookup(st, &k, "T3", T0 + 20).in_flight_until, T0 + 20000);
+    assert_false(defer(st, &k, "a;b", T0 + 1000, true, WAIT_NONE, T0)); /* not an id */
+    state_free(st);
+}
+
+/* An entry another host's word holds up is in use: never evicted for
+ * another (it would forget the wait). */
+static void test_defer_keeps_its_entry(void **unused)
+{
+    (void)unused;
+    for (int in_flight = 0; in_flight < 2; in_flight++) {
+        struct state *st = mk(1);
+        struct state_key k = key_of(st, "sk_test_a");
+        struct state_fact f;
+        assert_true(defer(st, &k, "T1", T0 + 5000, in_flight, WAIT_RETRY, T0));
+        assert_false(claim(st, &k, "T2", T0 + 10, NULL, &f));
+        assert_int_equal(f.wait, WAIT_FULL);
+        assert_false(defer(st, &k, "T2", T0 + 5000, in_flight, WAIT_RETRY, T0 + 10));
+        assert_true(claim(st, &k, "T2", T0 + 5000, NULL, &f)); /* once it ran out */
+        state_free(st);
+    }
+}
+
+/* What clears another host's read in flight: a told status, a 404 learnt,
+ * the end of a read here, a defer that is not in flight; each wakes. */
+static void test_defer_in_flight_cleared(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    const char *ids[] = {"T1", "T2", "T3", "T4", "T5"};
+    for (int i = 0; i < 5; i++) {
+        if (i == 3)
+            assert_true(claim(st, &k, ids[i], T0, &t, NULL)); /* claimed before the mark came */
+        assert_true(defer(st, &k, ids[i], T0 + 20000, true, WAIT_NONE, T0 + 10));
+        assert_true(lookup(st, &k, ids[i], T0 + 20).in_flight);
+    }
+    uint32_t gen = state_generation(st);
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 100), STATE_TOLD_RECORDED);
+    f = lookup(st, &k, "T1", T0 + 100);
+    assert_false(f.in_flight);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_int_not_equal(state_generation(st), gen);
+
+    gen = state_generation(st);
+    assert_true(state_learn_not_found(st, &k, "T2", T0 + 10000, T0 + 100));
+    f = lookup(st, &k, "T2", T0 + 100);
+    assert_false(f.in_flight);
+    assert_true(f.not_found);
+    assert_int_not_equal(state_generation(st), gen);
+
+    gen = state_generation(st);
+    assert_true(defer(st, &k, "T3", T0 + 2000, false, WAIT_PACE, T0 + 100));
+    f = lookup(st, &k, "T3", T0 + 100);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0 + 2000);
+    assert_int_equal(f.wait, WAIT_PACE);
+    assert_int_not_equal(state_generation(st), gen);
+
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 100);
+    assert_false(lookup(st, &k, "T4", T0 + 100).in_flight);
+
+    /* a final status already known stays; the mark goes all the same */
+    assert_true(claim(st, &k, "T6", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + 50);
+    assert_true(defer(st, &k, "T6", T0 + 20000, true, WAIT_NONE, T0 + 60));
+    gen = state_generation(st);
+    assert_int_equal(tell(st, &k, "T6", TXS_PENDING, T0 + 100), STATE_TOLD_KEPT);
+    f = lookup(st, &k, "T6", T0 + 100);
+    assert_false(f.in_flight);
+    assert_true(f.final);
+    assert_int_not_equal(state_generation(st), gen);
+
+    /* untouched: still in flight */
+    assert_true(lookup(st, &k, "T5", T0 + 100).in_flight);
+    state_free(st);
+}
+
+/* Another host's not-before: next_read and its reason; a later one wins;
+ * the budget, the pace's reads and the cache are untouched. */
+static void test_defer_not_before(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    uint32_t gen = state_generation(st);
+    assert_true(defer(st, &k, "T1", T0 + 5000, false, WAIT_BUDGET, T0));
+    assert_int_equal(state_generation(st), gen); /* no mark set or cleared */
+    f = lookup(st, &k, "T1", T0);
+    assert_false(f.in_flight);
+    assert_int_equal(f.next_read, T0 + 5000);
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_true(defer(st, &k, "T1", T0 + 3000, false, WAIT_PACE, T0 + 10)); /* earlier: kept */
+    f = lookup(st, &k, "T1", T0 + 10);
+    assert_int_equal(f.next_read, T0 + 5000);
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_true(defer(st, &k, "T1", T0 + 7000, false, WAIT_KEY_PAUSE, T0 + 20));
+    f = lookup(st, &k, "T1", T0 + 20);
+    assert_int_equal(f.next_read, T0 + 7000);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    assert_false(claim(st, &k, "T1", T0 + 6999, &t, &f));
+    assert_int_equal(f.next_read, T0 + 7000);
+    assert_true(claim(st, &k, "T1", T0 + 7000, &t, &f));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 7100);
+    /* the pace is the first read's (the defers counted no read) */
+    assert_int_equal(lookup(st, &k, "T1", T0 + 7100).next_read, T0 + 7000 + 1500);
+    /* clamped to STATE_DEFER_MAX_MS; another reason reads as a retry */
+    assert_true(defer(st, &k, "T2", T0 + 3600 * 1000LL, false, WAIT_FULL, T0));
+    f = lookup(st, &k, "T2", T0);
+    assert_int_equal(f.next_read, T0 + STATE_DEFER_MAX_MS);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    /* the budget is not spent: budget 1, after defers a read may start */
+    assert_true(state_claim(st, &k, "T3", &s, 1, TIMEOUT, T0 + 100000, &t, &f));
+    /* the cache stays */
+    assert_true(claim(st, &k, "T4", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_FAILED, NULL), T0 + 50);
+    assert_true(defer(st, &k, "T4", T0 + 5000, false, WAIT_RETRY, T0 + 60));
+    f = lookup(st, &k, "T4", T0 + 60);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_FAILED);
+    state_free(st);
+}
+
+/* Another host's 404: remembered as a read's here, not over a cached final
+ * status, at no budget and no pace. */
+static void test_learn_not_found(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(state_learn_not_found(st, &k, "T1", T0 + 20000, T0));
+    f = lookup(st, &k, "T1", T0 + 10);
+    assert_true(f.not_found);
+    assert_false(f.final);
+    assert_true(state_fact_unknown(&f));
+    assert_int_equal(f.known_until, T0 + 20000);
+    assert_int_equal(f.next_read, T0 + 20000);
+    assert_int_equal(f.wait, WAIT_RETRY);
+    assert_false(claim(st, &k, "T1", T0 + 19999, &t, &f));
+    assert_true(f.not_found);
+    assert_false(lookup(st, &k, "T1", T0 + 20000).not_found);
+    /* clamped to the 404's memory here; a longer one here keeps its end */
+    assert_true(state_learn_not_found(st, &k, "T2", T0 + 3600 * 1000LL, T0));
+    assert_int_equal(lookup(st, &k, "T2", T0).known_until, T0 + STATE_TTL_NOT_FOUND_MS);
+    assert_true(state_learn_not_found(st, &k, "T2", T0 + 1000, T0 + 10));
+    assert_int_equal(lookup(st, &k, "T2", T0 + 10).known_until, T0 + STATE_TTL_NOT_FOUND_MS);
+    /* never over a cached final status */
+    assert_true(claim(st, &k, "T3", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + 50);
+    assert_true(state_learn_not_found(st, &k, "T3", T0 + 20000, T0 + 60));
+    f = lookup(st, &k, "T3", T0 + 60);
+    assert_true(f.final);
+    assert_false(f.not_found);
+    /* a status over it, as over a read's 404 */
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 100), STATE_TOLD_RECORDED);
+    assert_false(lookup(st, &k, "T1", T0 + 100).not_found);
+    /* the pace is untouched: the next read where the last read's put it */
+    assert_true(claim(st, &k, "T4", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 300);
+    assert_true(state_learn_not_found(st, &k, "T4", T0 + 400, T0 + 300));
+    f = lookup(st, &k, "T4", T0 + 400);
+    assert_false(f.not_found);
+    assert_int_equal(f.next_read, T0 + 1500);
+    assert_int_equal(f.wait, WAIT_PACE);
+    /* nor the budget: budget 1, a read may start */
+    assert_true(state_claim(st, &k, "T5", &s, 1, TIMEOUT, T0 + 100000, &t, &f));
+    assert_false(state_learn_not_found(st, &k, "a;b", T0 + 1000, T0)); /* not an id */
+    state_free(st);
+}
+
+/* Another host's block of a client: blocked here until then. */
+static void test_client_block(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_client c = client_of(st, "203.0.113.9"), none;
+    struct state_metrics m;
+    memset(&none, 0, sizeof none);
+    assert_false(state_client_blocked(st, &c, T0));
+    state_client_block(st, &c, T0 + 5000, T0);
+    assert_true(state_client_blocked(st, &c, T0 + 1));
+    assert_true(state_client_blocked(st, &c, T0 + 4999));
+    assert_false(state_client_blocked(st, &c, T0 + 5000));
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    /* while blocked: extended, no new block counted; never shortened */
+    state_client_block(st, &c, T0 + 1000, T0 + 10);
+    assert_true(state_client_blocked(st, &c, T0 + 4999));
+    state_client_block(st, &c, T0 + 8000, T0 + 20);
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    assert_true(state_client_blocked(st, &c, T0 + 7999));
+    assert_false(state_client_blocked(st, &c, T0 + 8000));
+    /* clamped to a block's length here; a new block counted */
+    state_client_block(st, &c, T0 + 3600 * 1000LL, T0 + 10000);
+    assert_true(state_client_blocked(st, &c, T0 + 10000 + STATE_CLIENT_BLOCK_MS - 1));
+    assert_false(state_client_blocked(st, &c, T0 + 10000 + STATE_CLIENT_BLOCK_MS));
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 2);
+    /* nothing for no client or a time gone */
+    state_client_block(st, &none, T0 + 5000, T0);
+    assert_false(state_client_blocked(st, &none, T0 + 1));
+    struct state_client d = client_of(st, "203.0.113.10");
+    state_client_block(st, &d, T0, T0);
+    assert_false(state_client_blocked(st, &d, T0));
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 2);
+    state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1770,6 +2158,16 @@ int main(void)
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),
         cmocka_unit_test(test_long_ids),
+        cmocka_unit_test(test_unclaim_restores_the_pace),
+        cmocka_unit_test(test_unclaim_gives_back_the_budget),
+        cmocka_unit_test(test_unclaim_stale_does_nothing),
+        cmocka_unit_test(test_unclaim_gives_back_the_reservation),
+        cmocka_unit_test(test_defer_in_flight),
+        cmocka_unit_test(test_defer_keeps_its_entry),
+        cmocka_unit_test(test_defer_in_flight_cleared),
+        cmocka_unit_test(test_defer_not_before),
+        cmocka_unit_test(test_learn_not_found),
+        cmocka_unit_test(test_client_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

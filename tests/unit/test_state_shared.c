@@ -552,7 +552,8 @@ static void damage_one(struct state *st)
 /* Damage that targets the first entry in use (KEEP) may drop it. */
 static bool drops_keep(enum state_test_damage d)
 {
-    return d == STATE_TEST_ID_NUL || d == STATE_TEST_WORD_NUL || d == STATE_TEST_STATUS || d == STATE_TEST_TIMES;
+    return d == STATE_TEST_ID_NUL || d == STATE_TEST_WORD_NUL || d == STATE_TEST_STATUS || d == STATE_TEST_TIMES ||
+           d == STATE_TEST_REMOTE_WAIT;
 }
 
 /* The state after damage `d` was repaired: no hang, no access out of
@@ -569,6 +570,10 @@ static void check_repaired(struct state *st, const struct state_key *k, enum sta
         assert_int_equal(f.status, TXS_NONE);
     else
         assert_true(f.final);
+    /* another host's marks read from the damage: bounded by their spans */
+    assert_true(f.in_flight_until <= now + STATE_LEASE_MAX_MS + 1000 + 10000);
+    if (d == STATE_TEST_REMOTE_TIMES)
+        assert_true(f.next_read <= now + STATE_DEFER_MAX_MS + 10000);
     state_metrics(st, &m);
     assert_true(m.repairs >= 1 || replaced);
     assert_true(m.tx_used >= 0 && m.tx_used <= OPTS.tx_slots);
