@@ -17,6 +17,7 @@
 #include "state.h"
 
 struct resolver;
+struct state_redis;
 
 struct app_metrics {
     atomic_long requests[W_COUNT];  /* answers by status word */
@@ -36,6 +37,7 @@ struct app {
     struct config *cfg;             /* current; guarded by cfg_mu */
     struct state *state;
     struct resolver *resolver;
+    struct state_redis *redis;      /* with `redis`: made and freed by the resolver (loop thread only) */
     struct app_metrics m;
     atomic_bool stopping;
     int listen_fd;

@@ -264,6 +264,16 @@ static int check_config(const char *path)
     return rc;
 }
 
+/* Did the Redis settings change (they take effect at restart)? */
+static bool redis_differs(const struct config_redis *a, const struct config_redis *b)
+{
+    bool pw = (a->password == NULL) != (b->password == NULL) ||
+              (a->password != NULL && strcmp(a->password, b->password) != 0);
+    return a->on != b->on || a->unix_socket != b->unix_socket || strcmp(a->host, b->host) != 0 ||
+           a->port != b->port || strcmp(a->path, b->path) != 0 || a->db != b->db || pw ||
+           strcmp(a->prefix, b->prefix) != 0 || a->hosts != b->hosts;
+}
+
 static void reload(struct app *a, const char *path)
 {
     char err[ERRBUF];
@@ -283,6 +293,8 @@ static void reload(struct app *a, const char *path)
     if (c->state_slots != old->state_slots || c->read_timeout_ms != old->read_timeout_ms ||
         strcmp(c->state_dir, old->state_dir) != 0)
         log_msg("warn", "reload", "state_dir, state_slots and read_timeout_ms take effect at restart");
+    if (redis_differs(&c->redis, &old->redis))
+        log_msg("warn", "reload", "redis, redis_password_file, redis_prefix and redis_hosts take effect at restart");
     config_unref(old);
     app_set_config(a, c);
     struct log_line l;

@@ -6,6 +6,7 @@
 #include "classify.h"
 #include "log.h"
 #include "request.h"
+#include "state_redis.h"
 #include "util.h"
 
 /* Record status s for (shop, id); 0, or -1 with why (no room). */
@@ -94,6 +95,13 @@ int notify_command(const char *config_path, const char *shop_id, const char *id,
         goto out;
     }
     rc = 0;
+    if (c->redis.on) { /* every host: recorded here already, so a failure only warns */
+        struct state_fact f;
+        state_lookup(st, &shop->key, id, &c->sched, shop->read_budget, util_mono_ms(), &f);
+        if (f.status != TXS_NONE && f.status != TXS_UNKNOWN &&
+            state_redis_tell_once(&c->redis, shop->secret, id, f.status_word, f.final, 1000, msg, sizeof msg) != 0)
+            fprintf(err, "kembali --notify: warning: recorded on this host only; Redis: %s\n", msg);
+    }
 out:
     state_free(st);
     config_unref(c);

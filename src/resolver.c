@@ -19,6 +19,7 @@
 
 #include "kasera.h"
 #include "log.h"
+#include "state_redis.h"
 #include "util.h"
 
 #define WATCH_BUCKETS 4096
@@ -41,7 +42,12 @@ struct resolver_watch {
 struct rread {
     struct kasera_read kr;
     struct state_ticket ticket;
+    struct state_redis_op *claiming;  /* asking Redis for it (not reading yet), or NULL */
+    uint64_t redis_serial;            /* Redis's claim (0: a read Redis did not grant) */
+    struct state_redis_id rclient;    /* who asked, as Redis knows clients */
+    bool has_rclient;
     struct config *cfg;               /* a reference: the key and base URL */
+    struct resolver *rs;
     const struct shop *shop;
     struct resolver_watch *w;         /* NULL once the watch is gone */
     struct rread *prev, *next;        /* all reads in flight */
@@ -51,6 +57,7 @@ struct resolver {
     struct app *app;
     struct loop *loop;
     struct kasera_client *api;
+    struct state_redis *redis;        /* the state across hosts, or NULL */
     resolver_answer_fn *answer;
     void *ctx;
     bool stopping;
@@ -235,6 +242,7 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
 
 static void read_release(struct resolver *rs, struct rread *rd)
 {
+    state_redis_cancel(rd->claiming);
     if (rd->prev)
         rd->prev->next = rd->next;
     else
@@ -250,6 +258,36 @@ static void read_release(struct resolver *rs, struct rread *rd)
 
 static void step(struct resolver *rs, struct resolver_watch *w);
 
+/* Tell Redis (the other hosts) how a read ended, as this host's state now
+ * has it. */
+static void redis_finish(struct resolver *rs, const struct rread *rd, const struct outcome *oc)
+{
+    if (rs->redis == NULL)
+        return;
+    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .serial = rd->redis_serial};
+    if (rd->kr.sent > 0 && rd->kr.sent > rd->ticket.started)
+        o.sent_ms = rd->kr.sent - rd->ticket.started;
+    if (oc->kind == OUT_STATUS) {
+        o.word = oc->status_word;
+        o.final = tx_status_final(oc->status);
+        o.ttl_ms = oc->status == TXS_EXPIRED ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS;
+    } else if (oc->kind == OUT_NOT_FOUND) {
+        o.not_found = true;
+        o.ttl_ms = STATE_TTL_NOT_FOUND_MS;
+        o.charge = rd->has_rclient;
+        o.client = rd->rclient;
+    }
+    /* the waits it started here (a Retry-After, a key pause), as spans */
+    struct state_fact f;
+    int64_t now = util_mono_ms();
+    state_lookup(rs->app->state, &rd->ticket.key, rd->ticket.id, &rd->cfg->sched, rd->shop->read_budget, now, &f);
+    if ((f.wait == WAIT_RETRY || f.wait == WAIT_KEY_PAUSE) && f.next_read > now) {
+        o.not_before_ms = f.next_read - now;
+        o.why = f.wait;
+    }
+    state_redis_finish(rs->redis, rd->shop->secret, rd->ticket.id, &o);
+}
+
 /* The API client's callback: a read ended. Record it, then decide again
  * for its transaction (its waiters may be answered now). */
 static void on_read_done(void *ctx, struct kasera_read *kr)
@@ -264,6 +302,7 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     classify_response(&resp, util_wall_s(), &oc);
     rd->ticket.sent = rd->kr.sent;
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
+    redis_finish(rs, rd, &oc);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
     log_read(rd, &oc);
@@ -273,8 +312,40 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
         step(rs, w);
 }
 
-/* Start the read claimed with `t` for w's leading waiter's shop. Returns
- * false when it could not even start (recorded as a read without answer). */
+static void read_link(struct resolver *rs, struct resolver_watch *w, struct rread *rd)
+{
+    rd->w = w;
+    w->reading = rd;
+    rd->next = rs->reads;
+    if (rs->reads)
+        rs->reads->prev = rd;
+    rs->reads = rd;
+}
+
+/* Make the read of rd (claimed here, and at Redis when it is used).
+ * false when it could not even start: recorded as a read without answer
+ * and rd freed. */
+static bool read_go(struct resolver *rs, struct rread *rd)
+{
+    struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
+    struct state_report rep;
+    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, rd->ticket.id, rd->shop->secret,
+                     rd->cfg->read_timeout_ms) != 0) {
+        log_read(rd, &none);
+        state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, util_mono_ms(), &rep);
+        redis_finish(rs, rd, &none);
+        return false;
+    }
+    atomic_fetch_add(&rs->app->m.reads_started, 1);
+    return true;
+}
+
+static void on_claimed(void *data, const struct state_redis_claim *c);
+
+/* Start the read claimed with `t` for w's leading waiter's shop: with
+ * Redis, ask it first (the read is then "claiming" until it answers).
+ * Returns false when it could not even start (recorded as a read without
+ * answer). */
 static bool read_start(struct resolver *rs, struct resolver_watch *w, const struct resolver_waiter *lead,
                        const struct state_ticket *t)
 {
@@ -287,24 +358,77 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     }
     rd->ticket = *t;
     rd->ticket.client = lead->client; /* a 404 is charged to the client that asked */
+    rd->rclient = lead->rclient;
+    rd->has_rclient = lead->has_rclient;
     rd->cfg = config_ref(lead->cfg);
     rd->shop = lead->shop;
     rd->kr.user = rd;
-    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, t->id, lead->shop->secret, rd->cfg->read_timeout_ms) != 0) {
-        log_read(rd, &none);
-        state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
-        config_unref(rd->cfg);
-        free(rd);
+    rd->rs = rs;
+    read_link(rs, w, rd);
+    rd->claiming = state_redis_claim(rs->redis, rd->shop->secret, t->id, &rd->cfg->sched, rd->shop->read_budget,
+                                     t->lease_until - t->started, rd->has_rclient ? &rd->rclient : NULL,
+                                     on_claimed, rd);
+    if (rd->claiming != NULL)
+        return true; /* Redis decides: on_claimed */
+    if (!read_go(rs, rd)) {
+        read_release(rs, rd);
         return false;
     }
-    atomic_fetch_add(&rs->app->m.reads_started, 1);
-    rd->w = w;
-    w->reading = rd;
-    rd->next = rs->reads;
-    if (rs->reads)
-        rs->reads->prev = rd;
-    rs->reads = rd;
     return true;
+}
+
+/* Redis answered a claim (or could not): read, or mirror what it says
+ * here, give our claim back, and decide again. */
+static void on_claimed(void *data, const struct state_redis_claim *c)
+{
+    struct rread *rd = data;
+    struct resolver *rs = rd->rs;
+    struct resolver_watch *w = rd->w;
+    struct state *st = rs->app->state;
+    int64_t now = util_mono_ms();
+    rd->claiming = NULL;
+    if (c->v == STATE_REDIS_GO) {
+        rd->redis_serial = c->serial;
+        if (read_go(rs, rd))
+            return;
+        read_release(rs, rd);
+        if (w != NULL)
+            step(rs, w);
+        return;
+    }
+    state_unclaim(st, &rd->ticket, now);
+    const struct state_key *k = &rd->ticket.key;
+    const char *id = rd->ticket.id;
+    switch (c->v) {
+    case STATE_REDIS_FINAL: {
+        enum tx_status s = tx_status_parse(c->word);
+        if (tx_status_final(s))
+            state_tell(st, k, id, s, c->word, now);
+        break;
+    }
+    case STATE_REDIS_NOT_FOUND:
+        state_learn_not_found(st, k, id, now + c->ms, now);
+        break;
+    case STATE_REDIS_BUSY:
+        state_defer(st, k, id, now + c->ms, true, WAIT_PACE, now);
+        break;
+    case STATE_REDIS_WAIT:
+        state_defer(st, k, id, now + c->ms, false, c->why, now);
+        break;
+    case STATE_REDIS_BLOCKED:
+        /* a client blocked on another host, for an id nobody knows: no read */
+        state_client_block(st, &rd->ticket.client, now + c->ms, now);
+        state_defer(st, k, id, now + (c->ms < STATE_CLIENT_BLOCK_MS ? c->ms : STATE_CLIENT_BLOCK_MS), false,
+                    WAIT_RETRY, now);
+        atomic_fetch_add(&rs->app->m.probes_refused, 1);
+        break;
+    case STATE_REDIS_GO:
+    case STATE_REDIS_DOWN:
+        break; /* down: decide again, on this host's state alone */
+    }
+    read_release(rs, rd);
+    if (w != NULL)
+        step(rs, w);
 }
 
 /* ---- the decision for one transaction ---- */
@@ -350,7 +474,8 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 rs->hw[i++] = r->h;
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
-            hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget,
+            hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
+                      state_redis_budget(rs->redis, lead->shop->read_budget),
                       lead->cfg->read_timeout_ms, w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
@@ -414,6 +539,53 @@ static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
     }
 }
 
+/* Another process (maybe on another host) published a read's end or a
+ * told status: mirror it in this host's state for the watches that wait
+ * on it, and let them decide again. */
+static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
+{
+    struct resolver *rs = ctx;
+    if (m->kind == STATE_REDIS_MSG_BLOCK)
+        return; /* Redis refuses that client's claims itself */
+    struct state *st = rs->app->state;
+    struct resolver_watch *dirty = NULL;
+    for (struct resolver_watch *w = rs->all; w; w = w->next) {
+        if (w->waiters == NULL || strcmp(w->id, m->id) != 0)
+            continue;
+        struct state_redis_id k;
+        if (!state_redis_key_id(rs->redis, w->waiters->shop->secret, &k) || strcmp(k.hex, m->key.hex) != 0)
+            continue;
+        w->dnext = dirty;
+        dirty = w;
+    }
+    int64_t now = util_mono_ms();
+    while (dirty) {
+        struct resolver_watch *w = dirty;
+        dirty = w->dnext;
+        enum tx_status s = tx_status_parse(m->word);
+        switch (m->kind) {
+        case STATE_REDIS_MSG_FINAL:
+            if (tx_status_final(s))
+                state_tell(st, &w->key, w->id, s, m->word, now);
+            break;
+        case STATE_REDIS_MSG_STATUS:
+            if (s == TXS_PENDING)
+                state_tell(st, &w->key, w->id, s, m->word, now);
+            state_defer(st, &w->key, w->id, now + m->ms, false, WAIT_PACE, now);
+            break;
+        case STATE_REDIS_MSG_NEXT:
+            state_defer(st, &w->key, w->id, now + m->ms, false, WAIT_PACE, now);
+            break;
+        case STATE_REDIS_MSG_NOT_FOUND:
+            state_learn_not_found(st, &w->key, w->id, now + m->ms, now);
+            break;
+        case STATE_REDIS_MSG_BLOCK:
+            break;
+        }
+        step(rs, w);
+    }
+}
+
 /* The wake thread: waits on the state's futex generation; when it moves,
  * writes the eventfd. It touches nothing else. */
 static void *waker_main(void *arg)
@@ -468,6 +640,15 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
         goto fail;
     }
     rs->waker_started = true;
+    struct config *cfg = app_config(a);
+    if (cfg->redis.on) {
+        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, rs, err, errlen);
+        a->redis = rs->redis;
+    }
+    bool redis_failed = cfg->redis.on && rs->redis == NULL;
+    config_unref(cfg);
+    if (redis_failed)
+        goto fail;
     return rs;
 fail:
     resolver_free(rs);
@@ -492,7 +673,8 @@ void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
     /* an HTML request waits through the schedule: the budget's plan counts
      * it, and reserves its transaction's last-chance read */
     r->registered = !r->h.json && !rs->stopping &&
-                    state_hold(rs->app->state, &w->key, w->id, &r->cfg->sched, r->shop->read_budget,
+                    state_hold(rs->app->state, &w->key, w->id, &r->cfg->sched,
+                               state_redis_budget(rs->redis, r->shop->read_budget),
                                r->h.deadline, util_mono_ms());
     r->w = w;
     r->prev = NULL;
@@ -549,10 +731,16 @@ void resolver_stop(struct resolver *rs)
         struct rread *rd = rs->reads;
         struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
         struct state_report rep;
+        if (rd->claiming != NULL) { /* not read yet: give the claim back */
+            state_unclaim(rs->app->state, &rd->ticket, now);
+            read_release(rs, rd);
+            continue;
+        }
         kasera_abort(rs->api, &rd->kr);
         rd->ticket.sent = rd->kr.sent;
         util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
+        redis_finish(rs, rd, &none);
         log_read(rd, &none);
         read_release(rs, rd);
     }
@@ -569,9 +757,14 @@ void resolver_free(struct resolver *rs)
     while (rs->all)
         watch_drop(rs, rs->all);
     while (rs->reads) {
-        kasera_abort(rs->api, &rs->reads->kr);
+        if (rs->reads->claiming != NULL)
+            state_unclaim(rs->app->state, &rs->reads->ticket, util_mono_ms());
+        else
+            kasera_abort(rs->api, &rs->reads->kr);
         read_release(rs, rs->reads);
     }
+    state_redis_free(rs->redis);
+    rs->app->redis = NULL;
     if (rs->wake_fd >= 0) {
         loop_io_set(rs->loop, &rs->wake_io, 0);
         close(rs->wake_fd);

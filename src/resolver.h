@@ -24,6 +24,7 @@
 #include "hold.h"
 #include "loop.h"
 #include "state.h"
+#include "state_redis.h"
 
 struct resolver;
 struct resolver_watch;
@@ -35,6 +36,8 @@ struct resolver_waiter {
     const char *id;              /* validated; owned by the caller */
     struct hold_waiter h;        /* deadline, json */
     struct state_client client;  /* who asked (REMOTE_ADDR): a 404 its read gets is charged there */
+    struct state_redis_id rclient; /* the same, as Redis knows clients (has_rclient) */
+    bool has_rclient;
     /* private */
     bool registered;             /* state_hold() counted it */
     struct resolver_watch *w;

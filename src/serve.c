@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "notify.h"
+#include "state_redis.h"
 #include "pace.h"
 #include "render.h"
 #include "request.h"
@@ -48,6 +49,8 @@ struct serve_req {
     int64_t arrived;
     bool held;
     struct state_client client; /* REMOTE_ADDR's identity */
+    struct state_redis_id rclient; /* the same in Redis (has_rclient) */
+    bool has_rclient;
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
 };
@@ -244,6 +247,20 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_clients_blocked gauge\nkembali_clients_blocked %ld\n"
                    "# TYPE kembali_client_blocks_total counter\nkembali_client_blocks_total %ld\n"
                    "kembali_client_full_total %ld\n", sm.clients_blocked, sm.client_blocks, sm.client_full);
+    if (a->redis != NULL) {
+        struct state_redis_metrics rm;
+        state_redis_metrics(a->redis, &rm);
+        buf_printf(&b, "# HELP kembali_redis_up 1 while this process uses Redis (joined, not fallen back to its own state).\n"
+                       "# TYPE kembali_redis_up gauge\nkembali_redis_up %d\n"
+                       "# TYPE kembali_redis_joins_total counter\nkembali_redis_joins_total %ld\n"
+                       "# TYPE kembali_redis_leaves_total counter\nkembali_redis_leaves_total %ld\n"
+                       "# TYPE kembali_redis_round_trips_total counter\nkembali_redis_round_trips_total %ld\n"
+                       "# TYPE kembali_redis_claims_total counter\nkembali_redis_claims_total %ld\n"
+                       "kembali_redis_claims_granted_total %ld\n"
+                       "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
+                       "# TYPE kembali_redis_written_back_total counter\nkembali_redis_written_back_total %ld\n",
+                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.claims, rm.granted, rm.messages, rm.written_back);
+    }
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     buf_free(&b);
     send_out(r, &out);
@@ -263,8 +280,14 @@ static void respond_notify(struct serve_req *r, const char *query)
     int http = notify_request(r->s->app->state, r->shop, query, (const char *)body, len, util_mono_ms(),
                               why, sizeof why);
     char id[STATE_ID_MAX + 2];
-    if (http == 204 && request_query_param(query, r->shop->id_param, id, sizeof id) && config_valid_id(id))
+    if (http == 204 && request_query_param(query, r->shop->id_param, id, sizeof id) && config_valid_id(id)) {
         resolver_poke(r->s->rs, &r->shop->key, id); /* this process's held requests: at once */
+        /* and every host's: what this state now holds for it */
+        struct state_fact f;
+        state_lookup(r->s->app->state, &r->shop->key, id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
+        if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
+            state_redis_tell(r->s->app->redis, r->shop->secret, id, f.status_word, f.final);
+    }
     struct buf b = {0}, out = {0};
     if (http != 204)
         buf_printf(&b, "%s\n", why);
@@ -396,6 +419,8 @@ static void hold(struct serve_req *tmp)
         .shop = r->shop,
         .id = r->id,
         .client = r->client,
+        .rclient = r->rclient,
+        .has_rclient = r->has_rclient,
         .h = {.deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS
                                                 : pace_hold_ms(&r->cfg->sched)),
               .json = r->json},
@@ -479,6 +504,7 @@ static void on_request(void *ctx, struct front_req *fr)
     }
     /* ids nobody has paid for, from a client that has walked several: no read */
     state_client_id(s->app->state, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
+    r.has_rclient = state_redis_client_id(s->app->redis, p[P_ADDR] ? p[P_ADDR] : "", &r.rclient);
     if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r.client, r.arrived)) {
         request_answer(&f, r.arrived, &ans);
         atomic_fetch_add(&s->app->m.probes_refused, 1);

@@ -2171,6 +2171,11 @@ int state_key_slots_for(int keys)
 
 void state_client_id(const struct state *st, const char *addr, struct state_client *out)
 {
+    state_client_hash(st->h->salt, addr, out);
+}
+
+void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out)
+{
     /* the address as a client: IPv4 whole; IPv6 by its /64 (one site or
      * household, whose interface ids it chooses freely); an IPv4-mapped
      * IPv6 as its IPv4; anything else as written */
@@ -2203,7 +2208,7 @@ void state_client_id(const struct state *st, const char *addr, struct state_clie
         n++;
     }
     uint8_t salt2[16];
-    memcpy(salt2, st->h->salt, 16);
+    memcpy(salt2, salt, 16);
     salt2[1] ^= 0xc1; /* not the key ids' hash */
     salt2[2] ^= 0x1e;
     uint64_t x = state_siphash(salt2, buf, n);

@@ -358,9 +358,9 @@ bool state_defer(struct state *st, const struct state_key *key, const char *id, 
 /* Another host read a 404 for (key, id): remember it until `until`
  * (clamped to STATE_TTL_NOT_FOUND_MS from now; a 404 remembered longer
  * keeps its end) as a current read's 404 is remembered here (not while a
- * final status is cached; a later read's status or a told one replaces
- * it; a stale read's does not: see state_finish), without spending the
- * budget, touching the pace or charging a client. Clears another host's
+ * final status is cached; what replaces it is what replaces a read's 404:
+ * see state_finish and state_tell), without spending the budget, touching
+ * the pace or charging a client. Clears another host's
  * read in flight (state_defer) and bumps the generation. Creates the
  * transaction's entry when missing; returns false when there is no room
  * to track it or the id is not valid. */
@@ -393,6 +393,10 @@ void state_metrics(struct state *st, struct state_metrics *out);
  * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
  * all zero. This function can't fail. */
 void state_client_id(const struct state *st, const char *addr, struct state_client *out);
+
+/* state_client_id() under another salt (Redis's: the same address is the
+ * same client on every host). This function can't fail. */
+void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out);
 
 /* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
  * for by one client were answered 404 (state_finish with ticket->client)

@@ -18,6 +18,9 @@ then measures:
   - connections opened for 10 sequential reads;
   - cross-process wake latency: two processes on one state_dir, one waiting
     on the other's read (20 samples);
+  - several hosts (tests/bench/hosts.py): three hosts on one Redis against
+    three processes on one state_dir: cross-host wake latency, Redis round
+    trips and CPU per cached answer and per held request, reads for 30 tabs;
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
 Figures, not pass/fail: the tests assert behaviour, this prints numbers.
 A part that cannot run here (no wrk, nginx or php-fpm) says "skipped: why"."""
@@ -37,11 +40,12 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import kit  # noqa: E402
 import held  # noqa: E402
+import hosts  # noqa: E402
 import flash  # noqa: E402
 import slowpeers  # noqa: E402
 import throughput  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts")
 
 
 def raise_nofile():
@@ -185,6 +189,29 @@ def print_flash(cases, one):
     print("  one buyer at a time, reads at: %s (the seed: 0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5)" % (one,))
 
 
+def print_hosts(rows):
+    print("Several hosts: 3 kembali with their own state_dir on one Redis (Unix socket) against 3 processes "
+          "on one state_dir:")
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            out.append(["%s: skipped: %s" % (r["name"], r["skipped"])])
+            continue
+        out.append([r["name"], "%.1f / %.1f" % r["wake"] if r["wake"] else "-", "%.2f" % r["cached_rt"],
+                    "%.0f" % r["cached_cpu_us"], "%.2f" % r["held_rt"], "%.0f" % r["held_cpu_us"],
+                    "%d, %.2f s" % (r["reads"], r["gap"])])
+    table(["setup", "wake ms median / p99", "round trips / cached", "CPU us / cached", "round trips / held",
+           "CPU us / held", "30 tabs: reads, min gap"], out)
+    base = rows[0]
+    for r in rows[1:]:
+        if "skipped" not in r and base.get("cached_cpu_us"):
+            print("  Redis against one host: CPU per cached answer %s, per held request %s; target: wake < 50 ms, "
+                  "one schedule (7 reads) for the 30 tabs" % (ratio(r["cached_cpu_us"], base["cached_cpu_us"]),
+                                                              ratio(r["held_cpu_us"], base["held_cpu_us"])))
+    print("  (CPU: utime+stime of the three kembali processes from /proc; round trips: kembali's own counter; "
+          "the test client's own time is not in it)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--held", default="2000,10000", help="comma-separated numbers of held requests")
@@ -228,6 +255,8 @@ def main():
             print_slowpeers(slowpeers.run(tmp))
         if "flash" in parts:
             print_flash(*flash.run(tmp))
+        if "hosts" in parts:
+            print_hosts(hosts.run(tmp))
         if a.long:
             polling(k, sb)
         print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))

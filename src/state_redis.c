@@ -1,0 +1,1153 @@
+/* state_redis.c - see state_redis.h.
+ *
+ * Two hiredis asynchronous connections per process, driven by the loop
+ * (hiredis calls our hooks to watch its socket): `main` for the scripts and
+ * `sub` subscribed to the wake channel. A process is DOWN, JOINING (both
+ * connecting, authenticating, the salt fetched, the scripts loaded,
+ * subscribed) or UP.
+ *
+ * Rules that keep the teardown simple: a connection is never freed from
+ * inside one of hiredis' callbacks (a failure seen there only marks the
+ * process down and arms `teardown`, a timer at once); every operation gets
+ * its callback exactly once from hiredis, with a reply or with NULL when its
+ * connection is freed, and an operation that dies with its connection
+ * answers STATE_REDIS_DOWN from there. Waiting operations are kept oldest
+ * first (Redis answers in order): the oldest one's age is the one timer
+ * that says "slower than 100 ms". */
+#include "state_redis.h"
+
+#include <errno.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/time.h>
+
+#include "log.h"
+#include "util.h"
+
+#define SALT_TTL_MS (30LL * 24 * 3600 * 1000) /* refreshed at every join */
+
+/* ---- the scripts (Redis's Lua 5.1), run on Redis's clock ---- */
+
+/* Shared head: now (ms, Redis's TIME) and the transaction's fields. */
+#define LUA_HEAD                                                                           \
+    "local t = redis.call('TIME')\n"                                                       \
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
+    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser')\n" \
+    "local s = h[1]\n"                                                                     \
+    "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
+    "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
+    "local ra, ser = tonumber(h[7]) or 0, tonumber(h[8]) or 0\n"                           \
+    "local function wait_for(waits, reads)\n"                                              \
+    "  local ws = {}\n"                                                                    \
+    "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
+    "  local w = ws[math.min(reads, #ws - 1) + 1] or 1100\n"                               \
+    "  if w < 1100 then w = 1100 end\n"                                                    \
+    "  return w\n"                                                                         \
+    "end\n"
+
+/* A final status may replace what is known (state_tell's order)? */
+#define LUA_FORWARD                                                                          \
+    "local function forward(old, new)\n"                                                     \
+    "  if not old or old == new or old == 'pending' then return true end\n"                  \
+    "  if old == 'expired' then return new == 'succeeded' or new == 'failed' or new == 'canceled' end\n" \
+    "  return old ~= 'succeeded' and old ~= 'failed' and old ~= 'canceled'\n"                \
+    "end\n"
+
+/* Publish what is known now, and keep the transaction for as long as any
+ * of its times matters. ARGV names: waits, channel, rkey, id. */
+#define LUA_PUBLISH                                                                        \
+    "local function publish(waits, channel, rkey, id, kp)\n"                               \
+    "  local msg\n"                                                                        \
+    "  if s and fu > now then msg = 'F ' .. rkey .. ' ' .. id .. ' ' .. (fu - now) .. ' ' .. s\n" \
+    "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
+    "  else\n"                                                                             \
+    "    local nx = now\n"                                                                 \
+    "    if n > 0 and now - ls <= 60000 then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
+    "    nx = math.max(nx, ra, kp)\n"                                                      \
+    "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
+    "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
+    "  end\n"                                                                              \
+    "  redis.call('PUBLISH', channel, msg)\n"                                              \
+    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu, ls + 61000) + 1000)\n" \
+    "end\n"
+
+/* KEYS: tx, key, budget, block. ARGV: waits, budget, lease_ms, has_client, id. */
+static const char lua_claim[] =
+    LUA_HEAD
+    "if s and fu > now then return {'final', fu - now, s} end\n"
+    "if nf > now then return {'nf', nf - now} end\n"
+    "if lu > now then return {'busy', lu - now} end\n"
+    "if ARGV[4] == '1' and not s and redis.call('EXISTS', KEYS[4]) == 1 then\n"
+    "  return {'blocked', math.max(redis.call('PTTL', KEYS[4]), 1)}\n"
+    "end\n"
+    "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
+    "if kp > now then return {'wait', kp - now, 'key'} end\n"
+    "if ra > now then return {'wait', ra - now, 'retry'} end\n"
+    "if n > 0 and now - ls <= 60000 then\n"
+    "  local nx = ls + wait_for(ARGV[1], n)\n"
+    "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
+    "else\n"
+    "  n = 0\n"
+    "end\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 60000)\n"
+    "if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then\n"
+    "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
+    "  return {'wait', math.max(tonumber(o[2]) + 60000 - now, 1), 'budget'}\n"
+    "end\n"
+    "ser = ser + 1\n"
+    "lu = now + tonumber(ARGV[3])\n"
+    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser)\n"
+    "redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu) + 1000)\n"
+    "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
+    "redis.call('PEXPIREAT', KEYS[3], now + 61000)\n"
+    "return {'go', ser}\n";
+
+/* KEYS: tx, key, client's 404s, client's block.
+ * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
+ *       8 charge, 9 not_before_ms, 10 why, 11 waits, 12 id, 13 channel,
+ *       14 rkey, 15 client. */
+static const char lua_finish[] =
+    LUA_HEAD LUA_FORWARD LUA_PUBLISH
+    "local known, current = s, false\n"
+    "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
+    "  lu = 0\n"
+    "  ls = ls + tonumber(ARGV[2])\n"
+    "  redis.call('HDEL', KEYS[1], 'lu')\n"
+    "  redis.call('HSET', KEYS[1], 'ls', ls)\n"
+    "  current = true\n"
+    "end\n"
+    "local fin = s and fu > now\n"
+    "local word = ARGV[3]\n"
+    "if word ~= '' and ARGV[4] == '1' then\n"
+    "  if forward(s, word) or (current and not fin) then\n"
+    "    s, fu, nf = word, now + tonumber(ARGV[5]), 0\n"
+    "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
+    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "  end\n"
+    "elseif word ~= '' then\n"
+    "  if not fin and (current or not s) then\n"
+    "    s, fu, nf = word, 0, 0\n"
+    "    redis.call('HSET', KEYS[1], 's', s, 'fu', 0)\n"
+    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "  end\n"
+    "elseif ARGV[6] == '1' then\n"
+    "  if not fin and (current or not s) then\n"
+    "    nf = now + tonumber(ARGV[7])\n"
+    "    redis.call('HSET', KEYS[1], 'nf', nf)\n"
+    "  end\n"
+    "end\n"
+    "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
+    "local nb = tonumber(ARGV[9])\n"
+    "if nb > 0 and ARGV[10] == 'key' and now + nb > kp then\n"
+    "  kp = now + nb\n"
+    "  redis.call('HSET', KEYS[2], 'p', kp)\n"
+    "  redis.call('PEXPIREAT', KEYS[2], kp + 1000)\n"
+    "elseif nb > 0 and ARGV[10] == 'retry' and now + nb > ra then\n"
+    "  ra = now + nb\n"
+    "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
+    "end\n"
+    "local blocked = 0\n"
+    "if ARGV[8] == '1' and not known then\n"
+    "  redis.call('ZADD', KEYS[3], now, ARGV[12])\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 600000)\n"
+    "  redis.call('PEXPIREAT', KEYS[3], now + 600000)\n"
+    "  if redis.call('ZCARD', KEYS[3]) >= 5 and redis.call('EXISTS', KEYS[4]) == 0 then\n"
+    "    redis.call('SET', KEYS[4], '1', 'PX', 600000)\n"
+    "    blocked = 1\n"
+    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' 600000')\n"
+    "  end\n"
+    "end\n"
+    "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
+    "return blocked\n";
+
+/* KEYS: tx. ARGV: 1 word, 2 final, 3 ttl, 4 waits, 5 id, 6 channel, 7 rkey. */
+static const char lua_tell[] =
+    LUA_HEAD LUA_FORWARD LUA_PUBLISH
+    "local fin = s and fu > now\n"
+    "if ARGV[2] == '1' then\n"
+    "  if forward(s, ARGV[1]) then\n"
+    "    s, fu, nf = ARGV[1], now + tonumber(ARGV[3]), 0\n"
+    "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
+    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "  end\n"
+    "elseif not fin then\n"
+    "  s, nf = ARGV[1], 0\n"
+    "  redis.call('HSET', KEYS[1], 's', s)\n"
+    "  redis.call('HDEL', KEYS[1], 'nf')\n"
+    "end\n"
+    "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
+    "return 1\n";
+
+enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_N };
+static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell};
+
+/* ---- types ---- */
+
+struct rconn {
+    struct state_redis *r;    /* NULL once it is not r's any more */
+    redisAsyncContext *ac;
+    struct loop *loop;
+    struct loop_io io;
+    bool sub;
+    bool freeing;             /* we asked hiredis to free it */
+    bool dead;                /* hiredis freed it while we were in its handler */
+    int busy;
+};
+
+enum op_kind { OP_CLAIM, OP_FIRE, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
+
+struct state_redis_op {
+    struct state_redis *r;
+    enum op_kind kind;
+    int script;               /* OP_JOIN_SCRIPT */
+    state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
+    void *data;
+    int64_t sent;
+    bool queued;              /* on r's list of waiting operations */
+    struct state_redis_op *prev, *next;
+};
+
+struct writeback {
+    char *secret;             /* a copy, wiped when freed */
+    char id[STATE_ID_MAX + 1];
+    char word[STATUS_WORD_MAX + 1];
+};
+
+enum phase { PH_DOWN, PH_JOINING, PH_UP };
+
+struct state_redis {
+    struct loop *loop;
+    struct config_redis cfg;  /* password: our own copy */
+    state_redis_msg_fn *on_msg;
+    void *ctx;
+    enum phase phase;
+    bool ever_up, unreachable_logged, stopping;
+    struct rconn *main, *sub;
+    int join_left;            /* join steps still to come */
+    char why[160];            /* the last failure, for the log */
+    bool salt_known;
+    uint8_t salt[16];
+    char sha[SCRIPT_N][41];
+    char channel[80];
+    struct state_redis_op *head, *tail; /* waiting operations, oldest first */
+    struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer;
+    struct writeback wb[STATE_REDIS_WRITEBACK_MAX];
+    size_t nwb;
+    struct state_redis_metrics m;
+};
+
+static void went_down(struct state_redis *r, const char *why);
+static void join(struct state_redis *r);
+
+/* ---- hiredis' hooks on our loop ---- */
+
+static void rc_set(struct rconn *rc, uint32_t add, uint32_t del)
+{
+    uint32_t ev = (rc->io.events | add) & ~del;
+    if (ev != rc->io.events && loop_io_set(rc->loop, &rc->io, ev) != 0 && rc->r != NULL)
+        went_down(rc->r, "epoll failed");
+}
+
+static void ev_add_read(void *p) { rc_set(p, EPOLLIN, 0); }
+static void ev_del_read(void *p) { rc_set(p, 0, EPOLLIN); }
+static void ev_add_write(void *p) { rc_set(p, EPOLLOUT, 0); }
+static void ev_del_write(void *p) { rc_set(p, 0, EPOLLOUT); }
+
+/* hiredis frees the context: this is the last we hear of it. */
+static void ev_cleanup(void *p)
+{
+    struct rconn *rc = p;
+    loop_io_set(rc->loop, &rc->io, 0);
+    rc->ac->data = NULL;
+    struct state_redis *r = rc->r;
+    if (r != NULL) {
+        if (r->main == rc)
+            r->main = NULL;
+        if (r->sub == rc)
+            r->sub = NULL;
+        if (!rc->freeing)
+            went_down(r, rc->ac->errstr[0] ? rc->ac->errstr : "connection closed");
+    }
+    if (rc->busy > 0)
+        rc->dead = true;
+    else
+        free(rc);
+}
+
+static void on_rc_io(struct loop *l, struct loop_io *io, uint32_t events)
+{
+    struct rconn *rc = io->data;
+    (void)l;
+    rc->busy++;
+    if (events & EPOLLOUT)
+        redisAsyncHandleWrite(rc->ac);
+    if (!rc->dead && (events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+        redisAsyncHandleRead(rc->ac);
+    if (--rc->busy == 0 && rc->dead)
+        free(rc);
+}
+
+static struct rconn *rc_open(struct state_redis *r, bool sub)
+{
+    struct rconn *rc = calloc(1, sizeof *rc);
+    if (rc == NULL) {
+        util_copy(r->why, sizeof r->why, "out of memory");
+        return NULL;
+    }
+    redisAsyncContext *ac = r->cfg.unix_socket ? redisAsyncConnectUnix(r->cfg.path)
+                                               : redisAsyncConnect(r->cfg.host, r->cfg.port);
+    if (ac == NULL || ac->err) {
+        snprintf(r->why, sizeof r->why, "cannot connect: %s", ac ? ac->errstr : "out of memory");
+        if (ac)
+            redisAsyncFree(ac);
+        free(rc);
+        return NULL;
+    }
+    rc->r = r;
+    rc->ac = ac;
+    rc->loop = r->loop;
+    rc->sub = sub;
+    ac->data = rc;
+    loop_io_init(&rc->io, ac->c.fd, on_rc_io, rc);
+    ac->ev.data = rc;
+    ac->ev.addRead = ev_add_read;
+    ac->ev.delRead = ev_del_read;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    ac->ev.cleanup = ev_cleanup;
+    return rc;
+}
+
+/* Free rc's connection (never from inside a hiredis callback: see top). */
+static void rc_close(struct rconn *rc)
+{
+    if (rc == NULL || rc->freeing)
+        return;
+    rc->freeing = true;
+    redisAsyncFree(rc->ac); /* its operations are answered with NULL, then ev_cleanup */
+}
+
+/* ---- operations ---- */
+
+static void arm_slow(struct state_redis *r)
+{
+    if (r->head == NULL)
+        loop_timer_stop(r->loop, &r->slow_timer);
+    else
+        loop_timer_at(r->loop, &r->slow_timer, r->head->sent + STATE_REDIS_SLOW_MS);
+}
+
+static void op_unqueue(struct state_redis_op *op)
+{
+    struct state_redis *r = op->r;
+    if (!op->queued)
+        return;
+    op->queued = false;
+    bool was_head = r->head == op;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        r->head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        r->tail = op->prev;
+    op->prev = op->next = NULL;
+    if (was_head)
+        arm_slow(r);
+}
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *privdata);
+
+/* Send argv on rc for op (queued for the slow timer unless a join step).
+ * false when hiredis refused it (op is freed then). */
+static bool op_send(struct rconn *rc, struct state_redis_op *op, int argc, const char **argv, const size_t *lens)
+{
+    struct state_redis *r = op->r;
+    op->sent = util_mono_ms();
+    if (rc == NULL || rc->freeing ||
+        redisAsyncCommandArgv(rc->ac, on_reply, op, argc, argv, lens) != REDIS_OK) {
+        free(op);
+        return false;
+    }
+    r->m.round_trips++;
+    if (op->kind == OP_CLAIM || op->kind == OP_FIRE) {
+        op->queued = true;
+        op->prev = r->tail;
+        if (r->tail)
+            r->tail->next = op;
+        else
+            r->head = op;
+        r->tail = op;
+        if (r->head == op)
+            arm_slow(r);
+    }
+    return true;
+}
+
+static struct state_redis_op *op_new(struct state_redis *r, enum op_kind kind)
+{
+    struct state_redis_op *op = calloc(1, sizeof *op);
+    if (op != NULL) {
+        op->r = r;
+        op->kind = kind;
+    }
+    return op;
+}
+
+static bool send_join(struct state_redis *r, struct rconn *rc, enum op_kind kind, int script, int argc,
+                      const char **argv)
+{
+    size_t lens[8];
+    if (argc > 8)
+        return false;
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    struct state_redis_op *op = op_new(r, kind);
+    if (op == NULL)
+        return false;
+    op->script = script;
+    if (!op_send(rc, op, argc, argv, lens))
+        return false;
+    r->join_left++;
+    return true;
+}
+
+/* ---- ids and keys ---- */
+
+static void to_hex(const uint8_t *b, size_t n, char *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hx[b[i] >> 4];
+        out[2 * i + 1] = hx[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static bool from_hex(const char *s, size_t len, uint8_t *out, size_t n)
+{
+    if (len != 2 * n)
+        return false;
+    for (size_t i = 0; i < 2 * n; i++) {
+        char c = s[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return false;
+        if (i % 2 == 0)
+            out[i / 2] = (uint8_t)(v << 4);
+        else
+            out[i / 2] |= (uint8_t)v;
+    }
+    return true;
+}
+
+static void key_hash(const uint8_t salt[16], const char *secret, struct state_redis_id *out)
+{
+    uint8_t s2[16], b[16];
+    memcpy(s2, salt, 16);
+    s2[0] ^= 0x5a;
+    uint64_t x = state_siphash(salt, secret, strlen(secret));
+    uint64_t y = state_siphash(s2, secret, strlen(secret));
+    memcpy(b, &x, 8);
+    memcpy(b + 8, &y, 8);
+    to_hex(b, 16, out->hex);
+}
+
+bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
+{
+    if (r == NULL || !r->salt_known)
+        return false;
+    key_hash(r->salt, secret, out);
+    return true;
+}
+
+bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out)
+{
+    if (r == NULL || !r->salt_known)
+        return false;
+    struct state_client c;
+    uint8_t s2[16];
+    memcpy(s2, r->salt, 16);
+    s2[5] ^= 0x3c; /* not the key ids' hash */
+    state_client_hash(s2, addr, &c);
+    to_hex(c.b, 16, out->hex);
+    return true;
+}
+
+/* PREFIX{K}what */
+static void rkey_name(char *out, size_t cap, const char *prefix, const struct state_redis_id *k, const char *what,
+                      const char *tail)
+{
+    snprintf(out, cap, "%s{%s}%s%s", prefix, k->hex, what, tail ? tail : "");
+}
+
+static void waits_csv(const struct pace_schedule *s, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < s->n && n + 24 < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%lld", i ? "," : "", (long long)s->wait_ms[i]);
+}
+
+/* ---- joining and leaving ---- */
+
+static void teardown(struct state_redis *r)
+{
+    struct rconn *m = r->main, *s = r->sub;
+    r->main = r->sub = NULL;
+    if (m)
+        m->r = NULL;
+    if (s)
+        s->r = NULL;
+    rc_close(m); /* operations answer DOWN from on_reply */
+    rc_close(s);
+}
+
+static void on_teardown_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->phase != PH_UP)
+        teardown(r);
+}
+
+static void log_failure(struct state_redis *r, const char *event, const char *why)
+{
+    struct log_line l;
+    log_begin(&l, "warn", event);
+    log_str(&l, "redis", r->cfg.unix_socket ? r->cfg.path : r->cfg.host);
+    if (!r->cfg.unix_socket)
+        log_int(&l, "port", r->cfg.port);
+    log_str(&l, "why", why);
+    log_str(&l, "msg", "reads are decided by this host's own state with its share of each key's budget "
+                       "until Redis answers again");
+    log_end(&l);
+}
+
+/* Something failed: this process stops using Redis (at once), closes its
+ * connections (soon, outside hiredis' callbacks) and tries again later.
+ * Safe from anywhere, any number of times. */
+static void went_down(struct state_redis *r, const char *why)
+{
+    if (r->phase == PH_UP) {
+        r->m.leaves++;
+        log_failure(r, "redis_left", why);
+    } else if (r->phase == PH_JOINING && !r->unreachable_logged && !r->ever_up) {
+        r->unreachable_logged = true;
+        log_failure(r, "redis_unreachable", why);
+    }
+    if (r->phase != PH_DOWN) {
+        r->phase = PH_DOWN;
+        r->m.up = false;
+        loop_timer_stop(r->loop, &r->join_timer);
+        loop_timer_at(r->loop, &r->teardown_timer, loop_now(r->loop));
+        if (!r->stopping)
+            loop_timer_at(r->loop, &r->retry_timer, util_mono_ms() + STATE_REDIS_RETRY_MS);
+    }
+}
+
+static void writeback_flush(struct state_redis *r);
+
+static void joined(struct state_redis *r)
+{
+    r->phase = PH_UP;
+    r->m.up = true;
+    r->m.joins++;
+    loop_timer_stop(r->loop, &r->join_timer);
+    struct log_line l;
+    log_begin(&l, "info", r->ever_up ? "redis_rejoined" : "redis_joined");
+    log_str(&l, "redis", r->cfg.unix_socket ? r->cfg.path : r->cfg.host);
+    if (!r->cfg.unix_socket)
+        log_int(&l, "port", r->cfg.port);
+    if (r->nwb > 0)
+        log_int(&l, "written_back", (long long)r->nwb);
+    log_end(&l);
+    r->ever_up = true;
+    r->unreachable_logged = false;
+    writeback_flush(r);
+}
+
+static void join_step_done(struct state_redis *r)
+{
+    if (--r->join_left == 0 && r->phase == PH_JOINING)
+        joined(r);
+}
+
+static void on_join_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    went_down(r, "no answer within 1 s");
+}
+
+static void on_retry_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->phase == PH_DOWN && !r->stopping) {
+        teardown(r); /* what is left of the last attempt */
+        join(r);
+    }
+}
+
+static void join(struct state_redis *r)
+{
+    r->phase = PH_JOINING;
+    r->join_left = 0;
+    loop_timer_at(r->loop, &r->join_timer, util_mono_ms() + STATE_REDIS_JOIN_MS);
+    r->main = rc_open(r, false);
+    r->sub = r->main ? rc_open(r, true) : NULL;
+    if (r->main == NULL || r->sub == NULL) {
+        char why[sizeof r->why];
+        util_copy(why, sizeof why, r->why);
+        went_down(r, why);
+        return;
+    }
+    char db[16], salt_hex[33], ttl[24], saltkey[96];
+    uint8_t fresh[16];
+    if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh) {
+        went_down(r, "no random bytes for a salt");
+        return;
+    }
+    to_hex(fresh, 16, salt_hex);
+    snprintf(db, sizeof db, "%d", r->cfg.db);
+    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
+    snprintf(saltkey, sizeof saltkey, "%ssalt", r->cfg.prefix);
+    bool ok = true;
+    for (int c = 0; c < 2 && ok; c++) {
+        struct rconn *rc = c == 0 ? r->main : r->sub;
+        if (r->cfg.password != NULL)
+            ok = ok && send_join(r, rc, OP_JOIN_OTHER, 0, 2, (const char *[]){"AUTH", r->cfg.password});
+        if (c == 0 && r->cfg.db != 0)
+            ok = ok && send_join(r, rc, OP_JOIN_OTHER, 0, 2, (const char *[]){"SELECT", db});
+    }
+    ok = ok && send_join(r, r->main, OP_JOIN_SALT, 0, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl});
+    ok = ok && send_join(r, r->main, OP_JOIN_OTHER, 0, 3, (const char *[]){"PEXPIRE", saltkey, ttl});
+    ok = ok && send_join(r, r->main, OP_JOIN_GET, 0, 2, (const char *[]){"GET", saltkey});
+    for (int i = 0; i < SCRIPT_N && ok; i++)
+        ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", scripts[i]});
+    ok = ok && send_join(r, r->sub, OP_SUBSCRIBE, 0, 2, (const char *[]){"SUBSCRIBE", r->channel});
+    if (!ok)
+        went_down(r, "cannot send to Redis");
+}
+
+/* ---- replies ---- */
+
+static bool reply_is(const redisReply *x, int type)
+{
+    return x != NULL && x->type == type;
+}
+
+static int64_t reply_int(const redisReply *x)
+{
+    if (x == NULL)
+        return 0;
+    if (x->type == REDIS_REPLY_INTEGER)
+        return x->integer;
+    if (x->type == REDIS_REPLY_STRING)
+        return strtoll(x->str, NULL, 10);
+    return 0;
+}
+
+/* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
+static bool word_ok(const char *w, size_t n)
+{
+    if (n == 0 || n > STATUS_WORD_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((w[i] >= 'a' && w[i] <= 'z') || (w[i] >= '0' && w[i] <= '9') || w[i] == '_'))
+            return false;
+    return true;
+}
+
+static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
+{
+    memset(c, 0, sizeof *c);
+    c->v = STATE_REDIS_DOWN;
+    if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements < 2 || !reply_is(x->element[0], REDIS_REPLY_STRING))
+        return;
+    const char *v = x->element[0]->str;
+    int64_t n = reply_int(x->element[1]);
+    if (n < 0)
+        n = 0;
+    c->ms = n;
+    if (strcmp(v, "go") == 0) {
+        c->v = STATE_REDIS_GO;
+        c->serial = (uint64_t)n;
+        c->ms = 0;
+    } else if (strcmp(v, "final") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) &&
+               word_ok(x->element[2]->str, x->element[2]->len)) {
+        c->v = STATE_REDIS_FINAL;
+        util_copy(c->word, sizeof c->word, x->element[2]->str);
+    } else if (strcmp(v, "nf") == 0) {
+        c->v = STATE_REDIS_NOT_FOUND;
+    } else if (strcmp(v, "busy") == 0) {
+        c->v = STATE_REDIS_BUSY;
+    } else if (strcmp(v, "blocked") == 0) {
+        c->v = STATE_REDIS_BLOCKED;
+    } else if (strcmp(v, "wait") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING)) {
+        const char *why = x->element[2]->str;
+        c->v = STATE_REDIS_WAIT;
+        c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
+                 : strcmp(why, "budget") == 0                                        ? WAIT_BUDGET
+                                                                                     : WAIT_PACE;
+    }
+}
+
+/* A published message: "F K ID MS WORD", "P K ID MS WORD", "W K ID MS",
+ * "N K ID MS", "B K CLIENT MS". Anything else is ignored. */
+static bool parse_msg(const char *s, size_t len, struct state_redis_msg *m)
+{
+    char buf[256];
+    if (len >= sizeof buf)
+        return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    char *save = NULL, *f[5];
+    int n = 0;
+    for (char *tok = strtok_r(buf, " ", &save); tok && n < 5; tok = strtok_r(NULL, " ", &save))
+        f[n++] = tok;
+    if (n < 4 || strlen(f[0]) != 1)
+        return false;
+    memset(m, 0, sizeof *m);
+    uint8_t k[16];
+    if (!from_hex(f[1], strlen(f[1]), k, 16))
+        return false;
+    util_copy(m->key.hex, sizeof m->key.hex, f[1]);
+    char *end;
+    long long ms = strtoll(f[3], &end, 10);
+    if (*end != '\0' || ms < 0 || ms > 24LL * 3600 * 1000)
+        return false;
+    m->ms = ms;
+    switch (f[0][0]) {
+    case 'F': m->kind = STATE_REDIS_MSG_FINAL; break;
+    case 'P': m->kind = STATE_REDIS_MSG_STATUS; break;
+    case 'W': m->kind = STATE_REDIS_MSG_NEXT; break;
+    case 'N': m->kind = STATE_REDIS_MSG_NOT_FOUND; break;
+    case 'B': m->kind = STATE_REDIS_MSG_BLOCK; break;
+    default: return false;
+    }
+    if (m->kind == STATE_REDIS_MSG_BLOCK) {
+        if (!from_hex(f[2], strlen(f[2]), k, 16))
+            return false;
+    } else if (!config_valid_id(f[2])) {
+        return false;
+    }
+    util_copy(m->id, sizeof m->id, f[2]);
+    if (m->kind == STATE_REDIS_MSG_FINAL || m->kind == STATE_REDIS_MSG_STATUS) {
+        if (n < 5 || !word_ok(f[4], strlen(f[4])))
+            return false;
+        util_copy(m->word, sizeof m->word, f[4]);
+    }
+    return true;
+}
+
+static void on_sub_reply(struct state_redis *r, const redisReply *x)
+{
+    if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements < 3 || !reply_is(x->element[0], REDIS_REPLY_STRING))
+        return;
+    const char *type = x->element[0]->str;
+    if (strcmp(type, "subscribe") == 0) {
+        if (r->phase == PH_JOINING)
+            join_step_done(r);
+        return;
+    }
+    if (strcmp(type, "message") != 0 || !reply_is(x->element[2], REDIS_REPLY_STRING))
+        return;
+    struct state_redis_msg m;
+    if (r->phase == PH_UP && parse_msg(x->element[2]->str, x->element[2]->len, &m)) {
+        r->m.messages++;
+        r->on_msg(r->ctx, &m);
+    }
+}
+
+/* Every reply, and every operation dropped with its connection (reply NULL). */
+static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    struct state_redis_op *op = privdata;
+    struct rconn *rc = ac->data;
+    struct state_redis *r = rc != NULL ? rc->r : NULL; /* NULL: not r's connection any more */
+    const redisReply *x = reply;
+    if (op->kind == OP_SUBSCRIBE) {
+        if (r != NULL && x != NULL) {
+            on_sub_reply(r, x);
+            return; /* the subscription's callback stays for every message */
+        }
+        if (r != NULL)
+            went_down(r, ac->errstr[0] ? ac->errstr : "subscription lost");
+        free(op);
+        return;
+    }
+    op_unqueue(op);
+    bool failed = x == NULL || x->type == REDIS_REPLY_ERROR;
+    if (r != NULL && failed) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", x != NULL ? x->str : ac->errstr[0] ? ac->errstr : "connection lost");
+        if (op->kind == OP_JOIN_OTHER && x != NULL && strncmp(x->str, "WRONGPASS", 9) == 0)
+            snprintf(why, sizeof why, "the password is refused (redis_password_file)");
+        went_down(r, why);
+    }
+    switch (op->kind) {
+    case OP_CLAIM:
+        if (op->fn != NULL) {
+            struct state_redis_claim c;
+            claim_verdict(failed ? NULL : x, &c);
+            if (c.v == STATE_REDIS_DOWN && r != NULL && !failed)
+                went_down(r, "a claim's answer makes no sense");
+            op->r->m.granted += c.v == STATE_REDIS_GO;
+            op->fn(op->data, &c);
+        }
+        break;
+    case OP_JOIN_SALT:
+    case OP_JOIN_OTHER:
+        if (!failed && r != NULL && r->phase == PH_JOINING)
+            join_step_done(r);
+        break;
+    case OP_JOIN_GET:
+        if (!failed && r != NULL && r->phase == PH_JOINING) {
+            uint8_t salt[16];
+            if (!reply_is(x, REDIS_REPLY_STRING) || !from_hex(x->str, x->len, salt, 16)) {
+                went_down(r, "the salt in Redis is not 32 hex digits");
+            } else {
+                memcpy(r->salt, salt, 16);
+                r->salt_known = true;
+                join_step_done(r);
+            }
+        }
+        break;
+    case OP_JOIN_SCRIPT:
+        if (!failed && r != NULL && r->phase == PH_JOINING) {
+            if (!reply_is(x, REDIS_REPLY_STRING) || x->len != 40) {
+                went_down(r, "SCRIPT LOAD gave no digest");
+            } else {
+                memcpy(r->sha[op->script], x->str, 41);
+                join_step_done(r);
+            }
+        }
+        break;
+    case OP_FIRE:
+    case OP_SUBSCRIBE:
+        break;
+    }
+    free(op);
+}
+
+static void on_slow_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->head != NULL && r->head->sent + STATE_REDIS_SLOW_MS <= util_mono_ms())
+        went_down(r, "slower than 100 ms");
+    else
+        arm_slow(r);
+}
+
+/* ---- the interface ---- */
+
+struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
+                                    void *ctx, char *err, size_t errlen)
+{
+    struct state_redis *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->loop = l;
+    r->cfg = *cfg;
+    r->cfg.password = cfg->password ? strdup(cfg->password) : NULL;
+    if (cfg->password && r->cfg.password == NULL) {
+        free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->on_msg = on_msg;
+    r->ctx = ctx;
+    snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
+    loop_timer_init(&r->slow_timer, on_slow_timer, r);
+    loop_timer_init(&r->retry_timer, on_retry_timer, r);
+    loop_timer_init(&r->teardown_timer, on_teardown_timer, r);
+    loop_timer_init(&r->join_timer, on_join_timer, r);
+    join(r);
+    return r;
+}
+
+static void writeback_clear(struct writeback *w)
+{
+    if (w->secret) {
+        explicit_bzero(w->secret, strlen(w->secret));
+        free(w->secret);
+        w->secret = NULL;
+    }
+}
+
+void state_redis_free(struct state_redis *r)
+{
+    if (r == NULL)
+        return;
+    r->stopping = true;
+    r->phase = PH_DOWN;
+    r->m.up = false;
+    teardown(r);
+    /* operations of connections hiredis could not free yet (none: we are
+     * never inside its callbacks here) */
+    loop_timer_stop(r->loop, &r->slow_timer);
+    loop_timer_stop(r->loop, &r->retry_timer);
+    loop_timer_stop(r->loop, &r->teardown_timer);
+    loop_timer_stop(r->loop, &r->join_timer);
+    for (size_t i = 0; i < r->nwb; i++)
+        writeback_clear(&r->wb[i]);
+    if (r->cfg.password) {
+        explicit_bzero(r->cfg.password, strlen(r->cfg.password));
+        free(r->cfg.password);
+    }
+    free(r);
+}
+
+bool state_redis_up(const struct state_redis *r)
+{
+    return r != NULL && r->phase == PH_UP;
+}
+
+int state_redis_budget(const struct state_redis *r, int budget)
+{
+    if (r == NULL || r->phase == PH_UP)
+        return budget;
+    int share = budget / (r->cfg.hosts > 0 ? r->cfg.hosts : 1);
+    return share > 0 ? share : 1;
+}
+
+struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
+                                         const struct pace_schedule *s, int budget, int64_t lease_ms,
+                                         const struct state_redis_id *client, state_redis_claim_fn *fn,
+                                         void *data)
+{
+    if (!state_redis_up(r))
+        return NULL;
+    struct state_redis_id k;
+    key_hash(r->salt, secret, &k);
+    char ktx[160], kkey[128], kbud[128], kblk[192], waits[PACE_MAX_STEPS * 12], sb[16], sl[24];
+    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
+    rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
+    rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
+    waits_csv(s, waits, sizeof waits);
+    snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
+    snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "4", ktx, kkey, kbud, kblk,
+                          waits, sb, sl, client ? "1" : "0", id};
+    size_t lens[sizeof argv / sizeof argv[0]];
+    for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
+        lens[i] = strlen(argv[i]);
+    struct state_redis_op *op = op_new(r, OP_CLAIM);
+    if (op == NULL)
+        return NULL;
+    op->fn = fn;
+    op->data = data;
+    if (!op_send(r->main, op, (int)(sizeof argv / sizeof argv[0]), argv, lens))
+        return NULL;
+    r->m.claims++;
+    return op;
+}
+
+void state_redis_cancel(struct state_redis_op *op)
+{
+    if (op != NULL)
+        op->fn = NULL;
+}
+
+#define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void fire(struct state_redis *r, int argc, const char **argv)
+{
+    size_t lens[24];
+    if (argc > 24)
+        return;
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    struct state_redis_op *op = op_new(r, OP_FIRE);
+    if (op != NULL)
+        op_send(r->main, op, argc, argv, lens);
+}
+
+static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final)
+{
+    struct state_redis_id k;
+    key_hash(r->salt, secret, &k);
+    char ktx[160], ttl[24], waits[32];
+    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    snprintf(ttl, sizeof ttl, "%lld",
+             strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
+    snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS); /* a told status starts no pace */
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "1", ktx, word, final ? "1" : "0", ttl, waits, id,
+                          r->channel, k.hex};
+    fire(r, ARGC(argv), argv);
+}
+
+static void writeback_add(struct state_redis *r, const char *secret, const char *id, const char *word)
+{
+    if (r->nwb >= STATE_REDIS_WRITEBACK_MAX)
+        return; /* the oldest are kept: Redis's own TTLs would have dropped the rest first */
+    struct writeback *w = &r->wb[r->nwb];
+    w->secret = strdup(secret);
+    if (w->secret == NULL)
+        return;
+    util_copy(w->id, sizeof w->id, id);
+    util_copy(w->word, sizeof w->word, word);
+    r->nwb++;
+}
+
+static void writeback_flush(struct state_redis *r)
+{
+    for (size_t i = 0; i < r->nwb; i++) {
+        send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true);
+        writeback_clear(&r->wb[i]);
+    }
+    r->m.written_back += (long)r->nwb;
+    r->nwb = 0;
+}
+
+void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
+                        const struct state_redis_outcome *o)
+{
+    if (r == NULL)
+        return;
+    if (!state_redis_up(r)) {
+        if (o->word != NULL && o->final)
+            writeback_add(r, secret, id, o->word);
+        return;
+    }
+    struct state_redis_id k;
+    key_hash(r->salt, secret, &k);
+    char ktx[160], kkey[128], kcl[192], kblk[192], ser[24], sent[24], ttl[24], nfttl[24], nb[24];
+    char waits[PACE_MAX_STEPS * 12];
+    const char *cl = o->charge ? o->client.hex : "-";
+    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
+    rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", cl);
+    rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", cl);
+    snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
+    snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < 60000 ? o->sent_ms : 0));
+    snprintf(ttl, sizeof ttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
+    snprintf(nfttl, sizeof nfttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
+    snprintf(nb, sizeof nb, "%lld", (long long)(o->not_before_ms > 0 ? o->not_before_ms : 0));
+    /* the schedule tells the others when the next read may start */
+    if (o->sched != NULL)
+        waits_csv(o->sched, waits, sizeof waits);
+    else
+        snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
+    const char *why = o->why == WAIT_KEY_PAUSE ? "key" : o->why == WAIT_RETRY ? "retry" : "-";
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "4", ktx, kkey, kcl, kblk, ser, sent,
+                          o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
+                          o->charge ? "1" : "0", nb, why, waits, id, r->channel, k.hex, cl};
+    fire(r, ARGC(argv), argv);
+}
+
+void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final)
+{
+    if (r == NULL)
+        return;
+    if (!state_redis_up(r)) {
+        if (final)
+            writeback_add(r, secret, id, word);
+        return;
+    }
+    send_tell(r, secret, id, word, final);
+}
+
+void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out)
+{
+    if (r == NULL) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = r->m;
+}
+
+/* ---- the blocking one, for --notify ---- */
+
+static redisReply *sync_cmd(redisContext *c, int argc, const char **argv, char *err, size_t errlen)
+{
+    size_t lens[16];
+    if (argc > 16) {
+        snprintf(err, errlen, "too many arguments");
+        return NULL;
+    }
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *x = redisCommandArgv(c, argc, argv, lens);
+    if (x == NULL) {
+        snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "no answer");
+        return NULL;
+    }
+    if (x->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "%s", strncmp(x->str, "WRONGPASS", 9) == 0 ? "the password is refused" : x->str);
+        freeReplyObject(x);
+        return NULL;
+    }
+    return x;
+}
+
+int state_redis_tell_once(const struct config_redis *cfg, const char *secret, const char *id, const char *word,
+                          bool final, int timeout_ms, char *err, size_t errlen)
+{
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    redisContext *c = cfg->unix_socket ? redisConnectUnixWithTimeout(cfg->path, tv)
+                                       : redisConnectWithTimeout(cfg->host, cfg->port, tv);
+    if (c == NULL || c->err) {
+        snprintf(err, errlen, "cannot connect: %s", c ? c->errstr : "out of memory");
+        if (c)
+            redisFree(c);
+        return -1;
+    }
+    redisSetTimeout(c, tv);
+    int rc = -1;
+    redisReply *x = NULL;
+    char db[16], saltkey[96], salt_hex[33], ktx[160], ttl[24], waits[32], channel[80];
+    uint8_t salt[16];
+    snprintf(db, sizeof db, "%d", cfg->db);
+    snprintf(saltkey, sizeof saltkey, "%ssalt", cfg->prefix);
+    if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
+        goto out;
+    freeReplyObject(x);
+    if (cfg->db != 0 && (x = sync_cmd(c, 2, (const char *[]){"SELECT", db}, err, errlen)) == NULL)
+        goto out;
+    freeReplyObject(x);
+    if (getrandom(salt, sizeof salt, 0) != (ssize_t)sizeof salt) {
+        snprintf(err, errlen, "no random bytes for a salt");
+        goto out;
+    }
+    to_hex(salt, 16, salt_hex);
+    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
+    if ((x = sync_cmd(c, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl}, err, errlen)) == NULL)
+        goto out;
+    freeReplyObject(x);
+    if ((x = sync_cmd(c, 2, (const char *[]){"GET", saltkey}, err, errlen)) == NULL)
+        goto out;
+    if (x->type != REDIS_REPLY_STRING || !from_hex(x->str, x->len, salt, 16)) {
+        snprintf(err, errlen, "the salt in Redis is not 32 hex digits");
+        goto out;
+    }
+    freeReplyObject(x);
+    x = NULL;
+    struct state_redis_id k;
+    key_hash(salt, secret, &k);
+    rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
+    snprintf(ttl, sizeof ttl, "%lld", strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
+    snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
+    snprintf(channel, sizeof channel, "%swake", cfg->prefix);
+    const char *argv[] = {"EVAL", lua_tell, "1", ktx, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
+    if ((x = sync_cmd(c, ARGC(argv), argv, err, errlen)) == NULL)
+        goto out;
+    rc = 0;
+out:
+    if (x)
+        freeReplyObject(x);
+    redisFree(c);
+    return rc;
+}

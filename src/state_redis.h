@@ -1,0 +1,189 @@
+/* state_redis.h - the state shared by every host, on Redis.
+ *
+ * With `redis` configured, Redis is the authority on what may be read, for
+ * every process on every host: each transaction's pace and read in flight,
+ * the cache of final statuses, remembered 404s, Retry-After windows, key
+ * pauses, each key's budget over any 60 s and the 404s charged to clients.
+ * Each host keeps its own state (state.h) as well: its processes coalesce
+ * there first, and it holds what this host learnt (a final status answers
+ * with no round trip), so a read is claimed twice, first in the local state
+ * (state_claim), then here (state_redis_claim); a claim Redis refuses is
+ * given back (state_unclaim) and what Redis said is mirrored locally
+ * (state_defer, state_tell, state_learn_not_found, state_client_block).
+ *
+ * Claims, outcomes and told statuses are Lua scripts (EVALSHA; loaded on
+ * every connect, so a restarted or failed-over Redis gets them again), run
+ * on Redis's clock (TIME): times cross hosts only as spans ("in 1500 ms").
+ * Every outcome is published; every process subscribes (one connection)
+ * and hears of every read's end within milliseconds (state_redis_msg_fn).
+ *
+ * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}k (the key's pause),
+ * PREFIX{K}b (the key's budget), PREFIX{K}c:C and PREFIX{K}x:C (a client's
+ * 404s and block), where K is a keyed hash of the shop's secret and C of
+ * the client's address, both under a salt kept in Redis (PREFIXsalt), so
+ * that no secret and no address is stored, and every key of one API key
+ * shares a hash tag (a Redis Cluster could shard them by API key). Every
+ * key has a TTL. The channel is PREFIXwake.
+ *
+ * Redis on a bad day: a connection that fails or closes, an error, or a
+ * reply slower than STATE_REDIS_SLOW_MS puts this process "down": every
+ * operation waiting is answered STATE_REDIS_DOWN at once (its caller decides
+ * locally), and until Redis answers again (tried every second) claims
+ * return NULL and reads are decided by the local state with
+ * state_redis_budget()'s share of each budget. Final statuses read or told
+ * meanwhile are written back when it answers again.
+ *
+ * Everything runs on the loop's thread; no call blocks. Callbacks are never
+ * called from inside the call that registers them. */
+#ifndef KEMBALI_STATE_REDIS_H
+#define KEMBALI_STATE_REDIS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "loop.h"
+#include "pace.h"
+#include "state.h"
+
+#define STATE_REDIS_SLOW_MS 100      /* a reply later than this: Redis is down for us */
+#define STATE_REDIS_JOIN_MS 1000     /* connect, authenticate, load the scripts, subscribe */
+#define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
+#define STATE_REDIS_WRITEBACK_MAX 1024
+
+struct state_redis;
+struct state_redis_op;
+
+/* A key's or a client's identity in Redis: 32 hex digits. */
+struct state_redis_id {
+    char hex[33];
+};
+
+/* What another process published. */
+enum state_redis_msg_kind {
+    STATE_REDIS_MSG_FINAL,     /* a final status, cached for ms */
+    STATE_REDIS_MSG_STATUS,    /* a status that is not final (word); next read in ms */
+    STATE_REDIS_MSG_NEXT,      /* a read ended without a status; next read in ms */
+    STATE_REDIS_MSG_NOT_FOUND, /* a 404, remembered for ms */
+    STATE_REDIS_MSG_BLOCK,     /* client (in id) blocked for ms */
+};
+
+struct state_redis_msg {
+    enum state_redis_msg_kind kind;
+    struct state_redis_id key;
+    char id[STATE_ID_MAX + 1];          /* the transaction; BLOCK: the client's hex */
+    char word[STATUS_WORD_MAX + 1];     /* FINAL, STATUS */
+    int64_t ms;
+};
+
+/* Called for every message published by any process (this one included). */
+typedef void state_redis_msg_fn(void *ctx, const struct state_redis_msg *m);
+
+/* Redis's answer to a claim. */
+enum state_redis_verdict {
+    STATE_REDIS_GO,        /* the read is ours: make it, then state_redis_finish() with serial */
+    STATE_REDIS_FINAL,     /* word is final, cached for ms more: no read */
+    STATE_REDIS_NOT_FOUND, /* a 404 is remembered for ms more */
+    STATE_REDIS_BUSY,      /* another read is in flight, its lease ends in ms */
+    STATE_REDIS_WAIT,      /* no read for ms (why: WAIT_PACE, WAIT_RETRY, WAIT_KEY_PAUSE, WAIT_BUDGET) */
+    STATE_REDIS_BLOCKED,   /* the client is blocked for ms and nothing is known of the id */
+    STATE_REDIS_DOWN,      /* no answer: decide locally */
+};
+
+struct state_redis_claim {
+    enum state_redis_verdict v;
+    int64_t ms;
+    enum state_wait why;
+    char word[STATUS_WORD_MAX + 1];
+    uint64_t serial;
+};
+
+typedef void state_redis_claim_fn(void *data, const struct state_redis_claim *c);
+
+/* A read's outcome, as this host's state recorded it (state_finish). */
+struct state_redis_outcome {
+    const struct pace_schedule *sched; /* the schedule the read was made under */
+    uint64_t serial;          /* the claim's; 0: a read Redis did not grant (made while down) */
+    int64_t sent_ms;          /* from the claim to the request going out: the pace counts from there */
+    const char *word;         /* the status read, or NULL */
+    bool final;
+    int64_t ttl_ms;           /* final: its cache */
+    bool not_found;           /* a 404 remembered for ttl_ms */
+    bool charge;              /* a 404 for an id nobody knew: charge `client` */
+    struct state_redis_id client;
+    int64_t not_before_ms;    /* a wait the outcome started (> 0), of kind why */
+    enum state_wait why;      /* WAIT_RETRY or WAIT_KEY_PAUSE; others are Redis's own */
+};
+
+struct state_redis_metrics {
+    bool up;
+    long joins, leaves;       /* times this process joined Redis, and left it */
+    long round_trips;         /* commands sent */
+    long claims, granted;     /* claims asked, and granted */
+    long messages;            /* messages heard */
+    long written_back;        /* final statuses written back after a stay down */
+};
+
+/* Start on loop l with the settings in cfg (copied, password included); the
+ * first connect begins at once. on_msg(ctx, m) is called for every message.
+ * NULL with a reason in err only when out of memory: an unreachable Redis
+ * is not an error (this process is down until it answers). */
+struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
+                                    void *ctx, char *err, size_t errlen);
+
+/* Close the connections and free everything. Operations still waiting are
+ * answered STATE_REDIS_DOWN first. r may be NULL. */
+void state_redis_free(struct state_redis *r);
+
+/* Is this process using Redis now (joined, not down)? */
+bool state_redis_up(const struct state_redis *r);
+
+/* The reads per minute this process may count on for a key whose budget is
+ * `budget`: all of it while up (Redis counts it once for every host), else
+ * its share, budget / redis_hosts (at least 1). r may be NULL (budget). */
+int state_redis_budget(const struct state_redis *r, int budget);
+
+/* The identity in Redis of a shop's secret, or of a client address (as
+ * state_client_id() reads one), under Redis's salt. false when no salt is
+ * known yet (never joined). */
+bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
+bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
+
+/* Ask Redis for the read of (secret's key, id) that this process claimed in
+ * its own state: under schedule s, `budget` reads per minute, a lease of
+ * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
+ * STATE_REDIS_BLOCKED for an id nobody knows). fn(data, verdict) is called
+ * exactly once, later, unless state_redis_cancel(). Returns NULL when not up
+ * (or out of memory): decide locally, fn is never called. */
+struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
+                                         const struct pace_schedule *s, int budget, int64_t lease_ms,
+                                         const struct state_redis_id *client, state_redis_claim_fn *fn,
+                                         void *data);
+
+/* fn of a pending claim will not be called. Can't fail. */
+void state_redis_cancel(struct state_redis_op *op);
+
+/* Record a read's outcome (after state_finish() here) and publish it. A
+ * read made while down is not sent; its final status is kept (at most
+ * STATE_REDIS_WRITEBACK_MAX) and written back when Redis answers again.
+ * Never fails: what cannot be sent is dropped (Redis's lease and TTLs
+ * forget a claim whose outcome never came). */
+void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
+                        const struct state_redis_outcome *o);
+
+/* Record a status the shop was told (state_tell() here) and publish it, as
+ * state_tell() rules: a final status never moves backwards. While down,
+ * a final status is kept for the write-back. Never fails. */
+void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final);
+
+/* Counters for the metrics page. Can't fail. */
+void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out);
+
+/* The one blocking call, for `kembali --notify` (no loop): connect within
+ * timeout_ms, record the told status as state_redis_tell() does, publish.
+ * 0, or -1 with a reason in err (unreachable, refused). */
+int state_redis_tell_once(const struct config_redis *cfg, const char *secret, const char *id, const char *word,
+                          bool final, int timeout_ms, char *err, size_t errlen);
+
+#endif

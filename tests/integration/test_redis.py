@@ -1,0 +1,224 @@
+"""Several hosts on one Redis behave as one: three kembali processes, each
+with its own state_dir (three "hosts"), on a real redis-server started for
+the test (private socket and port, no persistence), against the sandbox.
+The pace, the cache, key pauses and the budget hold across hosts; waiters
+on one host wake when another host's read ends; Redis stopped, killed and
+restarted: every request is still answered by its deadline, within the
+fallback budget, and the hosts coalesce again once it is back."""
+
+import json
+import statistics
+import subprocess
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_between
+
+
+def hosts(tmpdir, n=3, budget=None, top=None, unix=True, two_shops=False):
+    """n hosts on one new Redis; shop toko-a (KEY, `budget`), and toko-b
+    (KEY2) when two_shops (requests then name their host)."""
+    redis = harness.Redis(tmpdir)
+    shop = {} if budget is None else {"read_budget_per_minute": budget}
+    sb, ks = kit.start_hosts(tmpdir, n, redis, top=dict(top or {}, redis=redis.unix_url() if unix else redis.url()),
+                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), **shop)] +
+                             ([harness.make_shop("toko-b", k.key_path("b"))] if two_shops else []))
+    for k in ks:
+        k.wait_log(10, event="redis_joined")
+    return redis, sb, ks
+
+
+@harness.timeout(120)
+def test_thirty_requests_over_three_hosts_cost_one_schedule(tmpdir):
+    redis, sb, ks = hosts(tmpdir)
+    sb.put_tx("t1", "pending")
+    rs = kit.parallel([lambda k=k: k.get("id=t1", timeout=30) for k in ks for _ in range(10)])
+    assert all(r.header("kembali-status") == "checking" for r in rs), [r.header("kembali-status") for r in rs]
+    starts, last = kit.check_one_pace(sb, ks, "t1")
+    arrivals = kit.read_times(sb, "t1")
+    print("# 30 requests over 3 hosts on one pending transaction: %d reads, arrivals %r, smallest gap %.3f s"
+          % (len(arrivals), arrivals, kit.min_gap(arrivals)))
+    # one schedule's reads (4 with FAST), one more if a busy machine spread
+    # the requests past one wait: check_one_pace checked that
+    assert len(arrivals) <= len(kit.FAST) + 1, arrivals
+    assert kit.min_gap(arrivals) >= 1.1 - 0.05, "two reads inside Kasera's window: %r" % arrivals
+    readers = [k.name for k in ks if k.find_log(event="read", id="t1")]
+    print("# hosts that made reads: %r" % readers)
+    assert all(r["http"] == 200 for r in sb.reads("t1")), "no read was rejected by Kasera"
+
+
+def test_final_status_read_by_one_host_answers_the_others(tmpdir):
+    redis, sb, ks = hosts(tmpdir)
+    sb.put_tx("done", "succeeded")
+    assert_eq(ks[0].get("id=done").header("kembali-status"), "succeeded")
+    for k in ks[1:]:
+        assert_eq(k.get("id=done").header("kembali-status"), "succeeded")
+        assert_eq(k.get("id=done&format=json").json()["status"], "succeeded")
+    assert_eq(len(sb.reads("done")), 1, "the other hosts answered from Redis, with no read")
+    # once seen, a host answers from its own state: no further round trip
+    before = ks[1].metrics()["kembali_redis_round_trips_total"]
+    for _ in range(5):
+        assert_eq(ks[1].get("id=done").header("kembali-status"), "succeeded")
+    assert_eq(ks[1].metrics()["kembali_redis_round_trips_total"], before, "hot answers cost no round trip")
+
+
+def test_waiters_on_other_hosts_wake_at_the_end_of_the_read(tmpdir):
+    """A read made by one host ends; requests held on the other hosts for the
+    same transaction are answered from it at once (pub/sub), not at their
+    own next step. Latency is measured in `make bench`; here every waiter
+    must beat the next step of the schedule by far."""
+    redis, sb, ks = hosts(tmpdir, top={"schedule_ms": [0, 5000]})
+    lat = []
+    for i in range(6):
+        t = "w%d" % i
+        sb.put_tx(t, "succeeded", responses=[{"delay_ms": 400}])
+        out = kit.parallel([lambda k=k, d=d: (time.sleep(d), k.get("id=" + t))[1]
+                            for k, d in zip(ks, (0, 0.15, 0.15))])
+        assert all(r.header("kembali-status") == "succeeded" for r in out)
+        assert_eq(len(sb.reads(t)), 1, "one read for three hosts")
+        reader = [k for k in ks if k.find_log(event="read", id=t)]
+        assert_eq(len(reader), 1)
+        end = kit.log_time(reader[0].wait_log(5, event="read", id=t))
+        for k in ks:
+            if k is not reader[0]:
+                lat.append((kit.log_time(k.wait_log(5, event="request", id=t)) - end) * 1000)
+    print("# cross-host wake, read end to answer (ms): median %.1f, max %.1f" % (statistics.median(lat), max(lat)))
+    assert max(lat) < 2500, lat  # without the wake: the next step, 5 s later
+    assert sorted(lat)[len(lat) // 4] < 50, lat
+
+
+def test_budget_is_counted_once_over_every_host(tmpdir):
+    redis, sb, ks = hosts(tmpdir, budget=4)
+    for i in range(6):
+        sb.put_tx("b%d" % i, "pending")
+    for i in range(6):
+        ks[i % 3].get("id=b%d&format=json" % i)
+    # each host alone would allow 4; with Redis down, 4 / 2 each
+    assert_eq(len(sb.reads()), 4, "4 reads per minute over every host")
+
+
+def test_key_pause_holds_on_every_host(tmpdir):
+    redis, sb, ks = hosts(tmpdir)
+    # a 429 without Retry-After (the key's 300/min) pauses the key everywhere
+    body = json.dumps({"error": {"code": "rate_limited", "message": "too many requests for this API key",
+                                 "request_id": "req_1"}})
+    sb.put_tx("p1", "pending", responses=[{"http": 429, "body": body}])
+    sb.put_tx("p2", "pending")
+    ks[0].get("id=p1&format=json")
+    assert_eq(len(sb.reads("p1")), 1)
+    for k in ks[1:]:
+        r = k.get("id=p2")
+        assert_eq(r.header("kembali-status"), "checking")
+        assert kit.answered_in(k, "p2")[-1] < 1.5, "answered at once: no read can start"
+    assert_eq(sb.reads("p2"), [], "no host read with the paused key")
+
+
+def test_notify_reaches_every_host(tmpdir):
+    redis, sb, ks = hosts(tmpdir, top={"schedule_ms": [0, 5000, 5000]})
+    sb.put_tx("n1", "pending")
+    out = {}
+    threads = [threading.Thread(target=lambda k=k: out.setdefault(k.name, k.get("id=n1", timeout=20))) for k in ks[1:]]
+    for t in threads:
+        t.start()
+    harness.wait_for(lambda: all(k.metrics()["kembali_held_requests"] == 1 for k in ks[1:]), 10)
+    reads_before = len(sb.reads("n1"))
+    t0 = time.monotonic()
+    r = ks[0].get("id=n1&format=notify", method="POST", stdin=b'{"status":"succeeded"}',
+                  extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
+    assert_eq(r.status, 204, r.text)
+    for t in threads:
+        t.join(20)
+    assert all(out[k.name].header("kembali-status") == "succeeded" for k in ks[1:]), out
+    assert time.monotonic() - t0 < 3, "answered at once, not at the next step"
+    assert_eq(len(sb.reads("n1")), reads_before, "the told status cost no read")
+    # kembali --notify (a queue worker on any host) reaches held requests too
+    sb.put_tx("n2", "pending")
+    th = threading.Thread(target=lambda: out.setdefault("n2", ks[2].get("id=n2", timeout=20)))
+    th.start()
+    harness.wait_for(lambda: ks[2].metrics()["kembali_held_requests"] == 1, 10)
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n2", "failed"],
+                       capture_output=True, text=True, timeout=20)
+    assert_eq(p.returncode, 0, p.stderr)
+    th.join(20)
+    assert_eq(out["n2"].header("kembali-status"), "failed")
+
+
+@harness.timeout(150)
+def test_redis_stopped_killed_and_restarted(tmpdir):
+    redis, sb, ks = hosts(tmpdir, budget=6, top={"redis_hosts": 3}, two_shops=True)
+    # SIGSTOP mid-episode: Redis takes the claims and never answers
+    sb.put_tx("s1", "pending")
+    out = []
+    lock = threading.Lock()
+
+    def ask(k, t):
+        r = k.get("id=" + t, host="toko-a.test", timeout=30)
+        with lock:
+            out.append(r)
+
+    threads = [threading.Thread(target=ask, args=(k, "s1")) for k in ks for _ in range(3)]
+    for t in threads:
+        t.start()
+    harness.wait_for(lambda: sb.reads("s1"), 10)
+    redis.pause()
+    for t in threads:
+        t.join(40)
+    assert_eq(len(out), 9)
+    assert all(r.header("kembali-status") == "checking" for r in out), [r.header("kembali-status") for r in out]
+    for k in ks:  # by their deadline (the schedule plus 1.5 s), never 5xx
+        assert all(ms / 1000 <= kit.FAST_HOLD + 0.5 for ms in
+                   [int(l["ms"]) for l in k.find_log(event="request", id="s1")])
+        assert k.find_log(event="redis_left"), "%s logs that it left Redis" % k.name
+        assert_eq(k.metrics()["kembali_redis_up"], 0)
+    # reads within the fallback budget: 6 / 3 hosts = 2 per host per minute
+    # (the schedule alone would make 4 on each), the read made through Redis
+    # before it stopped included
+    per_host = [len(k.find_log(event="read")) for k in ks]
+    print("# Redis stopped mid-episode: reads per host %r (fallback budget 2 each), %d in all"
+          % (per_host, len(sb.reads())))
+    assert all(n <= 2 for n in per_host), per_host
+    # SIGKILL, then a new, empty Redis on the same socket: the hosts rejoin
+    # (toko-b: another key, whose budget the episode above did not spend)
+    redis.kill()
+    sb.put_tx("s2", "succeeded")
+    assert_eq(ks[0].get("id=s2", host="toko-b.test").header("kembali-status"), "succeeded")  # no Redis at all
+    redis.restart()
+    for k in ks:
+        k.wait_log(15, event="redis_rejoined")
+    harness.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 10)
+    # the final status learnt while Redis was gone was written back
+    harness.wait_for(lambda: redis.keys("kembali:*t:s2"), 5, msg="s2's final status is in the new Redis")
+    for k in ks[1:]:
+        assert_eq(k.get("id=s2", host="toko-b.test").header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("s2")), 1, "the other hosts learnt s2 from Redis")
+    # coalescing across hosts again
+    sb.put_tx("s3", "pending")
+    kit.parallel([lambda k=k: k.get("id=s3", host="toko-b.test", timeout=30) for k in ks for _ in range(3)])
+    arrivals = kit.read_times(sb, "s3")
+    kit.check_one_pace(sb, ks, "s3")
+    assert kit.min_gap(arrivals) >= 1.1 - 0.05, arrivals
+
+
+def test_redis_keys_are_hashed_and_expire(tmpdir):
+    redis, sb, ks = hosts(tmpdir, unix=False)
+    sb.put_tx("k1", "succeeded")
+    sb.put_tx("k2", "pending")
+    ks[0].get("id=k1")
+    ks[1].get("id=k2&format=json")
+    keys = redis.keys("*")
+    assert keys, "the state is in Redis"
+    dump = " ".join(str(k) for k in keys)
+    for k in keys:
+        name = k.decode() if isinstance(k, bytes) else k
+        assert name.startswith("kembali:"), name
+        ttl = redis.cmd("PTTL", name)
+        assert ttl > 0, "every key expires: %s has %r" % (name, ttl)
+        vals = redis.cmd("DUMP", name, raw=True)
+        assert kit.KEY.encode() not in (vals or b""), "the secret is in %s" % name
+    assert kit.KEY not in dump and kit.KEY[-12:] not in dump, "the secret is not in any key name"
+
+
+if __name__ == "__main__":
+    harness.run(globals())
