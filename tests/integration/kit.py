@@ -102,7 +102,8 @@ def start_hosts(tmpdir, n, redis, schedule=FAST, shops=None, sandbox_args=(), to
     if isinstance(redis, str):
         common["redis"] = redis
     else:
-        common["redis"] = redis.url()
+        # not started yet (no port chosen): its socket's path is known
+        common["redis"] = redis.url() if redis.port is not None else redis.unix_url()
         if redis.password is not None:
             common["redis_password_file"] = redis.password_file()
 
