@@ -277,14 +277,20 @@ static void redis_finish(struct resolver *rs, const struct rread *rd, const stru
         o.charge = rd->has_rclient;
         o.client = rd->rclient;
     }
-    /* the waits it started here (a Retry-After, a key pause), as spans */
-    struct state_fact f;
-    int64_t now = util_mono_ms();
-    state_lookup(rs->app->state, &rd->ticket.key, rd->ticket.id, &rd->cfg->sched, rd->shop->read_budget, now, &f);
-    if ((f.wait == WAIT_RETRY || f.wait == WAIT_KEY_PAUSE) && f.next_read > now) {
-        o.not_before_ms = f.next_read - now;
-        o.why = f.wait;
-    }
+    /* the waits it started, as spans (state_finish's rules, from the
+     * outcome itself: the pace and the budget are Redis's own) */
+    if (oc->kind == OUT_TX_LIMITED)
+        o.retry_ms = oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000;
+    else if (oc->kind == OUT_REJECTED)
+        o.retry_ms = PACE_EPISODE_MS + 1 - (util_mono_ms() - rd->ticket.started);
+    else if (oc->kind == OUT_KEY_LIMITED)
+        o.key_pause_ms = STATE_KEY_PAUSE_MS;
+    else if (oc->kind == OUT_UNAUTHORIZED)
+        o.key_pause_ms = STATE_UNAUTH_PAUSE_MS;
+    if (oc->rl.scope == RL_TX && oc->rl.reset_ms > o.retry_ms)
+        o.retry_ms = oc->rl.reset_ms;
+    else if (oc->rl.scope == RL_KEY && oc->rl.reset_ms > o.key_pause_ms)
+        o.key_pause_ms = oc->rl.reset_ms;
     state_redis_finish(rs->redis, rd->shop->secret, rd->ticket.id, &o);
 }
 
@@ -377,6 +383,26 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     return true;
 }
 
+/* Answer now every waiter of w that asked as `client` (a blocked one),
+ * with what is known. */
+static void answer_client(struct resolver *rs, struct resolver_watch *w, const struct state_redis_id *client,
+                          int64_t now)
+{
+    struct state_fact f;
+    const struct resolver_waiter *lead = w->waiters;
+    if (lead == NULL)
+        return;
+    state_lookup(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
+    for (struct resolver_waiter *r = w->waiters, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->has_rclient && strcmp(r->rclient.hex, client->hex) == 0) {
+            waiter_unlink(w, r);
+            atomic_fetch_add(&rs->app->m.probes_refused, 1);
+            rs->answer(rs->ctx, r, &f);
+        }
+    }
+}
+
 /* Redis answered a claim (or could not): read, or mirror what it says
  * here, give our claim back, and decide again. */
 static void on_claimed(void *data, const struct state_redis_claim *c)
@@ -397,6 +423,10 @@ static void on_claimed(void *data, const struct state_redis_claim *c)
         return;
     }
     state_unclaim(st, &rd->ticket, now);
+    /* no read was made for anybody: JSON waiters still want theirs */
+    if (w != NULL)
+        for (struct resolver_waiter *r = w->waiters; r; r = r->next)
+            r->h.wants_read = false;
     const struct state_key *k = &rd->ticket.key;
     const char *id = rd->ticket.id;
     switch (c->v) {
@@ -416,11 +446,12 @@ static void on_claimed(void *data, const struct state_redis_claim *c)
         state_defer(st, k, id, now + c->ms, false, c->why, now);
         break;
     case STATE_REDIS_BLOCKED:
-        /* a client blocked on another host, for an id nobody knows: no read */
+        /* the client that led the claim is blocked (counted on another
+         * host) and nobody knows the id: its requests get no read (here
+         * from now on too); the others of the transaction decide again */
         state_client_block(st, &rd->ticket.client, now + c->ms, now);
-        state_defer(st, k, id, now + (c->ms < STATE_CLIENT_BLOCK_MS ? c->ms : STATE_CLIENT_BLOCK_MS), false,
-                    WAIT_RETRY, now);
-        atomic_fetch_add(&rs->app->m.probes_refused, 1);
+        if (w != NULL)
+            answer_client(rs, w, &rd->rclient, now);
         break;
     case STATE_REDIS_GO:
     case STATE_REDIS_DOWN:

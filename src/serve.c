@@ -286,7 +286,7 @@ static void respond_notify(struct serve_req *r, const char *query)
         struct state_fact f;
         state_lookup(r->s->app->state, &r->shop->key, id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
         if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
-            state_redis_tell(r->s->app->redis, r->shop->secret, id, f.status_word, f.final);
+            state_redis_tell(r->s->app->redis, r->shop->secret, id, f.status_word, f.final, &r->cfg->sched);
     }
     struct buf b = {0}, out = {0};
     if (http != 204)

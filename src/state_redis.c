@@ -15,7 +15,9 @@
  * first (Redis answers in order): the oldest one's age is the one timer
  * that says "slower than 100 ms". */
 #include "state_redis.h"
+#include "state_redis_msg.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -25,11 +27,14 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/time.h>
+#include <netdb.h>
 
 #include "log.h"
 #include "util.h"
 
 #define SALT_TTL_MS (30LL * 24 * 3600 * 1000) /* refreshed at every join */
+/* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
+#define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
 
 /* ---- the scripts (Redis's Lua 5.1), run on Redis's clock ---- */
 
@@ -109,18 +114,20 @@ static const char lua_claim[] =
 
 /* KEYS: tx, key, client's 404s, client's block.
  * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
- *       8 charge, 9 not_before_ms, 10 why, 11 waits, 12 id, 13 channel,
+ *       8 charge, 9 retry_ms, 10 key_pause_ms, 11 waits, 12 id, 13 channel,
  *       14 rkey, 15 client. */
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
     "local known, current = s, false\n"
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
+    "  current = lu > now\n" /* ended within its lease */
+    "  if current then ls = ls + tonumber(ARGV[2]) end\n"
     "  lu = 0\n"
-    "  ls = ls + tonumber(ARGV[2])\n"
     "  redis.call('HDEL', KEYS[1], 'lu')\n"
     "  redis.call('HSET', KEYS[1], 'ls', ls)\n"
-    "  current = true\n"
     "end\n"
+    /* a stale read's pending or 404 only where nothing is known */
+    "local open = current or (not s and nf <= now)\n"
     "local fin = s and fu > now\n"
     "local word = ARGV[3]\n"
     "if word ~= '' and ARGV[4] == '1' then\n"
@@ -130,25 +137,26 @@ static const char lua_finish[] =
     "    redis.call('HDEL', KEYS[1], 'nf')\n"
     "  end\n"
     "elseif word ~= '' then\n"
-    "  if not fin and (current or not s) then\n"
+    "  if not fin and open then\n"
     "    s, fu, nf = word, 0, 0\n"
     "    redis.call('HSET', KEYS[1], 's', s, 'fu', 0)\n"
     "    redis.call('HDEL', KEYS[1], 'nf')\n"
     "  end\n"
     "elseif ARGV[6] == '1' then\n"
-    "  if not fin and (current or not s) then\n"
+    "  if not fin and open then\n"
     "    nf = now + tonumber(ARGV[7])\n"
     "    redis.call('HSET', KEYS[1], 'nf', nf)\n"
     "  end\n"
     "end\n"
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
-    "local nb = tonumber(ARGV[9])\n"
-    "if nb > 0 and ARGV[10] == 'key' and now + nb > kp then\n"
-    "  kp = now + nb\n"
+    "local rw, kw = tonumber(ARGV[9]), tonumber(ARGV[10])\n"
+    "if kw > 0 and now + kw > kp then\n"
+    "  kp = now + kw\n"
     "  redis.call('HSET', KEYS[2], 'p', kp)\n"
     "  redis.call('PEXPIREAT', KEYS[2], kp + 1000)\n"
-    "elseif nb > 0 and ARGV[10] == 'retry' and now + nb > ra then\n"
-    "  ra = now + nb\n"
+    "end\n"
+    "if rw > 0 and now + rw > ra then\n"
+    "  ra = now + rw\n"
     "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
     "end\n"
     "local blocked = 0\n"
@@ -168,14 +176,14 @@ static const char lua_finish[] =
 /* KEYS: tx. ARGV: 1 word, 2 final, 3 ttl, 4 waits, 5 id, 6 channel, 7 rkey. */
 static const char lua_tell[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
-    "local fin = s and fu > now\n"
     "if ARGV[2] == '1' then\n"
     "  if forward(s, ARGV[1]) then\n"
     "    s, fu, nf = ARGV[1], now + tonumber(ARGV[3]), 0\n"
     "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
     "    redis.call('HDEL', KEYS[1], 'nf')\n"
     "  end\n"
-    "elseif not fin then\n"
+    /* pending replaces nothing final, cached or not: only nothing, pending or an unknown word */
+    "elseif not (s == 'succeeded' or s == 'failed' or s == 'canceled' or s == 'expired') then\n"
     "  s, nf = ARGV[1], 0\n"
     "  redis.call('HSET', KEYS[1], 's', s)\n"
     "  redis.call('HDEL', KEYS[1], 'nf')\n"
@@ -239,6 +247,13 @@ struct state_redis {
     struct writeback wb[STATE_REDIS_WRITEBACK_MAX];
     size_t nwb;
     struct state_redis_metrics m;
+    /* a host name is resolved at start (the loop is not running yet), then
+     * again after every failure in the background (getaddrinfo_a): hiredis
+     * itself would resolve it in the loop, blocking it */
+    char ip[INET6_ADDRSTRLEN];
+    bool ip_ok, literal, gai_busy;
+    struct gaicb gai;
+    struct addrinfo gai_hints;
 };
 
 static void went_down(struct state_redis *r, const char *why);
@@ -300,7 +315,7 @@ static struct rconn *rc_open(struct state_redis *r, bool sub)
         return NULL;
     }
     redisAsyncContext *ac = r->cfg.unix_socket ? redisAsyncConnectUnix(r->cfg.path)
-                                               : redisAsyncConnect(r->cfg.host, r->cfg.port);
+                                               : redisAsyncConnect(r->ip, r->cfg.port);
     if (ac == NULL || ac->err) {
         snprintf(r->why, sizeof r->why, "cannot connect: %s", ac ? ac->errstr : "out of memory");
         if (ac)
@@ -420,33 +435,6 @@ static bool send_join(struct state_redis *r, struct rconn *rc, enum op_kind kind
 
 /* ---- ids and keys ---- */
 
-static void to_hex(const uint8_t *b, size_t n, char *out)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hx[b[i] >> 4];
-        out[2 * i + 1] = hx[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-static bool from_hex(const char *s, size_t len, uint8_t *out, size_t n)
-{
-    if (len != 2 * n)
-        return false;
-    for (size_t i = 0; i < 2 * n; i++) {
-        char c = s[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (v < 0)
-            return false;
-        if (i % 2 == 0)
-            out[i / 2] = (uint8_t)(v << 4);
-        else
-            out[i / 2] |= (uint8_t)v;
-    }
-    return true;
-}
-
 static void key_hash(const uint8_t salt[16], const char *secret, struct state_redis_id *out)
 {
     uint8_t s2[16], b[16];
@@ -456,7 +444,7 @@ static void key_hash(const uint8_t salt[16], const char *secret, struct state_re
     uint64_t y = state_siphash(s2, secret, strlen(secret));
     memcpy(b, &x, 8);
     memcpy(b + 8, &y, 8);
-    to_hex(b, 16, out->hex);
+    state_redis_hex(b, 16, out->hex);
 }
 
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
@@ -476,7 +464,7 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
     memcpy(s2, r->salt, 16);
     s2[5] ^= 0x3c; /* not the key ids' hash */
     state_client_hash(s2, addr, &c);
-    to_hex(c.b, 16, out->hex);
+    state_redis_hex(c.b, 16, out->hex);
     return true;
 }
 
@@ -596,8 +584,48 @@ static void on_retry_timer(struct loop *l, struct loop_timer *t)
     }
 }
 
+static bool take_address(struct state_redis *r, const struct addrinfo *ai)
+{
+    const void *a = ai->ai_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
+                                              : (const void *)&((const struct sockaddr_in *)ai->ai_addr)->sin_addr;
+    return inet_ntop(ai->ai_family, a, r->ip, sizeof r->ip) != NULL;
+}
+
+/* The address to connect to: a finished background lookup replaces the one
+ * in use; a new one starts (the next attempt may find the host moved). */
+static void resolve_poll(struct state_redis *r)
+{
+    if (r->literal)
+        return;
+    if (r->gai_busy) {
+        int e = gai_error(&r->gai);
+        if (e == EAI_INPROGRESS)
+            return;
+        r->gai_busy = false;
+        if (e == 0 && r->gai.ar_result != NULL && take_address(r, r->gai.ar_result))
+            r->ip_ok = true;
+        if (r->gai.ar_result != NULL)
+            freeaddrinfo(r->gai.ar_result);
+        r->gai.ar_result = NULL;
+    }
+    memset(&r->gai, 0, sizeof r->gai);
+    r->gai.ar_name = r->cfg.host;
+    r->gai.ar_request = &r->gai_hints;
+    struct gaicb *list[1] = {&r->gai};
+    if (getaddrinfo_a(GAI_NOWAIT, list, 1, NULL) == 0)
+        r->gai_busy = true;
+}
+
 static void join(struct state_redis *r)
 {
+    resolve_poll(r);
+    if (!r->cfg.unix_socket && !r->ip_ok) {
+        char why[300];
+        snprintf(why, sizeof why, "cannot resolve %s", r->cfg.host);
+        r->phase = PH_JOINING;
+        went_down(r, why);
+        return;
+    }
     r->phase = PH_JOINING;
     r->join_left = 0;
     loop_timer_at(r->loop, &r->join_timer, util_mono_ms() + STATE_REDIS_JOIN_MS);
@@ -615,7 +643,7 @@ static void join(struct state_redis *r)
         went_down(r, "no random bytes for a salt");
         return;
     }
-    to_hex(fresh, 16, salt_hex);
+    state_redis_hex(fresh, 16, salt_hex);
     snprintf(db, sizeof db, "%d", r->cfg.db);
     snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
     snprintf(saltkey, sizeof saltkey, "%ssalt", r->cfg.prefix);
@@ -655,17 +683,6 @@ static int64_t reply_int(const redisReply *x)
     return 0;
 }
 
-/* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
-static bool word_ok(const char *w, size_t n)
-{
-    if (n == 0 || n > STATUS_WORD_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((w[i] >= 'a' && w[i] <= 'z') || (w[i] >= '0' && w[i] <= '9') || w[i] == '_'))
-            return false;
-    return true;
-}
-
 static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
 {
     memset(c, 0, sizeof *c);
@@ -682,7 +699,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         c->serial = (uint64_t)n;
         c->ms = 0;
     } else if (strcmp(v, "final") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) &&
-               word_ok(x->element[2]->str, x->element[2]->len)) {
+               state_redis_word_ok(x->element[2]->str, x->element[2]->len)) {
         c->v = STATE_REDIS_FINAL;
         util_copy(c->word, sizeof c->word, x->element[2]->str);
     } else if (strcmp(v, "nf") == 0) {
@@ -700,54 +717,6 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
     }
 }
 
-/* A published message: "F K ID MS WORD", "P K ID MS WORD", "W K ID MS",
- * "N K ID MS", "B K CLIENT MS". Anything else is ignored. */
-static bool parse_msg(const char *s, size_t len, struct state_redis_msg *m)
-{
-    char buf[256];
-    if (len >= sizeof buf)
-        return false;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    char *save = NULL, *f[5];
-    int n = 0;
-    for (char *tok = strtok_r(buf, " ", &save); tok && n < 5; tok = strtok_r(NULL, " ", &save))
-        f[n++] = tok;
-    if (n < 4 || strlen(f[0]) != 1)
-        return false;
-    memset(m, 0, sizeof *m);
-    uint8_t k[16];
-    if (!from_hex(f[1], strlen(f[1]), k, 16))
-        return false;
-    util_copy(m->key.hex, sizeof m->key.hex, f[1]);
-    char *end;
-    long long ms = strtoll(f[3], &end, 10);
-    if (*end != '\0' || ms < 0 || ms > 24LL * 3600 * 1000)
-        return false;
-    m->ms = ms;
-    switch (f[0][0]) {
-    case 'F': m->kind = STATE_REDIS_MSG_FINAL; break;
-    case 'P': m->kind = STATE_REDIS_MSG_STATUS; break;
-    case 'W': m->kind = STATE_REDIS_MSG_NEXT; break;
-    case 'N': m->kind = STATE_REDIS_MSG_NOT_FOUND; break;
-    case 'B': m->kind = STATE_REDIS_MSG_BLOCK; break;
-    default: return false;
-    }
-    if (m->kind == STATE_REDIS_MSG_BLOCK) {
-        if (!from_hex(f[2], strlen(f[2]), k, 16))
-            return false;
-    } else if (!config_valid_id(f[2])) {
-        return false;
-    }
-    util_copy(m->id, sizeof m->id, f[2]);
-    if (m->kind == STATE_REDIS_MSG_FINAL || m->kind == STATE_REDIS_MSG_STATUS) {
-        if (n < 5 || !word_ok(f[4], strlen(f[4])))
-            return false;
-        util_copy(m->word, sizeof m->word, f[4]);
-    }
-    return true;
-}
-
 static void on_sub_reply(struct state_redis *r, const redisReply *x)
 {
     if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements < 3 || !reply_is(x->element[0], REDIS_REPLY_STRING))
@@ -761,7 +730,7 @@ static void on_sub_reply(struct state_redis *r, const redisReply *x)
     if (strcmp(type, "message") != 0 || !reply_is(x->element[2], REDIS_REPLY_STRING))
         return;
     struct state_redis_msg m;
-    if (r->phase == PH_UP && parse_msg(x->element[2]->str, x->element[2]->len, &m)) {
+    if (r->phase == PH_UP && state_redis_msg_parse(x->element[2]->str, x->element[2]->len, &m)) {
         r->m.messages++;
         r->on_msg(r->ctx, &m);
     }
@@ -812,7 +781,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     case OP_JOIN_GET:
         if (!failed && r != NULL && r->phase == PH_JOINING) {
             uint8_t salt[16];
-            if (!reply_is(x, REDIS_REPLY_STRING) || !from_hex(x->str, x->len, salt, 16)) {
+            if (!reply_is(x, REDIS_REPLY_STRING) || !state_redis_unhex(x->str, x->len, salt, 16)) {
                 went_down(r, "the salt in Redis is not 32 hex digits");
             } else {
                 memcpy(r->salt, salt, 16);
@@ -873,6 +842,22 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->retry_timer, on_retry_timer, r);
     loop_timer_init(&r->teardown_timer, on_teardown_timer, r);
     loop_timer_init(&r->join_timer, on_join_timer, r);
+    r->gai_hints.ai_socktype = SOCK_STREAM;
+    r->gai_hints.ai_family = AF_UNSPEC;
+    struct in6_addr a6;
+    if (!cfg->unix_socket) {
+        r->literal = inet_pton(AF_INET, cfg->host, &a6) == 1 || inet_pton(AF_INET6, cfg->host, &a6) == 1;
+        if (r->literal) {
+            util_copy(r->ip, sizeof r->ip, cfg->host);
+            r->ip_ok = true;
+        } else { /* once, before the loop runs; later lookups are in the background */
+            struct addrinfo *ai = NULL;
+            if (getaddrinfo(cfg->host, NULL, &r->gai_hints, &ai) == 0 && ai != NULL && take_address(r, ai))
+                r->ip_ok = true;
+            if (ai != NULL)
+                freeaddrinfo(ai);
+        }
+    }
     join(r);
     return r;
 }
@@ -902,6 +887,15 @@ void state_redis_free(struct state_redis *r)
     loop_timer_stop(r->loop, &r->join_timer);
     for (size_t i = 0; i < r->nwb; i++)
         writeback_clear(&r->wb[i]);
+    if (r->gai_busy && gai_cancel(&r->gai) != EAI_CANCELED) {
+        /* its thread may still write into r->gai: wait a moment, else keep r */
+        struct timespec t = {.tv_sec = 1};
+        const struct gaicb *list[1] = {&r->gai};
+        if (gai_suspend(list, 1, &t) != 0 && gai_error(&r->gai) == EAI_INPROGRESS)
+            return; /* left behind at exit, rather than freed under a writer */
+    }
+    if (r->gai.ar_result != NULL)
+        freeaddrinfo(r->gai.ar_result);
     if (r->cfg.password) {
         explicit_bzero(r->cfg.password, strlen(r->cfg.password));
         free(r->cfg.password);
@@ -931,7 +925,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
         return NULL;
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[160], kkey[128], kbud[128], kblk[192], waits[PACE_MAX_STEPS * 12], sb[16], sl[24];
+    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
@@ -975,15 +969,19 @@ static void fire(struct state_redis *r, int argc, const char **argv)
         op_send(r->main, op, argc, argv, lens);
 }
 
-static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final)
+static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
+                      const struct pace_schedule *sched)
 {
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[160], ttl[24], waits[32];
+    char ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[PACE_MAX_STEPS * 12];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     snprintf(ttl, sizeof ttl, "%lld",
              strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
-    snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS); /* a told status starts no pace */
+    if (sched != NULL) /* the others' next read, by the pace the reads made */
+        waits_csv(sched, waits, sizeof waits);
+    else
+        snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "1", ktx, word, final ? "1" : "0", ttl, waits, id,
                           r->channel, k.hex};
     fire(r, ARGC(argv), argv);
@@ -1005,7 +1003,7 @@ static void writeback_add(struct state_redis *r, const char *secret, const char 
 static void writeback_flush(struct state_redis *r)
 {
     for (size_t i = 0; i < r->nwb; i++) {
-        send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true);
+        send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true, NULL);
         writeback_clear(&r->wb[i]);
     }
     r->m.written_back += (long)r->nwb;
@@ -1024,7 +1022,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     }
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[160], kkey[128], kcl[192], kblk[192], ser[24], sent[24], ttl[24], nfttl[24], nb[24];
+    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24];
     char waits[PACE_MAX_STEPS * 12];
     const char *cl = o->charge ? o->client.hex : "-";
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
@@ -1035,20 +1033,21 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < 60000 ? o->sent_ms : 0));
     snprintf(ttl, sizeof ttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
     snprintf(nfttl, sizeof nfttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
-    snprintf(nb, sizeof nb, "%lld", (long long)(o->not_before_ms > 0 ? o->not_before_ms : 0));
+    snprintf(rw, sizeof rw, "%lld", (long long)(o->retry_ms > 0 ? o->retry_ms : 0));
+    snprintf(kw, sizeof kw, "%lld", (long long)(o->key_pause_ms > 0 ? o->key_pause_ms : 0));
     /* the schedule tells the others when the next read may start */
     if (o->sched != NULL)
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *why = o->why == WAIT_KEY_PAUSE ? "key" : o->why == WAIT_RETRY ? "retry" : "-";
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "4", ktx, kkey, kcl, kblk, ser, sent,
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
-                          o->charge ? "1" : "0", nb, why, waits, id, r->channel, k.hex, cl};
+                          o->charge ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl};
     fire(r, ARGC(argv), argv);
 }
 
-void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final)
+void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
+                      const struct pace_schedule *sched)
 {
     if (r == NULL)
         return;
@@ -1057,7 +1056,7 @@ void state_redis_tell(struct state_redis *r, const char *secret, const char *id,
             writeback_add(r, secret, id, word);
         return;
     }
-    send_tell(r, secret, id, word, final);
+    send_tell(r, secret, id, word, final, sched);
 }
 
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out)
@@ -1108,7 +1107,7 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], saltkey[96], salt_hex[33], ktx[160], ttl[24], waits[32], channel[80];
+    char db[16], saltkey[96], salt_hex[33], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
     uint8_t salt[16];
     snprintf(db, sizeof db, "%d", cfg->db);
     snprintf(saltkey, sizeof saltkey, "%ssalt", cfg->prefix);
@@ -1122,14 +1121,14 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
         snprintf(err, errlen, "no random bytes for a salt");
         goto out;
     }
-    to_hex(salt, 16, salt_hex);
+    state_redis_hex(salt, 16, salt_hex);
     snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
     if ((x = sync_cmd(c, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
     if ((x = sync_cmd(c, 2, (const char *[]){"GET", saltkey}, err, errlen)) == NULL)
         goto out;
-    if (x->type != REDIS_REPLY_STRING || !from_hex(x->str, x->len, salt, 16)) {
+    if (x->type != REDIS_REPLY_STRING || !state_redis_unhex(x->str, x->len, salt, 16)) {
         snprintf(err, errlen, "the salt in Redis is not 32 hex digits");
         goto out;
     }

@@ -46,6 +46,7 @@
 #include "loop.h"
 #include "pace.h"
 #include "state.h"
+#include "state_redis_msg.h"
 
 #define STATE_REDIS_SLOW_MS 100      /* a reply later than this: Redis is down for us */
 #define STATE_REDIS_JOIN_MS 1000     /* connect, authenticate, load the scripts, subscribe */
@@ -55,27 +56,6 @@
 struct state_redis;
 struct state_redis_op;
 
-/* A key's or a client's identity in Redis: 32 hex digits. */
-struct state_redis_id {
-    char hex[33];
-};
-
-/* What another process published. */
-enum state_redis_msg_kind {
-    STATE_REDIS_MSG_FINAL,     /* a final status, cached for ms */
-    STATE_REDIS_MSG_STATUS,    /* a status that is not final (word); next read in ms */
-    STATE_REDIS_MSG_NEXT,      /* a read ended without a status; next read in ms */
-    STATE_REDIS_MSG_NOT_FOUND, /* a 404, remembered for ms */
-    STATE_REDIS_MSG_BLOCK,     /* client (in id) blocked for ms */
-};
-
-struct state_redis_msg {
-    enum state_redis_msg_kind kind;
-    struct state_redis_id key;
-    char id[STATE_ID_MAX + 1];          /* the transaction; BLOCK: the client's hex */
-    char word[STATUS_WORD_MAX + 1];     /* FINAL, STATUS */
-    int64_t ms;
-};
 
 /* Called for every message published by any process (this one included). */
 typedef void state_redis_msg_fn(void *ctx, const struct state_redis_msg *m);
@@ -112,8 +92,9 @@ struct state_redis_outcome {
     bool not_found;           /* a 404 remembered for ttl_ms */
     bool charge;              /* a 404 for an id nobody knew: charge `client` */
     struct state_redis_id client;
-    int64_t not_before_ms;    /* a wait the outcome started (> 0), of kind why */
-    enum state_wait why;      /* WAIT_RETRY or WAIT_KEY_PAUSE; others are Redis's own */
+    int64_t retry_ms;         /* > 0: no read of this transaction for that long (Retry-After, a
+                               * stated window, a rejected episode) */
+    int64_t key_pause_ms;     /* > 0: no read with this key for that long (429, 401, a stated window) */
 };
 
 struct state_redis_metrics {
@@ -173,9 +154,12 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
                         const struct state_redis_outcome *o);
 
 /* Record a status the shop was told (state_tell() here) and publish it, as
- * state_tell() rules: a final status never moves backwards. While down,
+ * state_tell() rules: a final status never moves backwards (`sched`, the
+ * shop's schedule, tells the others when a read may next start; NULL: the
+ * shortest). While down,
  * a final status is kept for the write-back. Never fails. */
-void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final);
+void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
+                      const struct pace_schedule *sched);
 
 /* Counters for the metrics page. Can't fail. */
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out);

@@ -1,0 +1,61 @@
+/* state_redis_msg.h - what kembali processes publish to each other on
+ * Redis, read back: pure, no I/O (see state_redis.h).
+ *
+ * The scripts publish one line per outcome on the wake channel:
+ *   F KEY ID MS WORD   a final status WORD, cached MS more
+ *   P KEY ID MS WORD   a status that is not final; the next read in MS
+ *   W KEY ID MS        a read ended without a status; the next read in MS
+ *   N KEY ID MS        a 404, remembered MS more
+ *   B KEY CLIENT MS    CLIENT blocked for MS
+ * KEY and CLIENT are 32 lowercase hex digits, ID a transaction id as
+ * config_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
+ * who can reach the Redis can publish: everything else is refused. */
+#ifndef KEMBALI_STATE_REDIS_MSG_H
+#define KEMBALI_STATE_REDIS_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "classify.h"
+#include "state.h"
+
+#define STATE_REDIS_MSG_MAX_MS (24LL * 3600 * 1000)
+
+/* A key's or a client's identity in Redis: 32 hex digits. */
+struct state_redis_id {
+    char hex[33];
+};
+
+/* What another process published. */
+enum state_redis_msg_kind {
+    STATE_REDIS_MSG_FINAL,     /* a final status, cached for ms */
+    STATE_REDIS_MSG_STATUS,    /* a status that is not final (word); next read in ms */
+    STATE_REDIS_MSG_NEXT,      /* a read ended without a status; next read in ms */
+    STATE_REDIS_MSG_NOT_FOUND, /* a 404, remembered for ms */
+    STATE_REDIS_MSG_BLOCK,     /* client (in id) blocked for ms */
+};
+
+struct state_redis_msg {
+    enum state_redis_msg_kind kind;
+    struct state_redis_id key;
+    char id[STATE_ID_MAX + 1];          /* the transaction; BLOCK: the client's hex */
+    char word[STATUS_WORD_MAX + 1];     /* FINAL, STATUS */
+    int64_t ms;
+};
+
+/* Read one published line (len bytes, not NUL-terminated) into *m.
+ * false, and *m unspecified, for anything but the forms above. This
+ * function can't fail otherwise. */
+bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m);
+
+/* n bytes as 2n lowercase hex digits and a NUL (out holds 2n + 1). */
+void state_redis_hex(const uint8_t *b, size_t n, char *out);
+
+/* 2n lowercase hex digits (exactly len == 2n) into n bytes; false otherwise. */
+bool state_redis_unhex(const char *s, size_t len, uint8_t *out, size_t n);
+
+/* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
+bool state_redis_word_ok(const char *w, size_t n);
+
+#endif

@@ -1,0 +1,38 @@
+/* fuzz_redis_msg.c - lines published on kembali's Redis channel
+ * (state_redis_msg_parse): anybody who can reach the Redis can publish.
+ *
+ * Input: one message's bytes. Checked: an accepted line has a 32-hex key,
+ * an id (or for B a 32-hex client), a span within bounds and, for F and P,
+ * a status word; printing it back in the canonical form parses to the
+ * same message. */
+#include <stdio.h>
+
+#include "config.h"
+#include "fuzz.h"
+#include "state_redis_msg.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct state_redis_msg m;
+    if (!state_redis_msg_parse((const char *)data, size, &m))
+        return 0;
+    uint8_t k[16];
+    FUZZ_CHECK(state_redis_unhex(m.key.hex, strlen(m.key.hex), k, 16));
+    FUZZ_CHECK(m.ms >= 0 && m.ms <= STATE_REDIS_MSG_MAX_MS);
+    static const char kinds[] = "FPWNB";
+    FUZZ_CHECK(m.kind >= STATE_REDIS_MSG_FINAL && m.kind <= STATE_REDIS_MSG_BLOCK);
+    bool worded = m.kind == STATE_REDIS_MSG_FINAL || m.kind == STATE_REDIS_MSG_STATUS;
+    if (m.kind == STATE_REDIS_MSG_BLOCK)
+        FUZZ_CHECK(state_redis_unhex(m.id, strlen(m.id), k, 16));
+    else
+        FUZZ_CHECK(config_valid_id(m.id));
+    FUZZ_CHECK(worded ? state_redis_word_ok(m.word, strlen(m.word)) : m.word[0] == '\0');
+    char line[256];
+    int n = worded ? snprintf(line, sizeof line, "%c %s %s %lld %s", kinds[m.kind], m.key.hex, m.id, (long long)m.ms, m.word)
+                   : snprintf(line, sizeof line, "%c %s %s %lld", kinds[m.kind], m.key.hex, m.id, (long long)m.ms);
+    struct state_redis_msg again;
+    FUZZ_CHECK(n > 0 && (size_t)n < sizeof line && state_redis_msg_parse(line, (size_t)n, &again));
+    FUZZ_CHECK(again.kind == m.kind && again.ms == m.ms && strcmp(again.key.hex, m.key.hex) == 0 &&
+               strcmp(again.id, m.id) == 0 && strcmp(again.word, m.word) == 0);
+    return 0;
+}

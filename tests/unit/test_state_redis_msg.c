@@ -1,0 +1,105 @@
+/* test_state_redis_msg.c - unit tests of src/state_redis_msg.c: the lines
+ * kembali processes publish to each other on Redis, read back, and
+ * everything else (anybody who reaches the Redis can publish) refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "state_redis_msg.h"
+
+#define K "0123456789abcdef0123456789abcdef"
+
+static bool parse(const char *line, struct state_redis_msg *m)
+{
+    return state_redis_msg_parse(line, strlen(line), m);
+}
+
+static void test_each_kind(void **unused)
+{
+    (void)unused;
+    struct state_redis_msg m;
+    assert_true(parse("F " K " tx_1 3600000 succeeded", &m));
+    assert_int_equal(m.kind, STATE_REDIS_MSG_FINAL);
+    assert_string_equal(m.key.hex, K);
+    assert_string_equal(m.id, "tx_1");
+    assert_string_equal(m.word, "succeeded");
+    assert_int_equal(m.ms, 3600000);
+    assert_true(parse("P " K " T-2 1500 pending", &m));
+    assert_int_equal(m.kind, STATE_REDIS_MSG_STATUS);
+    assert_string_equal(m.word, "pending");
+    assert_int_equal(m.ms, 1500);
+    assert_true(parse("W " K " t3 0", &m));
+    assert_int_equal(m.kind, STATE_REDIS_MSG_NEXT);
+    assert_int_equal(m.ms, 0);
+    assert_string_equal(m.word, "");
+    assert_true(parse("N " K " t4 30000", &m));
+    assert_int_equal(m.kind, STATE_REDIS_MSG_NOT_FOUND);
+    assert_true(parse("B " K " fedcba9876543210fedcba9876543210 600000", &m));
+    assert_int_equal(m.kind, STATE_REDIS_MSG_BLOCK);
+    assert_string_equal(m.id, "fedcba9876543210fedcba9876543210");
+    assert_true(parse("F " K " t 86400000 a_9", &m)); /* the longest span */
+}
+
+static void test_refused(void **unused)
+{
+    (void)unused;
+    static const char *const bad[] = {
+        "", "F", "F " K, "F " K " t1", "F " K " t1 100", /* a final without its word */
+        "W " K " t1 100 pending",                         /* a word where none goes */
+        "X " K " t1 100", "FF " K " t1 100 succeeded", "f " K " t1 100 succeeded",
+        "F " K "0 t1 100 succeeded", "F 0123456789ABCDEF0123456789abcdef t1 100 succeeded",
+        "F " K " t1! 100 succeeded", "F " K " t/1 100 succeeded",
+        "F " K " t1 -1 succeeded", "F " K " t1 +5 succeeded", "F " K " t1 1e3 succeeded",
+        "F " K " t1 86400001 succeeded", "F " K " t1 9999999999 succeeded",
+        "F " K " t1 100 Succeeded", "F " K " t1 100 succeeded ", "F  " K " t1 100 succeeded",
+        "F " K " t1  100 succeeded", " F " K " t1 100 succeeded", "F " K " t1 100 succeeded extra",
+        "B " K " t1 600000", "B " K " zz23456789abcdef0123456789abcdef 600000",
+        "F " K " 0123456789012345678901234567890123456789012345678901234567890123456789 1 failed",
+        "F " K " t1 100 abcdefghijklmnopqrstuvwxyzabcdefg", /* a word of 33 */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct state_redis_msg m;
+        if (parse(bad[i], &m))
+            fail_msg("accepted: \"%s\"", bad[i]);
+    }
+    /* a NUL inside, and a line longer than any real one */
+    struct state_redis_msg m;
+    static const char nul[] = "W " K " t1 100\0x";
+    assert_false(state_redis_msg_parse(nul, sizeof nul - 1, &m));
+    char big[600];
+    memset(big, 'a', sizeof big);
+    assert_false(state_redis_msg_parse(big, sizeof big, &m));
+}
+
+static void test_hex(void **unused)
+{
+    (void)unused;
+    uint8_t b[16], back[16];
+    for (int i = 0; i < 16; i++)
+        b[i] = (uint8_t)(i * 17 + 3);
+    char hex[33];
+    state_redis_hex(b, 16, hex);
+    assert_int_equal(strlen(hex), 32);
+    assert_true(state_redis_unhex(hex, 32, back, 16));
+    assert_memory_equal(b, back, 16);
+    assert_false(state_redis_unhex(hex, 31, back, 16));
+    hex[5] = 'G';
+    assert_false(state_redis_unhex(hex, 32, back, 16));
+    assert_true(state_redis_word_ok("expired", 7));
+    assert_false(state_redis_word_ok("", 0));
+    assert_false(state_redis_word_ok("a-b", 3));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_kind),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_hex),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
