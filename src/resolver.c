@@ -58,6 +58,7 @@ struct resolver {
     struct loop *loop;
     struct kasera_client *api;
     struct state_redis *redis;        /* the state across hosts, or NULL */
+    struct state_redis_id host;       /* this host in Redis: from the state's salt, shared by its processes */
     resolver_answer_fn *answer;
     void *ctx;
     bool stopping;
@@ -371,8 +372,11 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     rd->kr.user = rd;
     rd->rs = rs;
     read_link(rs, w, rd);
+    struct state_redis_plan plan = {.last_chance = t->undo.last_chance, .host = rs->host};
+    if (rs->redis != NULL)
+        plan.reserved = state_key_reserved(rs->app->state, &t->key, util_mono_ms());
     rd->claiming = state_redis_claim(rs->redis, rd->shop->secret, t->id, &rd->cfg->sched, rd->shop->read_budget,
-                                     t->lease_until - t->started, rd->has_rclient ? &rd->rclient : NULL,
+                                     t->lease_until - t->started, rd->has_rclient ? &rd->rclient : NULL, &plan,
                                      on_claimed, rd);
     if (rd->claiming != NULL)
         return true; /* Redis decides: on_claimed */
@@ -673,6 +677,9 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
     rs->waker_started = true;
     struct config *cfg = app_config(a);
     if (cfg->redis.on) {
+        struct state_key hk;
+        state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
+        state_redis_hex(hk.b, 8, rs->host.hex);
         rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, rs, err, errlen);
         a->redis = rs->redis;
     }

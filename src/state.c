@@ -2127,6 +2127,19 @@ void state_unhold(struct state *st, const struct state_key *key, const char *id,
     st_unlock(st);
 }
 
+int state_key_reserved(struct state *st, const struct state_key *key, int64_t now)
+{
+    int n = 0;
+    st_lock(st, now);
+    const struct st_keyent *k = key_find(st, key);
+    for (int32_t i = 0; k != NULL && i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        const struct st_tx *e = waiting_tx(st, k, k->waiting[i], now);
+        n += e != NULL && e->resv_at != 0;
+    }
+    st_unlock(st);
+    return n;
+}
+
 void state_metrics(struct state *st, struct state_metrics *out)
 {
     memset(out, 0, sizeof *out);

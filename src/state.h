@@ -382,6 +382,11 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
  * the transaction's unused reservation goes back to the budget. Can't fail. */
 void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
 
+/* The last-chance reads reserved now for the requests held with `key`
+ * (state_hold), on this state: what another host's plan must leave room
+ * for (state_redis.h). This function can't fail. */
+int state_key_reserved(struct state *st, const struct state_key *key, int64_t now);
+
 /* Counters and gauges for the metrics page (clients_blocked counts the
  * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);

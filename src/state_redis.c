@@ -81,7 +81,9 @@
     "  redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu, ls + 61000) + 1000)\n" \
     "end\n"
 
-/* KEYS: tx, key, budget, block. ARGV: waits, budget, lease_ms, has_client, id. */
+/* KEYS: tx, key, budget, block, reservations. ARGV: waits, budget,
+ * lease_ms, has_client, id, this host's reservations, host, "last" for a
+ * last-chance read (plan.h). */
 static const char lua_claim[] =
     LUA_HEAD
     "if s and fu > now then return {'final', fu - now, s} end\n"
@@ -100,9 +102,23 @@ static const char lua_claim[] =
     "  n = 0\n"
     "end\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 60000)\n"
-    "if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then\n"
+    "local used = redis.call('ZCARD', KEYS[3])\n"
+    "if used >= tonumber(ARGV[2]) then\n"
     "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
     "  return {'wait', math.max(tonumber(o[2]) + 60000 - now, 1), 'budget'}\n"
+    "end\n"
+    /* every host's reserved last-chance reads, as each said at its last
+     * claim (for 40 s: a hold's length): an early read must leave room */
+    "redis.call('HSET', KEYS[5], ARGV[7], ARGV[6] .. ':' .. (now + 40000))\n"
+    "redis.call('PEXPIREAT', KEYS[5], now + 61000)\n"
+    "local resv, all = 0, redis.call('HGETALL', KEYS[5])\n"
+    "for i = 1, #all, 2 do\n"
+    "  local c, e = string.match(all[i + 1], '^(%d+):(%d+)$')\n"
+    "  if c and tonumber(e) > now then resv = resv + tonumber(c)\n"
+    "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
+    "end\n"
+    "if ARGV[8] ~= 'last' and used + resv >= tonumber(ARGV[2]) then\n"
+    "  return {'wait', 1000, 'plan'}\n"
     "end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
@@ -712,7 +728,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         const char *why = x->element[2]->str;
         c->v = STATE_REDIS_WAIT;
         c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
-                 : strcmp(why, "budget") == 0                                        ? WAIT_BUDGET
+                 : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0           ? WAIT_BUDGET
                                                                                      : WAIT_PACE;
     }
 }
@@ -918,23 +934,27 @@ int state_redis_budget(const struct state_redis *r, int budget)
 
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
-                                         const struct state_redis_id *client, state_redis_claim_fn *fn,
-                                         void *data)
+                                         const struct state_redis_id *client, const struct state_redis_plan *plan,
+                                         state_redis_claim_fn *fn, void *data)
 {
     if (!state_redis_up(r))
         return NULL;
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24];
+    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
+        kres[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], sr[16];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    snprintf(sr, sizeof sr, "%d", plan->reserved > 0 ? plan->reserved : 0);
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "4", ktx, kkey, kbud, kblk,
-                          waits, sb, sl, client ? "1" : "0", id};
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "5", ktx, kkey, kbud, kblk, kres,
+                          waits, sb, sl, client ? "1" : "0", id, sr, plan->host.hex,
+                          plan->last_chance ? "last" : "early"};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);

@@ -131,16 +131,27 @@ int state_redis_budget(const struct state_redis *r, int budget);
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
 
+/* What the budget's plan (plan.h) says about a claim, for Redis to hold
+ * across hosts: an early read must leave room for the last-chance reads
+ * every host has reserved for its held requests. */
+struct state_redis_plan {
+    bool last_chance;          /* this read uses its transaction's reservation */
+    int reserved;              /* this host's reservations for the key now (state_key_reserved) */
+    struct state_redis_id host; /* this host (its state_dir), the same in each of its processes */
+};
+
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
  * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
- * STATE_REDIS_BLOCKED for an id nobody knows). fn(data, verdict) is called
+ * STATE_REDIS_BLOCKED for an id nobody knows); `plan` as above (an early
+ * read that would leave too little room gets STATE_REDIS_WAIT, WAIT_BUDGET,
+ * for a second). fn(data, verdict) is called
  * exactly once, later, unless state_redis_cancel(). Returns NULL when not up
  * (or out of memory): decide locally, fn is never called. */
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
-                                         const struct state_redis_id *client, state_redis_claim_fn *fn,
-                                         void *data);
+                                         const struct state_redis_id *client, const struct state_redis_plan *plan,
+                                         state_redis_claim_fn *fn, void *data);
 
 /* fn of a pending claim will not be called. Can't fail. */
 void state_redis_cancel(struct state_redis_op *op);

@@ -102,6 +102,24 @@ def test_budget_is_counted_once_over_every_host(tmpdir):
     assert_eq(len(sb.reads()), 4, "4 reads per minute over every host")
 
 
+def test_reservations_hold_across_hosts(tmpdir):
+    """A budget of 10 reads a minute, one buyer on each of three hosts, each
+    payment done 2.8 s after its buyer came back. Each host alone sees
+    plenty (one buyer's 4 reads), so its own plan reads on the schedule; 12
+    reads do not fit 10. Redis holds the plan across hosts: an early read
+    must leave room for every host's reserved last-chance reads, so each
+    buyer still gets a read after paying. Without it, the first 9 early
+    reads leave one read for three last chances."""
+    redis, sb, ks = hosts(tmpdir, budget=10)
+    for i in range(3):
+        sb.put_tx("fs%d" % i, [(0, "pending"), (2800, "succeeded")])
+    rs = kit.parallel([lambda i=i: ks[i].get("id=fs%d" % i, timeout=30) for i in range(3)])
+    words = [r.header("kembali-status") for r in rs]
+    print("# 3 hosts, budget 10, one buyer each: %r, %d reads" % (words, len(sb.reads())))
+    assert_eq(words, ["succeeded"] * 3, "every buyer saw its payment")
+    assert len(sb.reads()) <= 10, "the budget held"
+
+
 def test_key_pause_holds_on_every_host(tmpdir):
     redis, sb, ks = hosts(tmpdir)
     # a 429 without Retry-After (the key's 300/min) pauses the key everywhere

@@ -1820,6 +1820,33 @@ static void test_unclaim_stale_does_nothing(void **unused)
     state_free(st);
 }
 
+/* state_key_reserved: the reservations of one key's held transactions,
+ * not another key's; a transaction nobody holds any more has none; one
+ * whose last-chance read was claimed has used it. */
+static void test_key_reserved(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), k2 = key_of(st, "sk_test_b");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    int64_t deadline = T0 + pace_hold_ms(&s);
+    assert_int_equal(state_key_reserved(st, &k, T0), 0);
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    assert_true(state_hold(st, &k, "T2", &s, BUDGET, deadline, T0));
+    assert_true(state_hold(st, &k2, "T3", &s, BUDGET, deadline, T0));
+    assert_int_equal(state_key_reserved(st, &k, T0 + 1), 2);
+    assert_int_equal(state_key_reserved(st, &k2, T0 + 1), 1);
+    state_unhold(st, &k, "T2", T0 + 2);
+    assert_int_equal(state_key_reserved(st, &k, T0 + 3), 1);
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS, &t, &f));
+    assert_true(t.undo.last_chance);
+    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 1), 0);
+    assert_int_equal(state_key_reserved(st, &k2, deadline + 1), 0); /* its hold is over */
+    state_free(st);
+}
+
 /* A last-chance read undone: its reservation is back, and it counts as no
  * last-chance read. */
 static void test_unclaim_gives_back_the_reservation(void **unused)
@@ -2168,6 +2195,7 @@ int main(void)
         cmocka_unit_test(test_defer_not_before),
         cmocka_unit_test(test_learn_not_found),
         cmocka_unit_test(test_client_block),
+        cmocka_unit_test(test_key_reserved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
