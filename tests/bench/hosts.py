@@ -23,7 +23,7 @@ def _cpu_s(ks):
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
     for k in ks:
-        with open("/proc/%d/stat" % k.pid()) as f:
+        with open("/proc/%d/stat" % k.pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
     return total / tick
@@ -73,7 +73,7 @@ def _case(tmp, name, redis):
         for k in ks:
             k.get("id=hot")
         rt0, cpu0 = _round_trips(ks), _cpu_s(ks)
-        n = 600
+        n = 3000
         for i in range(n):
             ks[i % 3].get("id=hot")
         row["cached_rt"] = (_round_trips(ks) - rt0) / n
