@@ -118,7 +118,7 @@ static const char lua_claim[] =
     "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
     "end\n"
     "if ARGV[8] ~= 'last' and used + resv >= tonumber(ARGV[2]) then\n"
-    "  return {'wait', 1000, 'plan'}\n"
+    "  return {'wait', 250, 'plan'}\n"
     "end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"

@@ -145,8 +145,8 @@ struct state_redis_plan {
  * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
  * STATE_REDIS_BLOCKED for an id nobody knows); `plan` as above (an early
  * read that would leave too little room gets STATE_REDIS_WAIT, WAIT_BUDGET,
- * for a second). fn(data, verdict) is called
- * exactly once, later, unless state_redis_cancel(). Returns NULL when not up
+ * for 250 ms: a sixth of the lead its reserved read has). fn(data,
+ * verdict) is called exactly once, later, unless state_redis_cancel(). Returns NULL when not up
  * (or out of memory): decide locally, fn is never called. */
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
