@@ -823,14 +823,30 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     free(op);
 }
 
+/* The oldest operation may be slower than STATE_REDIS_SLOW_MS. Only
+ * Redis's slowness counts: replies that came while this process could not
+ * run (a starved machine) are read first, and when the timer itself fired
+ * late the operations waiting get a fresh STATE_REDIS_SLOW_MS. */
 static void on_slow_timer(struct loop *l, struct loop_timer *t)
 {
     struct state_redis *r = t->data;
+    int64_t now = util_mono_ms(), late = now - t->at;
     (void)l;
-    if (r->head != NULL && r->head->sent + STATE_REDIS_SLOW_MS <= util_mono_ms())
+    struct rconn *rc = r->main;
+    if (rc != NULL && !rc->freeing && r->head != NULL) {
+        rc->busy++;
+        redisAsyncHandleRead(rc->ac); /* non-blocking: nothing there is nothing */
+        if (--rc->busy == 0 && rc->dead)
+            free(rc);
+    }
+    if (r->head != NULL && late > STATE_REDIS_SLOW_MS / 2) {
+        for (struct state_redis_op *op = r->head; op; op = op->next)
+            op->sent = now;
+    } else if (r->head != NULL && r->head->sent + STATE_REDIS_SLOW_MS <= now) {
         went_down(r, "slower than 100 ms");
-    else
-        arm_slow(r);
+        return;
+    }
+    arm_slow(r);
 }
 
 /* ---- the interface ---- */
