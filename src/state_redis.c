@@ -19,6 +19,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
@@ -264,13 +266,22 @@ struct state_redis {
     size_t nwb;
     struct state_redis_metrics m;
     /* a host name is resolved at start (the loop is not running yet), then
-     * again after every failure in the background (getaddrinfo_a): hiredis
-     * itself would resolve it in the loop, blocking it */
+     * again at every attempt to join, by a thread of its own (struct
+     * lookup): hiredis itself would resolve it in the loop, blocking it */
     char ip[INET6_ADDRSTRLEN];
-    bool ip_ok, literal, gai_busy;
-    struct gaicb gai;
-    struct addrinfo gai_hints;
+    bool ip_ok, literal;
+    struct lookup *lookup;    /* a background lookup under way, or NULL */
 };
+
+/* A host name looked up by a thread of its own: the loop polls `done`. The
+ * thread frees the job when the loop has left it (`abandoned`). */
+struct lookup {
+    char host[256];
+    char ip[INET6_ADDRSTRLEN];
+    bool ok;
+    atomic_int state;         /* LOOKUP_RUNNING, LOOKUP_DONE, LOOKUP_ABANDONED */
+};
+enum { LOOKUP_RUNNING, LOOKUP_DONE, LOOKUP_ABANDONED };
 
 static void went_down(struct state_redis *r, const char *why);
 static void join(struct state_redis *r);
@@ -600,36 +611,62 @@ static void on_retry_timer(struct loop *l, struct loop_timer *t)
     }
 }
 
-static bool take_address(struct state_redis *r, const struct addrinfo *ai)
+/* The first address of `host` as text into ip (INET6_ADDRSTRLEN); blocks. */
+static bool resolve_now(const char *host, char *ip)
 {
-    const void *a = ai->ai_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
-                                              : (const void *)&((const struct sockaddr_in *)ai->ai_addr)->sin_addr;
-    return inet_ntop(ai->ai_family, a, r->ip, sizeof r->ip) != NULL;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_family = AF_UNSPEC}, *ai = NULL;
+    bool ok = false;
+    if (getaddrinfo(host, NULL, &hints, &ai) == 0 && ai != NULL) {
+        const void *a = ai->ai_family == AF_INET6
+                            ? (const void *)&((const struct sockaddr_in6 *)ai->ai_addr)->sin6_addr
+                            : (const void *)&((const struct sockaddr_in *)ai->ai_addr)->sin_addr;
+        ok = inet_ntop(ai->ai_family, a, ip, INET6_ADDRSTRLEN) != NULL;
+    }
+    if (ai != NULL)
+        freeaddrinfo(ai);
+    return ok;
+}
+
+static void *lookup_main(void *arg)
+{
+    struct lookup *j = arg;
+    j->ok = resolve_now(j->host, j->ip);
+    int running = LOOKUP_RUNNING;
+    if (!atomic_compare_exchange_strong(&j->state, &running, LOOKUP_DONE))
+        free(j); /* abandoned by state_redis_free */
+    return NULL;
 }
 
 /* The address to connect to: a finished background lookup replaces the one
- * in use; a new one starts (the next attempt may find the host moved). */
+ * in use; then a new one starts (the next attempt may find the host moved). */
 static void resolve_poll(struct state_redis *r)
 {
-    if (r->literal)
+    if (r->cfg.unix_socket || r->literal)
         return;
-    if (r->gai_busy) {
-        int e = gai_error(&r->gai);
-        if (e == EAI_INPROGRESS)
+    if (r->lookup != NULL) {
+        if (atomic_load(&r->lookup->state) == LOOKUP_RUNNING)
             return;
-        r->gai_busy = false;
-        if (e == 0 && r->gai.ar_result != NULL && take_address(r, r->gai.ar_result))
+        if (r->lookup->ok) {
+            memcpy(r->ip, r->lookup->ip, sizeof r->ip);
             r->ip_ok = true;
-        if (r->gai.ar_result != NULL)
-            freeaddrinfo(r->gai.ar_result);
-        r->gai.ar_result = NULL;
+        }
+        free(r->lookup);
+        r->lookup = NULL;
     }
-    memset(&r->gai, 0, sizeof r->gai);
-    r->gai.ar_name = r->cfg.host;
-    r->gai.ar_request = &r->gai_hints;
-    struct gaicb *list[1] = {&r->gai};
-    if (getaddrinfo_a(GAI_NOWAIT, list, 1, NULL) == 0)
-        r->gai_busy = true;
+    struct lookup *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return;
+    util_copy(j->host, sizeof j->host, r->cfg.host);
+    atomic_init(&j->state, LOOKUP_RUNNING);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, lookup_main, j) == 0)
+        r->lookup = j;
+    else
+        free(j);
+    pthread_attr_destroy(&at);
 }
 
 static void join(struct state_redis *r)
@@ -874,8 +911,6 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->retry_timer, on_retry_timer, r);
     loop_timer_init(&r->teardown_timer, on_teardown_timer, r);
     loop_timer_init(&r->join_timer, on_join_timer, r);
-    r->gai_hints.ai_socktype = SOCK_STREAM;
-    r->gai_hints.ai_family = AF_UNSPEC;
     struct in6_addr a6;
     if (!cfg->unix_socket) {
         r->literal = inet_pton(AF_INET, cfg->host, &a6) == 1 || inet_pton(AF_INET6, cfg->host, &a6) == 1;
@@ -883,11 +918,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
             util_copy(r->ip, sizeof r->ip, cfg->host);
             r->ip_ok = true;
         } else { /* once, before the loop runs; later lookups are in the background */
-            struct addrinfo *ai = NULL;
-            if (getaddrinfo(cfg->host, NULL, &r->gai_hints, &ai) == 0 && ai != NULL && take_address(r, ai))
-                r->ip_ok = true;
-            if (ai != NULL)
-                freeaddrinfo(ai);
+            r->ip_ok = resolve_now(cfg->host, r->ip);
         }
     }
     join(r);
@@ -919,15 +950,13 @@ void state_redis_free(struct state_redis *r)
     loop_timer_stop(r->loop, &r->join_timer);
     for (size_t i = 0; i < r->nwb; i++)
         writeback_clear(&r->wb[i]);
-    if (r->gai_busy && gai_cancel(&r->gai) != EAI_CANCELED) {
-        /* its thread may still write into r->gai: wait a moment, else keep r */
-        struct timespec t = {.tv_sec = 1};
-        const struct gaicb *list[1] = {&r->gai};
-        if (gai_suspend(list, 1, &t) != 0 && gai_error(&r->gai) == EAI_INPROGRESS)
-            return; /* left behind at exit, rather than freed under a writer */
+    if (r->lookup != NULL) {
+        int running = LOOKUP_RUNNING;
+        if (atomic_compare_exchange_strong(&r->lookup->state, &running, LOOKUP_ABANDONED))
+            r->lookup = NULL; /* its thread frees it when its lookup ends */
+        else
+            free(r->lookup);
     }
-    if (r->gai.ar_result != NULL)
-        freeaddrinfo(r->gai.ar_result);
     if (r->cfg.password) {
         explicit_bzero(r->cfg.password, strlen(r->cfg.password));
         free(r->cfg.password);
