@@ -405,7 +405,8 @@ def test_command_line(tmpdir):
     """--help lists interface.md's options and exits 0; --version; a bad
     option or a missing argument exits 2 and says which."""
     def run(*args):
-        p = subprocess.run([harness.kembali_bin()] + list(args), capture_output=True, text=True, timeout=10)
+        # a hang detector: a starved machine took over 10 s to start a process
+        p = subprocess.run([harness.kembali_bin()] + list(args), capture_output=True, text=True, timeout=60)
         return p.returncode, p.stdout, p.stderr
     rc, out, _ = run("--help")
     assert_eq(rc, 0)

@@ -103,8 +103,11 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
     print("# slowest cached answer beside 32 stalled or trickling peers: %.1f ms at the client" % (worst * 1000))
     # a front that a stalled peer holds answers after the peer's 5 s, or never
     assert worst < 2.5, "served at once beside stalled peers (%.2f s)" % worst
-    for k in (unix, tcp):  # kembali's own log: every cached answer took a millisecond or so
-        slow = [l for l in k.find_log(event="request", id="t1") if int(l["ms"]) > 100]
+    # kembali's own log: every cached answer took a millisecond or so (make
+    # bench measures it); a front held by a stalled peer would take its 5 s.
+    # A second is what a starved machine cannot reach (125 ms was seen)
+    for k in (unix, tcp):
+        slow = [l for l in k.find_log(event="request", id="t1") if int(l["ms"]) > 1000]
         assert_eq(slow, [], "cached answers while peers stall")
     for t in trickling:
         assert t[3] or closed_by_peer(t[0], 8), "a trickling peer is disconnected 5 s after connecting"
