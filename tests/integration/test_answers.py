@@ -334,7 +334,13 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     assert_eq(len(results), 5)
     for r in results:
         assert_eq(r.header("kembali-status"), "checking")
-    assert time.monotonic() - t0 < 3, "answered promptly"
+    # promptly, by kembali's own log (the test's threads may wait for a CPU
+    # on a busy machine): every held request answered within 1 s of the
+    # stop, not at the schedule's end (~11.5 s)
+    stop = kit.log_time(k.find_log(event="stop")[0])
+    for l in k.find_log(event="request", id="t-wait"):
+        assert kit.log_time(l) - stop < 1.0, l
+    assert time.monotonic() - t0 < 30, "answered (a hang detector)"
 
 
 def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
@@ -492,7 +498,7 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
     r = k.get("id=t1", timeout=15)
     assert_eq(r.header("kembali-status"), "succeeded")
     # at the client: a thread held by a silent connection would show as 5 s
-    assert r.elapsed < 3.0, "served while 40 connections stay silent: %.2f s" % r.elapsed
+    assert r.elapsed < 4.5, "served while 40 connections stay silent: %.2f s" % r.elapsed
     # a slow client that sends within the 5 s is served, not dropped
     slow = so.socket(so.AF_UNIX, so.SOCK_STREAM)
     slow.connect(k.addr)

@@ -116,8 +116,13 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
         k.signal(15)
         assert_eq(k.wait(10), 0)
         took = time.monotonic() - t0
-        print("# SIGTERM with 8 stalled peers on %s: exited in %.0f ms" % (k.name, took * 1000))
-        assert took < 3.0, "SIGTERM ends the process although peers stall (%.2f s)" % took
+        # by kembali's own log: from the stop to the exit (the test's clock
+        # also counts a busy machine's scheduling of this process)
+        stop, done = k.find_log(event="stop")[0], k.find_log(event="stop")[-1]
+        inside = kit.log_time(done) - kit.log_time(stop)
+        print("# SIGTERM with 8 stalled peers on %s: exited in %.0f ms (%.0f ms in kembali's log)"
+              % (k.name, took * 1000, inside * 1000))
+        assert inside < 1.0, "SIGTERM ends the process although peers stall (%.2f s)" % inside
     for s in stalled:
         s.close()
 
@@ -278,7 +283,8 @@ def test_caps_on_held_requests(tmpdir):
     r = k.get("id=a1", host="a.test")  # the shop's fifth: over its cap
     assert_eq(r.header("kembali-status"), "checking")
     assert r.header("retry-after") is not None, r
-    assert r.elapsed < 2.0, "answered at once"
+    # at once, by kembali's log (a held one would take the hold, 4.8 s)
+    assert int(k.wait_log(5, event="request", id="a1")["ms"]) < 1000, "answered at once"
     j = k.get("id=a1&format=json", host="a.test")
     assert_eq((j.header("kembali-status"), j.json()["final"]), ("checking", False))
     assert j.header("retry-after") is not None
@@ -342,7 +348,7 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
     stuck = small_buffer_client()
     other = k.get("id=t1", timeout=10)
     assert_eq(other.header("kembali-status"), "succeeded")
-    assert other.elapsed < 2.0, "served while a reader is stuck"
+    assert int(k.find_log(event="request", id="t1")[-1]["ms"]) < 1000, "served while a reader is stuck"
     stuck.settimeout(10)
     got = 0
     try:
