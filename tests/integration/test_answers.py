@@ -499,17 +499,24 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
     assert_eq(r.header("kembali-status"), "succeeded")
     # at the client: a thread held by a silent connection would show as 5 s
     assert r.elapsed < 4.5, "served while 40 connections stay silent: %.2f s" % r.elapsed
-    # a slow client that sends within the 5 s is served, not dropped
+    # a slow client that sends within the 5 s is served, not dropped (a
+    # busy machine may stretch the test's own second past 5 s: then the cut
+    # is right, and must not have come before the 5 s)
     slow = so.socket(so.AF_UNIX, so.SOCK_STREAM)
     slow.connect(k.addr)
-    time.sleep(2.5)
-    slow.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
-    assert_eq(harness.fcgi_receive(slow).header("kembali-status"), "succeeded")
+    t_slow = time.monotonic()
+    time.sleep(1.0)
+    try:
+        slow.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
+        assert_eq(harness.fcgi_receive(slow).header("kembali-status"), "succeeded")
+    except (BrokenPipeError, ConnectionResetError, harness.FcgiError):
+        assert time.monotonic() - t_slow >= 4.8, "a client within its 5 s was dropped"
     for s in idle:
-        s.settimeout(10)
+        s.settimeout(30)
         assert_eq(s.recv(10), b"", "an idle connection is closed by kembali")
         s.close()
-    assert_between(time.monotonic() - t0, 4.9, 9, "closed after 5 s of silence")
+    # never before the 5 s (the upper bound is a hang detector)
+    assert_between(time.monotonic() - t0, 4.9, 30, "closed after 5 s of silence")
 
 
 def test_systemd_socket_activation(tmpdir):
