@@ -3,6 +3,7 @@ together with a short schedule, and reading the sandbox's read log."""
 
 import os
 import threading
+import time
 
 import harness
 
@@ -37,7 +38,7 @@ def answered_in(k, id, n=1):
     def lines():
         found = k.find_log(event="request", id=id)
         return found if len(found) >= n else None
-    return [int(l["ms"]) / 1000 for l in harness.wait_for(lines, 5, msg="%d request lines for %s" % (n, id))]
+    return [int(l["ms"]) / 1000 for l in harness.wait_for(lines, 30, msg="%d request lines for %s" % (n, id))]
 
 
 def parallel(fns, timeout=120):
@@ -140,7 +141,7 @@ def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_f
         ks.append(k)
     if shared is not None:
         for k in ks:
-            k.wait_log(10, event="start")
+            k.wait_log(30, event="start")
     return sb, ks
 
 
@@ -149,6 +150,27 @@ def log_time(line):
     import datetime
     return datetime.datetime.strptime(line["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
         tzinfo=datetime.timezone.utc).timestamp()
+
+
+def get_after_send(k, query, **kw):
+    """GET ``query`` from kembali ``k`` on a connection of its own; returns
+    the response and the seconds from the moment the request was sent (the
+    wall clock just after ``sendall`` returned) to kembali's log line for
+    its answer. Unlike the response's own ``elapsed``, this counts neither
+    the test's wait for a CPU before it sends nor its wait after the answer
+    is in its socket, both of which a busy machine stretches to seconds.
+    The request must be the only one for its id in ``k`` at that moment."""
+    id = dict(p.split("=", 1) for p in query.split("&") if "=" in p)["id"]
+    before = len(k.find_log(event="request", id=id))
+    s = harness.fcgi_send(k.addr, harness.cgi_params(query, **kw))
+    sent = time.time()
+    try:
+        r = harness.fcgi_receive(s)
+    finally:
+        s.close()
+    lines = harness.wait_for(lambda: k.find_log(event="request", id=id)[before:], 30,
+                             msg="the request line for %s" % id)
+    return r, log_time(lines[0]) - sent
 
 
 DEFAULT_SCHEDULE = [0, 1500, 2000, 3000, 5000, 8000, 13000]
@@ -264,7 +286,7 @@ def wake_latencies(sb, a, b, n, prefix="w"):
         # a asks first; on a slow build b may still get there first: the
         # process that logged the read is the reader, the other the waiter
         reader, waiter = (a, b) if a.find_log(event="read", id=t) else (b, a)
-        read_end = log_time(reader.wait_log(5, event="read", id=t))
-        answered = log_time(waiter.wait_log(5, event="request", id=t))
+        read_end = log_time(reader.wait_log(30, event="read", id=t))
+        answered = log_time(waiter.wait_log(30, event="request", id=t))
         lat.append((answered - read_end) * 1000)
     return lat

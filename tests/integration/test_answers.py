@@ -245,7 +245,7 @@ def test_check_config_redis(tmpdir):
     r.pause()
     t0 = time.monotonic()
     out = check(0, redis=r.unix_url(), redis_password_file=pw)
-    assert_between(time.monotonic() - t0, 0.9, 10)
+    assert_between(time.monotonic() - t0, 0.9, 50)  # the upper bound: a hang detector
     assert_in("kembali: warning: redis %s: no answer to AUTH within 1000 ms" % r.unix_url(), out)
     r.kill()
     out = check(0, redis=r.url(), redis_password_file=pw)
@@ -283,10 +283,10 @@ def test_hosts_with_redis_start(tmpdir):
 def test_start_refuses_broken_config(tmpdir):
     k = harness.Kembali(tmpdir, config={"shops": [], "bogus": 1})
     try:
-        k.start(timeout=3)
+        k.start(timeout=60)
     except AssertionError:
         pass
-    rc = k.wait(5)
+    rc = k.wait(60)
     assert_eq(rc, 1)
     assert_in("bogus: unknown key", k.log_text())
 
@@ -299,19 +299,19 @@ def test_sighup_reload_and_broken_reload(tmpdir):
     held = {}
     th = threading.Thread(target=lambda: held.setdefault("r", k.get("id=held")))
     th.start()
-    harness.wait_for(lambda: sb.reads("held"), 5)
+    harness.wait_for(lambda: sb.reads("held"), 30)
     cfg = json.load(open(k.config_path))
     cfg["shops"][0]["name"] = "Toko Baru"
     k.reload(cfg)  # while a request is held
-    k.wait_log(5, event="reload")
+    k.wait_log(30, event="reload")
     assert_in("Toko Baru", k.get("id=t1").text)
-    th.join(10)
+    th.join(60)
     r = held["r"]
     assert_eq(r.header("kembali-status"), "failed", "the held request was not disturbed")
     assert_in("Toko A", r.text, "it finishes with the configuration it started with")
     k.write_config("{broken")
     k.reload()
-    k.wait_log(5, event="reload", level="error")
+    k.wait_log(30, event="reload", level="error")
     r = k.get("id=t1")
     assert_in("Toko Baru", r.text, "the old configuration keeps serving")
 
@@ -323,13 +323,13 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     threads = [threading.Thread(target=lambda: results.append(k.get("id=t-wait"))) for _ in range(5)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 5)
+    harness.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 30)
     # all five parked with the resolver (they would be held for ~11.5 s)
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 5, 5)
+    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 5, 30)
     t0 = time.monotonic()
-    rc = k.stop(timeout=10)
+    rc = k.stop(timeout=60)
     for t in threads:
-        t.join(10)
+        t.join(60)
     assert_eq(rc, 0, "exit code after SIGTERM")
     assert_eq(len(results), 5)
     for r in results:
@@ -353,16 +353,16 @@ def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
     sb.put_tx("t-late", "pending")
     s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
     s.connect(k.addr)
-    harness.wait_for(lambda: k.metrics()["kembali_fastcgi_connections"] >= 2, 5, msg="the idle connection accepted")
+    harness.wait_for(lambda: k.metrics()["kembali_fastcgi_connections"] >= 2, 30, msg="the idle connection accepted")
     os.kill(k.pid, signal.SIGSTOP)
     try:
         s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t-late")))
         os.kill(k.pid, signal.SIGTERM)
     finally:
         os.kill(k.pid, signal.SIGCONT)
-    r = harness.fcgi_receive(s, timeout=10)
+    r = harness.fcgi_receive(s, timeout=30)
     assert_eq(r.header("kembali-status"), "checking")
-    assert_eq(k.wait(10), 0)
+    assert_eq(k.wait(60), 0)
     assert_eq(sb.reads("t-late"), [], "no read after SIGTERM")
     # nor one claimed and abandoned (which would spend the budget and move
     # the pace for the other processes): kembali logs every read it starts
@@ -397,13 +397,13 @@ def test_listen_tcp_and_user_drop(tmpdir):
 def test_no_socket_is_a_clear_error(tmpdir):
     k = harness.Kembali(tmpdir, config=None, listen=None, args=["--config", "/nonexistent.json"])
     k.start()
-    assert_eq(k.wait(5), 1)
+    assert_eq(k.wait(60), 1)
     assert_in("/nonexistent.json", k.log_text())
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
     k2 = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
                          keys={"a": kit.KEY}, listen=None, name="nolisten")
     k2.start()
-    assert_eq(k2.wait(5), 1)
+    assert_eq(k2.wait(60), 1)
     assert_in("not a listening socket", k2.log_text())
 
 
@@ -495,10 +495,11 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
         s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
         s.connect(k.addr)
         idle.append(s)
-    r = k.get("id=t1", timeout=15)
+    r, took = kit.get_after_send(k, "id=t1")
     assert_eq(r.header("kembali-status"), "succeeded")
-    # at the client: a thread held by a silent connection would show as 5 s
-    assert r.elapsed < 4.5, "served while 40 connections stay silent: %.2f s" % r.elapsed
+    # from the send to kembali's answer: a front held by the silent
+    # connections would answer only once it cut them, 5 s after they came
+    assert took < 4.5, "served while 40 connections stay silent: %.2f s" % took
     # a slow client that sends within the 5 s is served, not dropped (a
     # busy machine may stretch the test's own second past 5 s: then the cut
     # is right, and must not have come before the 5 s)
@@ -533,10 +534,10 @@ def test_systemd_socket_activation(tmpdir):
                           harness.kembali_bin(), cfg], tmpdir, stdin=subprocess.DEVNULL, stdout=log,
                          stderr=log, pass_fds=(3,), preexec_fn=lambda: os.dup2(lsock.fileno(), 3))
     sb.put_tx("t1", "failed")
-    r = harness.wait_for(lambda: _try_get(sock_path, "id=t1"), 10)
+    r = harness.wait_for(lambda: _try_get(sock_path, "id=t1"), 30)
     assert_eq(r.header("kembali-status"), "failed")
     proc.terminate()
-    assert_eq(proc.wait(10), 0)
+    assert_eq(proc.wait(60), 0)
 
 
 def _try_get(addr, q):

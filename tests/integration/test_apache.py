@@ -54,7 +54,7 @@ LoadModule alias_module {MODULES}/mod_alias.so
         self.proc = harness.spawn([APACHE, "-d", tmpdir, "-f", self.conf, "-DFOREGROUND"], tmpdir,
                                   stdout=open(os.path.join(tmpdir, "apache.out"), "wb"),
                                   stderr=subprocess.STDOUT)
-        harness.wait_for(self._up, 10, msg="apache listening")
+        harness.wait_for(self._up, 30, msg="apache listening")
 
     @staticmethod
     def _handler(tmpdir, config_path, binary, cgi):

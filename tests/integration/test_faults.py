@@ -95,7 +95,7 @@ def test_unauthorized_pauses_key_logs_once_and_reload_lifts(tmpdir):
     cfg = json.load(open(k.config_path))
     cfg["shops"][0]["secret_key_file"] = k.key_path("b")
     k.reload(cfg)
-    k.wait_log(5, event="reload")
+    k.wait_log(30, event="reload")
     r = k.get("id=t1", host="toko-a.test")
     assert_eq(r.header("kembali-status"), "succeeded")
 

@@ -22,7 +22,7 @@ def connect(k):
         s.settimeout(10)
         s.connect(k.addr)
         return s
-    return socket.create_connection(k.addr, timeout=10)
+    return socket.create_connection(k.addr, timeout=30)
 
 
 def records(s, until_type, timeout=10.0):
@@ -96,12 +96,14 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
                 continue
             t[1] += 1
         for k in (unix, tcp):
-            r = k.get("id=t1", timeout=10)
+            r, took = kit.get_after_send(k, "id=t1")
             assert_eq(r.header("kembali-status"), "succeeded")
-            worst = max(worst, r.elapsed)
+            worst = max(worst, took)
         time.sleep(0.5)
-    print("# slowest cached answer beside 32 stalled or trickling peers: %.1f ms at the client" % (worst * 1000))
-    # a front that a stalled peer holds answers after the peer's 5 s, or never
+    print("# slowest cached answer beside 32 stalled or trickling peers: %.1f ms from the send" % (worst * 1000))
+    # a front that a stalled peer holds answers after the peer's 5 s, or
+    # never; this counts from the send to kembali's answer (its log), so
+    # that the test's own waits for a CPU do not count
     assert worst < 2.5, "served at once beside stalled peers (%.2f s)" % worst
     # kembali's own log: every cached answer took a millisecond or so (make
     # bench measures it); a front held by a stalled peer would take its 5 s.
@@ -114,7 +116,7 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
     for k in (unix, tcp):
         t0 = time.monotonic()
         k.signal(15)
-        assert_eq(k.wait(10), 0)
+        assert_eq(k.wait(60), 0)
         took = time.monotonic() - t0
         # by kembali's own log: from the stop to the exit (the test's clock
         # also counts a busy machine's scheduling of this process)
@@ -169,7 +171,7 @@ def test_next_request_sent_early_has_5_s_from_its_first_byte(tmpdir):
     kit.pending_then(sb, "t1", 1, "succeeded")
     s = connect(k)
     s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
-    harness.wait_for(lambda: sb.reads("t1"), 5)  # held
+    harness.wait_for(lambda: sb.reads("t1"), 30)  # held
     t0 = time.monotonic()
     s.sendall(harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2)[:4])
     r = harness.fcgi_receive(s, timeout=15, request_id=1, close=False)
@@ -184,12 +186,12 @@ def test_abort_drops_the_request_and_keeps_the_connection(tmpdir):
     sb.put_tx("t2", "succeeded")
     s = connect(k)
     s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
-    harness.wait_for(lambda: sb.reads("t1"), 5)  # held, its read started
+    harness.wait_for(lambda: sb.reads("t1"), 30)  # held, its read started
     s.sendall(harness.fcgi_record(FCGI_ABORT, b"", 1))
     got = records(s, FCGI_END)
     assert_eq([r[0] for r in got], [FCGI_END], "only END_REQUEST for the aborted request")
     assert_eq(got[0][1], 1)
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 0, 5, msg="the aborted request is not held")
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 0, 30, msg="the aborted request is not held")
     s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t2"), request_id=2, keep_conn=True))
     r = harness.fcgi_receive(s, timeout=10, request_id=2, close=False)
     assert_eq(r.header("kembali-status"), "succeeded", "the connection serves the next request")
@@ -279,18 +281,18 @@ def test_caps_on_held_requests(tmpdir):
     for t in ("a1", "b1"):
         sb.put_tx(t, "pending")
     held = [harness.fcgi_send(k.addr, harness.cgi_params("id=a1", host="a.test")) for _ in range(4)]
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 4, 5, msg="4 held for toko-a")
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 4, 30, msg="4 held for toko-a")
     r = k.get("id=a1", host="a.test")  # the shop's fifth: over its cap
     assert_eq(r.header("kembali-status"), "checking")
     assert r.header("retry-after") is not None, r
     # at once, by kembali's log (a held one would take the hold, 4.8 s)
-    assert int(k.wait_log(5, event="request", id="a1")["ms"]) < 1000, "answered at once"
+    assert int(k.wait_log(30, event="request", id="a1")["ms"]) < 1000, "answered at once"
     j = k.get("id=a1&format=json", host="a.test")
     assert_eq((j.header("kembali-status"), j.json()["final"]), ("checking", False))
     assert j.header("retry-after") is not None
     # toko-b still has room, up to the process's cap of 6
     held += [harness.fcgi_send(k.addr, harness.cgi_params("id=b1", host="b.test")) for _ in range(2)]
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 6, 5, msg="6 held in all")
+    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 6, 30, msg="6 held in all")
     r = k.get("id=b1", host="b.test")
     assert_eq(r.header("kembali-status"), "checking")
     assert r.header("retry-after") is not None
@@ -327,7 +329,7 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
     order); a client that reads nothing is disconnected about 2 s after the
     socket stopped taking its answer, and nobody else waits meanwhile."""
     sb, k = _big_page_kembali(tmpdir)
-    want = k.get("id=t1", timeout=10)  # a reader that keeps up: the reference
+    want = k.get("id=t1", timeout=30)  # a reader that keeps up: the reference
     assert_eq(want.header("kembali-status"), "succeeded")
     assert len(want.body) > 250000
     req = harness.fcgi_request_bytes(harness.cgi_params("id=t1"))
@@ -339,14 +341,14 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
 
     slow = small_buffer_client()
     time.sleep(0.5)  # the socket has long stopped taking it: the loop holds the rest
-    r = harness.fcgi_receive(slow, timeout=10)
+    r = harness.fcgi_receive(slow, timeout=30)
     assert_eq(r.body, want.body, "the answer arrived whole and in order")
     with open("/proc/sys/net/core/wmem_default") as f:
         if int(f.read()) >= len(want.body) + 1000:
             print("# a Unix socket here buffers the whole answer: the 2 s cut-off is not reachable")
             return
     stuck = small_buffer_client()
-    other = k.get("id=t1", timeout=10)
+    other = k.get("id=t1", timeout=30)
     assert_eq(other.header("kembali-status"), "succeeded")
     assert int(k.find_log(event="request", id="t1")[-1]["ms"]) < 1000, "served while a reader is stuck"
     stuck.settimeout(10)

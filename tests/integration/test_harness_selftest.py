@@ -179,7 +179,7 @@ def check_big_response(r, responder):
     assert_eq(r.stderr, b"warning from app\n")
     assert_eq(r.app_status, 7)
     assert_eq(r.protocol_status, 0)
-    assert_between(r.elapsed, 0, 5)
+    assert_between(r.elapsed, 0, 60)  # a hang detector
     req = responder.requests[-1]
     assert_eq(req["begin"], b"\x00\x01\x00\x00\x00\x00\x00\x00", "BEGIN_REQUEST body: responder, flags 0")
     return req
@@ -274,7 +274,7 @@ def test_fcgi_timeout_and_refused(tmpdir):
             assert_in("no FCGI_END_REQUEST within 0.5 s", str(e))
         else:
             raise AssertionError("no FcgiTimeout")
-        assert_between(time.monotonic() - t0, 0.4, 3)
+        assert_between(time.monotonic() - t0, 0.4, 30)  # never early; the upper bound a hang detector
     finally:
         resp.close()
     try:
@@ -396,7 +396,7 @@ def test_runner_pass_fail_skip_timeout(tmpdir):
     assert_in("# AssertionError: deliberate: expected 2", text)
     assert_in("timed out after 1.5 s", text)
     assert_in("seen[\"slow_proc\"].wait()", text.replace("'", '"'))
-    assert_between(time.monotonic() - t0, 0, 8, "the runner waited for the hung test")
+    assert_between(time.monotonic() - t0, 0, 60, "the runner waited for the hung test")
     assert not os.path.exists(seen["pass_tmpdir"]), "a passing test's tmpdir is removed"
     assert os.path.isdir(seen["fail_tmpdir"]), "a failing test's tmpdir is kept"
     assert_in("# kept tmpdir: " + seen["fail_tmpdir"], text)
@@ -453,7 +453,7 @@ def test_sandbox_control_api(tmpdir):
         assert_eq(sb.stats()["transactions"]["tx_1"], {"timeline": [{"after_ms": 0, "status": "succeeded"}]})
         assert_eq(sb.stats()["transactions"]["tx-2"]["timeline"][1], {"after_ms": 3000, "status": "succeeded"})
         req = urllib.request.Request(sb.base + "/v1/transactions/tx_1", headers={"Authorization": "Bearer k1"})
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=30) as resp:
             assert_eq(json.load(resp)["status"], "succeeded")
         assert_eq(len(sb.reads()), 1)
         assert_eq(sb.reads("tx_1")[0]["id"], "tx_1")
@@ -730,7 +730,7 @@ def test_redis_pause_resume(tmpdir):
                 pass
             else:
                 raise AssertionError("a paused Redis answered")
-        assert_between(time.monotonic() - t0, 0.5, 3.0)
+        assert_between(time.monotonic() - t0, 0.5, 30)  # never early; above, a hang detector
         r.resume()
         assert not r.paused
         assert_eq(r.cmd("GET", "k"), "v")
@@ -742,7 +742,7 @@ def test_redis_pause_resume(tmpdir):
     r.pause()
     t0 = time.monotonic()
     assert_eq(r.stop(), 0)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # a hang detector (the exit code is the check)
 
 
 def test_redis_restart_kill_empty(tmpdir):

@@ -48,10 +48,10 @@ def test_held_request_through_nginx(tmpdir):
     # held through nginx until the third read (2.2 s after the first) found
     # it failed; kembali's log says how long it held the request
     kit.check_pace(sb, [k], "t1", [0, 1.1, 2.2])
-    held = int(k.wait_log(5, event="request", id="t1")["ms"]) / 1000
+    held = int(k.wait_log(30, event="request", id="t1")["ms"]) / 1000
     assert_between(held, 2.2 - 0.003, 2.2 + 0.5, "held by kembali")
     assert took >= held, (took, held)
-    th.join(20)
+    th.join(60)
     assert_eq(out["t2"][1].get("kembali-status"), "checking")
     assert_in(b"Pembayaran sedang diperiksa", out["t2"][2])
 
@@ -66,7 +66,11 @@ def test_default_schedule_through_nginx(tmpdir):
     took = time.monotonic() - t0
     assert_eq(status, 200)
     assert_eq(headers.get("kembali-status"), "checking")
-    assert_between(took, 32.4, 34.2)
+    # held by kembali (its log) until the last read; the test's own clock
+    # only bounds it below (a busy machine stretches it)
+    held = int(k.wait_log(30, event="request", id="t1")["ms"]) / 1000
+    assert_between(held, 32.4, 34.0, "held by kembali")
+    assert took >= 32.4, took
     assert_eq(len(sb.reads("t1")), 7)
 
 
@@ -113,7 +117,7 @@ def test_kept_connections_through_nginx(tmpdir):
     c = so.create_connection(("127.0.0.1", ng.port))
     sb.put_tx("t-gone", "pending")
     c.sendall(b"GET /kembali?id=t-gone HTTP/1.1\r\nHost: shop.test\r\n\r\n")
-    harness.wait_for(lambda: sb.reads("t-gone"), 5)
+    harness.wait_for(lambda: sb.reads("t-gone"), 30)
     c.close()
     for t in threads:
         t.join()
@@ -122,7 +126,7 @@ def test_kept_connections_through_nginx(tmpdir):
         words.append(ng.http_get("/kembali?id=t-ok")[1].get("kembali-status"))
     assert_eq(words.count("succeeded"), 200)
     assert_eq(words.count("failed"), 1, "the held request, answered over a kept connection")
-    harness.wait_for(lambda: k.find_log(event="request", id="t-gone"), 10, msg="the gone buyer's request line")
+    harness.wait_for(lambda: k.find_log(event="request", id="t-gone"), 30, msg="the gone buyer's request line")
     assert_eq(k.find_log(event="request", id="t-gone")[0].get("gone"), "yes")
     opened = k.metrics()["kembali_fastcgi_connections_total"] - before
     print("# 201 answers through nginx with keepalive 8: %d FastCGI connections" % opened)

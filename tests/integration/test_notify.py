@@ -68,7 +68,7 @@ def test_told_while_twenty_held(tmpdir):
     check_recorded(notify(k, "t1", {"status": "succeeded"}))
     answers = join()
     assert_eq([r.header("kembali-status") for r in answers], ["succeeded"] * 20)
-    told = k.wait_log(5, event="notify", id="t1")
+    told = k.wait_log(30, event="notify", id="t1")
     assert_eq((told["status"], told["result"], told["http"]), ("succeeded", "recorded", "204"))
     t_told = kit.log_time(told)
     lines = harness.wait_for(lambda: (lambda f: f if len(f) == 20 else None)(
@@ -95,14 +95,14 @@ def test_told_while_the_read_is_in_flight(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t11", "pending", responses=[{"delay_ms": 3000}])
     join = hold(k, "t11", 5)
-    harness.wait_for(lambda: sb.reads("t11"), 5, msg="the read arrived at the sandbox")
+    harness.wait_for(lambda: sb.reads("t11"), 30, msg="the read arrived at the sandbox")
     check_recorded(notify(k, "t11", {"status": "failed"}))
     answers = join()
     assert_eq([r.header("kembali-status") for r in answers], ["failed"] * 5)
-    t_told = kit.log_time(k.wait_log(5, event="notify", id="t11"))
+    t_told = kit.log_time(k.wait_log(30, event="notify", id="t11"))
     lat = [round((kit.log_time(l) - t_told) * 1000) for l in k.find_log(event="request", id="t11")]
     assert max(lat) <= 50, "answered %r ms after the notify" % lat
-    read = k.wait_log(10, event="read", id="t11")  # the slow read ends later...
+    read = k.wait_log(30, event="read", id="t11")  # the slow read ends later...
     assert kit.log_time(read) > t_told, "the read was still in flight at the notify"
     assert_eq(read["status"], "pending")
     assert_eq(json_status(k, "t11")[1], {"id": "t11", "status": "failed", "final": True})  # ...and changes nothing
@@ -178,7 +178,7 @@ def test_expired_then_succeeded(tmpdir):
     assert_eq(json_status(k, "t7"), ("succeeded", {"id": "t7", "status": "succeeded", "final": True}))
     check_recorded(notify(k, "t7", {"status": "expired"}))  # never the reverse
     assert_eq(k.get("id=t7").header("kembali-status"), "succeeded")
-    assert_eq(k.wait_log(5, event="notify", id="t7", status="expired", result="kept")["http"], "204")
+    assert_eq(k.wait_log(30, event="notify", id="t7", status="expired", result="kept")["http"], "204")
     assert_eq(sb.reads(), [])
 
 

@@ -40,18 +40,18 @@ def test_log_file_reopened_on_usr1_and_hup(tmpdir):
     k.start()
     sb.put_tx("t1", "succeeded")
     assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
-    k.wait_log(5, event="request", id="t1")
+    k.wait_log(30, event="request", id="t1")
     assert_eq(open(k.stderr_path).read(), "", "with --log nothing goes to standard error")
     assert_eq(os.stat(k.log_path).st_mode & 0o777, 0o640)
     for n, sig in enumerate((signal.SIGUSR1, signal.SIGHUP), 1):
         os.rename(k.log_path, "%s.%d" % (k.log_path, n))
         k.signal(sig)
-        harness.wait_for(lambda: os.path.exists(k.log_path), 5, msg="log reopened after %s" % sig.name)
+        harness.wait_for(lambda: os.path.exists(k.log_path), 30, msg="log reopened after %s" % sig.name)
         assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
-        k.wait_log(5, event="request", id="t1")
+        k.wait_log(30, event="request", id="t1")
     assert_eq(len(request_lines(open(k.log_path + ".1").read(), "t1")), 1)
     assert_eq(len(request_lines(open(k.log_path + ".2").read(), "t1")), 1)
-    k.wait_log(5, event="reload")  # SIGHUP reloads too, and says so in the new file
+    k.wait_log(30, event="reload")  # SIGHUP reloads too, and says so in the new file
     # a log that cannot be reopened: the old file goes on, saying why
     os.rename(k.log_path, k.log_path + ".3")
     os.mkdir(k.log_path)
@@ -60,7 +60,7 @@ def test_log_file_reopened_on_usr1_and_hup(tmpdir):
     harness.wait_for(lambda: harness.find_lines(open(old).read(), event="log", level="error"), 5,
                      msg="an error line in the old file")
     assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
-    harness.wait_for(lambda: request_lines(open(old).read(), "t1"), 5, msg="requests logged on in the old file")
+    harness.wait_for(lambda: request_lines(open(old).read(), "t1"), 30, msg="requests logged on in the old file")
     os.rmdir(k.log_path)
     assert_eq(k.stop(), 0)
     # an unusable --log is a clear error at start
@@ -117,7 +117,7 @@ def test_logrotate_under_load(tmpdir):
             p = subprocess.run([logrotate, "-f", "-s", os.path.join(tmpdir, "logrotate.state"), conf_path],
                                capture_output=True, text=True, timeout=30)
             assert_eq((p.returncode, p.stdout + p.stderr), (0, ""), "logrotate")
-            harness.wait_for(lambda: os.path.exists(k.log_path), 5, msg="the new log file")
+            harness.wait_for(lambda: os.path.exists(k.log_path), 30, msg="the new log file")
         harness.wait_for(lambda: len(request_lines(k.log_text(), "t1")) >= 50, 20, msg="requests after rotating")
     finally:
         stop.set()
@@ -159,7 +159,7 @@ def test_man_page(tmpdir):
                            env=harness._merge_env({"MANWIDTH": "80"}))
         assert_eq((p.returncode, p.stderr), (0, ""), "man --warnings")
     src = open(page).read()
-    helptext = subprocess.run([harness.kembali_bin(), "--help"], capture_output=True, text=True, timeout=10).stdout
+    helptext = subprocess.run([harness.kembali_bin(), "--help"], capture_output=True, text=True, timeout=60).stdout
     for opt in sorted(set(re.findall(r"--[a-z][a-z-]+", helptext))):
         assert_in("Fl -" + opt[2:], src, "option %s in the man page" % opt)
     config_c = open(os.path.join(harness.top_srcdir(), "src", "config.c")).read()

@@ -36,7 +36,7 @@ def hosts(tmpdir, n=3, budget=None, top=None, unix=True, two_shops=False):
                              shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), **shop)] +
                              ([harness.make_shop("toko-b", k.key_path("b"))] if two_shops else []))
     for k in ks:
-        k.wait_log(10, event="redis_joined")
+        k.wait_log(30, event="redis_joined")
     return redis, sb, ks
 
 
@@ -95,10 +95,10 @@ def test_waiters_on_other_hosts_wake_at_the_end_of_the_read(tmpdir):
         assert_eq(len(sb.reads(t)), 1, "one read for three hosts")
         reader = [k for k in ks if k.find_log(event="read", id=t)]
         assert_eq(len(reader), 1)
-        end = kit.log_time(reader[0].wait_log(5, event="read", id=t))
+        end = kit.log_time(reader[0].wait_log(30, event="read", id=t))
         for k in ks:
             if k is not reader[0]:
-                lat.append((kit.log_time(k.wait_log(5, event="request", id=t)) - end) * 1000)
+                lat.append((kit.log_time(k.wait_log(30, event="request", id=t)) - end) * 1000)
     print("# cross-host wake, read end to answer (ms): median %.1f, max %.1f" % (statistics.median(lat), max(lat)))
     assert max(lat) < 2500, lat  # without the wake: the next step, 5 s later
     assert sorted(lat)[len(lat) // 4] < 50, lat
@@ -158,31 +158,31 @@ def test_notify_reaches_every_host(tmpdir):
     threads = [threading.Thread(target=lambda k=k: out.setdefault(k.name, k.get("id=n1", timeout=20))) for k in ks[1:]]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: all(k.metrics()["kembali_held_requests"] == 1 for k in ks[1:]), 10)
+    harness.wait_for(lambda: all(k.metrics()["kembali_held_requests"] == 1 for k in ks[1:]), 30)
     # the first read has ended (the next is 5 s away): what the notify saves is counted from here
-    harness.wait_for(lambda: any(k.find_log(event="read", id="n1") for k in ks), 10)
+    harness.wait_for(lambda: any(k.find_log(event="read", id="n1") for k in ks), 30)
     reads_before = len(sb.reads("n1"))
     t0 = time.monotonic()
     r = ks[0].get("id=n1&format=notify", method="POST", stdin=b'{"status":"succeeded"}',
                   extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
     assert_eq(r.status, 204, r.text)
     for t in threads:
-        t.join(20)
+        t.join(60)
     assert all(out[k.name].header("kembali-status") == "succeeded" for k in ks[1:]), out
     # at once (kembali's logs), not at the next step 5 s later
-    told = kit.log_time(ks[0].wait_log(5, event="notify", id="n1"))
+    told = kit.log_time(ks[0].wait_log(30, event="notify", id="n1"))
     for k in ks[1:]:
-        assert kit.log_time(k.wait_log(5, event="request", id="n1")) - told < 1.0
+        assert kit.log_time(k.wait_log(30, event="request", id="n1")) - told < 1.0
     assert_eq(len(sb.reads("n1")), reads_before, "the told status cost no read")
     # kembali --notify (a queue worker on any host) reaches held requests too
     sb.put_tx("n2", "pending")
     th = threading.Thread(target=lambda: out.setdefault("n2", ks[2].get("id=n2", timeout=20)))
     th.start()
-    harness.wait_for(lambda: ks[2].metrics()["kembali_held_requests"] == 1, 10)
+    harness.wait_for(lambda: ks[2].metrics()["kembali_held_requests"] == 1, 30)
     p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n2", "failed"],
                        capture_output=True, text=True, timeout=20)
     assert_eq(p.returncode, 0, p.stderr)
-    th.join(20)
+    th.join(60)
     assert_eq(out["n2"].header("kembali-status"), "failed")
 
 
@@ -202,7 +202,7 @@ def test_redis_stopped_killed_and_restarted(tmpdir):
     threads = [threading.Thread(target=ask, args=(k, "s1")) for k in ks for _ in range(3)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: sb.reads("s1"), 10)
+    harness.wait_for(lambda: sb.reads("s1"), 30)
     redis.pause()
     for t in threads:
         t.join(40)
@@ -228,9 +228,9 @@ def test_redis_stopped_killed_and_restarted(tmpdir):
     redis.restart()
     for k in ks:
         k.wait_log(15, event="redis_rejoined")
-    harness.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 10)
+    harness.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 30)
     # the final status learnt while Redis was gone was written back
-    harness.wait_for(lambda: redis.keys("kembali:*t:s2"), 5, msg="s2's final status is in the new Redis")
+    harness.wait_for(lambda: redis.keys("kembali:*t:s2"), 30, msg="s2's final status is in the new Redis")
     for k in ks[1:]:
         assert_eq(k.get("id=s2", host="toko-b.test").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("s2")), 1, "the other hosts learnt s2 from Redis")
@@ -247,14 +247,14 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     redis = harness.Redis(tmpdir, password="s3cret-redis-pass", start=False)
     sb, ks = kit.start_hosts(tmpdir, 2, redis, top={"redis": redis.unix_url()})
     for k in ks:
-        line = k.wait_log(10, event="redis_unreachable")
+        line = k.wait_log(30, event="redis_unreachable")
         assert "s3cret" not in line["_raw"]
     sb.put_tx("u1", "succeeded")
     assert_eq(ks[0].get("id=u1").header("kembali-status"), "succeeded")
     assert_eq(ks[0].metrics()["kembali_redis_up"], 0)
     redis.start()
     for k in ks:
-        k.wait_log(10, event="redis_joined")
+        k.wait_log(30, event="redis_joined")
     # u1 was learnt while Redis was away: written back, then known to host 1
     assert_eq(ks[1].get("id=u1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("u1")), 1)
@@ -263,7 +263,7 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     bad = harness.Kembali(tmpdir, name="bad", keys={"a": kit.KEY}, config=lambda k: dict(
         __import__("json").load(open(ks[0].config_path)), redis_password_file=k.write_key("pw", "wrong")))
     bad.start()
-    line = bad.wait_log(10, event="redis_unreachable")
+    line = bad.wait_log(30, event="redis_unreachable")
     assert "refused" in line.get("why", "") or "WRONGPASS" in line.get("why", ""), line
     assert_eq(bad.get("id=u1").header("kembali-status"), "succeeded")
 
@@ -278,7 +278,7 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
     url = "redis://localhost:%d" % redis.port if by_name else redis.url()
     sb, ks = kit.start_hosts(tmpdir, 3, redis, top={"redis": url})
     for k in ks:
-        k.wait_log(10, event="redis_joined")
+        k.wait_log(30, event="redis_joined")
     sb.put_tx("k1", "succeeded")
     sb.put_tx("k2", "pending")
     ks[0].get("id=k1")

@@ -26,8 +26,12 @@ def test_default_schedule_read_times(tmpdir):
     assert_eq(r.header("kembali-status"), "checking")
     starts, times = kit.check_pace(sb, [k], "t-pend", DEFAULT_READS)
     print("# default schedule: reads started at %r, arrived at %r; answered after %.2f s" % (starts, times, took))
-    # no read can start before the 34 s deadline after the one at 32.5 s: answered at once
-    assert_between(took, 32.5, 34.0, "answer time")
+    # no read can start before the 34 s deadline after the one at 32.5 s:
+    # answered at once. The upper bound by kembali's log (the test's clock
+    # also counts its own waits for a CPU); the client cannot have it sooner
+    held = int(k.wait_log(30, event="request", id="t-pend")["ms"]) / 1000
+    assert_between(held, 32.5, 34.0, "held by kembali")
+    assert took >= 32.5, took
     assert "pembayaran sedang diperiksa" in r.text.lower()
 
 
@@ -42,7 +46,7 @@ def test_final_status_answers_within_half_a_second(tmpdir):
     # every waiter answered within 0.5 s of the end of the read that found
     # it, and none before; a request that a busy machine delayed past that
     # read is answered from the cache at once. By kembali's own log.
-    found = kit.log_time(k.wait_log(5, event="read", id="t1", status="succeeded"))
+    found = kit.log_time(k.wait_log(30, event="read", id="t1", status="succeeded"))
     answered = [l for l in k.find_log(event="request", id="t1")]
     assert_eq(len(answered), 20)
     waiters = [l for l in answered if kit.began(l) < found]
@@ -75,7 +79,7 @@ def test_late_joiner_follows_the_pace(tmpdir):
     sb.put_tx("t1", "pending")
     first = threading.Thread(target=lambda: k.get("id=t1"))
     first.start()
-    k.wait_log(5, event="read", id="t1")
+    k.wait_log(30, event="read", id="t1")
     time.sleep(1.6)
     r = k.get("id=t1")
     first.join()
@@ -168,7 +172,7 @@ def test_read_completes_when_its_requester_leaves(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 800}])
     s = harness.fcgi_send(k.addr, harness.cgi_params("id=t1"))
-    harness.wait_for(lambda: sb.reads("t1"), 5)  # the read it started is in flight
+    harness.wait_for(lambda: sb.reads("t1"), 30)  # the read it started is in flight
     s.close()  # the buyer closed the tab
     r = k.get("id=t1")
     assert_eq(r.header("kembali-status"), "succeeded")

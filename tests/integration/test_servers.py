@@ -133,7 +133,7 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
     try:
         harness.wait_for(lambda: len(harness.find_lines(text(), level="info", event="start")) == 4, 20,
                          msg="four kembali processes started by lighttpd")
-        harness.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 10, msg="lighttpd serving")
+        harness.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 30, msg="lighttpd serving")
         sb.put_tx("t1", "pending")
         sb.put_tx("done", "succeeded")
         rs = kit.parallel([lambda: http_get(port, "/kembali?id=t1") for _ in range(10)])

@@ -24,7 +24,7 @@ def read(sb, id, key=KEY):
     """One read: (HTTP status, headers, body), or (0, {}, b"") for a dropped connection."""
     req = urllib.request.Request(sb.base + "/v1/transactions/" + id, headers={"Authorization": "Bearer " + key})
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
