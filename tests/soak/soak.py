@@ -651,33 +651,51 @@ class Soak:
         """Every read the sandbox received has its line in a kembali log
         ("every read is logged"), except those of a process killed under
         them, or stopped at the end (SIGTERM abandons reads in flight): its
-        arrival then lies within a lease before that kill or stop. Reads are
-        matched on id, key and time; the sandbox's clock is put on the logs'
-        by the median offset of the reads that pair one to one."""
+        arrival then lies within a lease before that kill or stop. A read is
+        paired first by Kasera's request_id where kembali logged one (every
+        answer that is not a plain 200), else on id, key and time: the
+        arrival must lie between the read's start and its end in kembali's
+        log, the sandbox's clock put on the logs' by the median offset of
+        the reads that pair one to one. (A starved sandbox handles a read
+        hundreds of ms after kembali sent it; the interval holds that, a
+        window around the send did not.)"""
         key_of = {s: v["tail"] for s, v in SHOPS.items()}
         logged = {}
+        by_rid = {}
         for p in self.procs:
             for l in harness.parse_log(p.k.log_text()):
                 if l.get("event") == "read" and "ms" in l:
                     start = kit.began(l)
-                    logged.setdefault((l.get("id"), key_of.get(l.get("shop"))), []).append(
-                        start + int(l.get("sent_ms", 0)) / 1000)
+                    entry = [start, start + int(l.get("sent_ms", 0)) / 1000, kit.log_time(l)]
+                    logged.setdefault((l.get("id"), key_of.get(l.get("shop"))), []).append(entry)
+                    if l.get("request_id"):
+                        by_rid[l["request_id"]] = entry
         got = {}
         for r in self.reads:
-            got.setdefault((r["id"], r["key_tail"]), []).append(r["t_ms"] / 1000)
-        offsets = sorted(b - a for k, arr in got.items() if len(logged.get(k, ())) == len(arr)
+            got.setdefault((r["id"], r["key_tail"]), []).append(r)
+        offsets = sorted(b[1] - a["t_ms"] / 1000 for k, arr in got.items()
+                         if len(logged.get(k, ())) == len(arr)
                          for a, b in zip(arr, sorted(logged[k])))
         if not offsets:
             return
         off = offsets[len(offsets) // 2]
-        stray = []
+        unpaired = {}
         for k, arr in got.items():
-            sends = sorted(logged.get(k, ()))
+            entries = logged.get(k, [])
+            for r in arr:
+                e = by_rid.pop(r.get("request_id"), None)
+                if e is not None and e in entries:
+                    entries.remove(e)
+                else:
+                    unpaired.setdefault(k, []).append(r["t_ms"] / 1000)
+        stray = []
+        for k, arr in unpaired.items():
+            entries = logged.get(k, [])
             for a in arr:
                 wall = a + off
-                near = [s for s in sends if abs(s - wall) < 0.3]
+                near = [e for e in entries if e[0] - 0.3 <= wall <= e[2] + 0.3]
                 if near:
-                    sends.remove(min(near, key=lambda s: abs(s - wall)))
+                    entries.remove(min(near, key=lambda e: abs(e[1] - wall)))
                 elif any(kw - LEASE - 0.5 <= wall <= kw + 0.3 for kw in self.kill_walls):
                     self.cut_reads["kill"] += 1
                 elif self.stop_wall - LEASE - 0.5 <= wall <= self.stop_wall + 1.0:
