@@ -255,11 +255,12 @@ static void respond_metrics(struct serve_req *r)
                        "# TYPE kembali_redis_joins_total counter\nkembali_redis_joins_total %ld\n"
                        "# TYPE kembali_redis_leaves_total counter\nkembali_redis_leaves_total %ld\n"
                        "# TYPE kembali_redis_round_trips_total counter\nkembali_redis_round_trips_total %ld\n"
+                       "# TYPE kembali_redis_pings_total counter\nkembali_redis_pings_total %ld\n"
                        "# TYPE kembali_redis_claims_total counter\nkembali_redis_claims_total %ld\n"
                        "kembali_redis_claims_granted_total %ld\n"
                        "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
                        "# TYPE kembali_redis_written_back_total counter\nkembali_redis_written_back_total %ld\n",
-                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.claims, rm.granted, rm.messages, rm.written_back);
+                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.pings, rm.claims, rm.granted, rm.messages, rm.written_back);
     }
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     buf_free(&b);

@@ -225,7 +225,7 @@ struct rconn {
     int busy;
 };
 
-enum op_kind { OP_CLAIM, OP_FIRE, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
+enum op_kind { OP_CLAIM, OP_FIRE, OP_PING, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
 
 struct state_redis_op {
     struct state_redis *r;
@@ -261,7 +261,7 @@ struct state_redis {
     char sha[SCRIPT_N][41];
     char channel[80];
     struct state_redis_op *head, *tail; /* waiting operations, oldest first */
-    struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer;
+    struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer, ping_timer;
     struct writeback wb[STATE_REDIS_WRITEBACK_MAX];
     size_t nwb;
     struct state_redis_metrics m;
@@ -417,8 +417,11 @@ static bool op_send(struct rconn *rc, struct state_redis_op *op, int argc, const
         free(op);
         return false;
     }
-    r->m.round_trips++;
-    if (op->kind == OP_CLAIM || op->kind == OP_FIRE) {
+    if (op->kind == OP_PING)
+        r->m.pings++;
+    else
+        r->m.round_trips++;
+    if (op->kind == OP_CLAIM || op->kind == OP_FIRE || op->kind == OP_PING) {
         op->queued = true;
         op->prev = r->tail;
         if (r->tail)
@@ -561,6 +564,7 @@ static void went_down(struct state_redis *r, const char *why)
         r->phase = PH_DOWN;
         r->m.up = false;
         loop_timer_stop(r->loop, &r->join_timer);
+        loop_timer_stop(r->loop, &r->ping_timer);
         loop_timer_at(r->loop, &r->teardown_timer, loop_now(r->loop));
         if (!r->stopping)
             loop_timer_at(r->loop, &r->retry_timer, util_mono_ms() + STATE_REDIS_RETRY_MS);
@@ -585,7 +589,30 @@ static void joined(struct state_redis *r)
     log_end(&l);
     r->ever_up = true;
     r->unreachable_logged = false;
+    loop_timer_at(r->loop, &r->ping_timer, util_mono_ms() + STATE_REDIS_PING_MS);
     writeback_flush(r);
+}
+
+/* While up: with nothing waiting (whose age the slow timer watches), a PING,
+ * so that a Redis that stopped answering is noticed within
+ * STATE_REDIS_PING_MS + STATE_REDIS_SLOW_MS by a process that asks nothing
+ * of it (its held requests may wait on a read another host made). */
+static void on_ping_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->phase != PH_UP || r->stopping)
+        return;
+    if (r->head == NULL) {
+        const char *argv[] = {"PING"};
+        const size_t lens[] = {4};
+        struct state_redis_op *op = op_new(r, OP_PING);
+        if (op == NULL || !op_send(r->main, op, 1, argv, lens)) {
+            went_down(r, "cannot send a PING");
+            return;
+        }
+    }
+    loop_timer_at(r->loop, &r->ping_timer, util_mono_ms() + STATE_REDIS_PING_MS);
 }
 
 static void join_step_done(struct state_redis *r)
@@ -854,6 +881,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
         }
         break;
     case OP_FIRE:
+    case OP_PING:
     case OP_SUBSCRIBE:
         break;
     }
@@ -911,6 +939,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->retry_timer, on_retry_timer, r);
     loop_timer_init(&r->teardown_timer, on_teardown_timer, r);
     loop_timer_init(&r->join_timer, on_join_timer, r);
+    loop_timer_init(&r->ping_timer, on_ping_timer, r);
     struct in6_addr a6;
     if (!cfg->unix_socket) {
         r->literal = inet_pton(AF_INET, cfg->host, &a6) == 1 || inet_pton(AF_INET6, cfg->host, &a6) == 1;
@@ -948,6 +977,7 @@ void state_redis_free(struct state_redis *r)
     loop_timer_stop(r->loop, &r->retry_timer);
     loop_timer_stop(r->loop, &r->teardown_timer);
     loop_timer_stop(r->loop, &r->join_timer);
+    loop_timer_stop(r->loop, &r->ping_timer);
     for (size_t i = 0; i < r->nwb; i++)
         writeback_clear(&r->wb[i]);
     if (r->lookup != NULL) {

@@ -26,7 +26,10 @@
  * key has a TTL. The channel is PREFIXwake.
  *
  * Redis on a bad day: a connection that fails or closes, an error, or a
- * reply slower than STATE_REDIS_SLOW_MS puts this process "down": every
+ * reply slower than STATE_REDIS_SLOW_MS puts this process "down" (while up
+ * and with nothing else waiting, a PING every STATE_REDIS_PING_MS keeps
+ * that true of an idle process too, whose held requests may wait on another
+ * host's read): every
  * operation waiting is answered STATE_REDIS_DOWN at once (its caller decides
  * locally), and until Redis answers again (tried every second) claims
  * return NULL and reads are decided by the local state with
@@ -51,6 +54,7 @@
 #define STATE_REDIS_SLOW_MS 100      /* a reply later than this: Redis is down for us */
 #define STATE_REDIS_JOIN_MS 1000     /* connect, authenticate, load the scripts, subscribe */
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
+#define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024
 
 struct state_redis;
@@ -100,7 +104,8 @@ struct state_redis_outcome {
 struct state_redis_metrics {
     bool up;
     long joins, leaves;       /* times this process joined Redis, and left it */
-    long round_trips;         /* commands sent */
+    long round_trips;         /* commands sent (the idle PINGs not counted: pings) */
+    long pings;               /* idle PINGs sent */
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
     long written_back;        /* final statuses written back after a stay down */

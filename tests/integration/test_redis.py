@@ -186,6 +186,31 @@ def test_notify_reaches_every_host(tmpdir):
     assert_eq(out["n2"].header("kembali-status"), "failed")
 
 
+def test_an_idle_host_notices_a_stopped_redis(tmpdir):
+    """A host that asks Redis nothing (its buyers may wait on another
+    host's read) still notices that Redis stopped answering: its PING while
+    idle gets no answer within 100 ms. It leaves, says so, and rejoins when
+    Redis answers again. (Without the PING it would go on saying it is up.)"""
+    redis, sb, ks = hosts(tmpdir, n=2)
+    redis.pause()
+    for k in ks:
+        line = k.wait_log(30, event="redis_left")
+        assert_eq(line["why"], "slower than 100 ms")
+        assert_eq(k.metrics()["kembali_redis_up"], 0)
+    redis.resume()
+    for k in ks:
+        k.wait_log(30, event="redis_rejoined")
+        harness.wait_for(lambda: k.metrics()["kembali_redis_up"] == 1, 30)
+        assert k.metrics()["kembali_redis_pings_total"] > 0
+    # the PINGs are no round trips of answers: a cached answer still costs none
+    sb.put_tx("i1", "succeeded")
+    ks[0].get("id=i1")
+    before = ks[0].metrics()["kembali_redis_round_trips_total"]
+    for _ in range(3):
+        assert_eq(ks[0].get("id=i1").header("kembali-status"), "succeeded")
+    assert_eq(ks[0].metrics()["kembali_redis_round_trips_total"], before)
+
+
 @harness.timeout(150)
 def test_redis_stopped_killed_and_restarted(tmpdir):
     redis, sb, ks = hosts(tmpdir, budget=6, top={"redis_hosts": 3}, two_shops=True)
