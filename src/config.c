@@ -512,7 +512,7 @@ void config_redis_address(const struct config_redis *r, char *buf, size_t len)
 
 static const char *const top_keys[] = {
     "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "keys_dir", "shop_templates_root",
-    "schedule_ms", "read_timeout_ms", "state_slots", "max_held", "max_held_per_shop",
+    "schedule_ms", "read_timeout_ms", "state_slots", "state_slots_per_key", "max_held", "max_held_per_shop",
     "read_planning", "redis", "redis_password_file", "redis_prefix", "redis_hosts",
 };
 static const char *const shop_keys[] = {
@@ -1135,6 +1135,14 @@ struct config *config_reload(const char *path, const struct config *prev, char *
     long slots = 16384;
     opt_long(&e, path, root, "state_slots", 16, 4194304, &slots, NULL);
     c->state_slots = (int)slots;
+    /* the most slots one key's requests may take; the default is the
+     * state's (a quarter of the slots of the file it opens) */
+    json_t *pk = json_object_get(root, "state_slots_per_key");
+    if (pk != NULL && (!json_is_integer(pk) || json_integer_value(pk) < 1 || json_integer_value(pk) > slots))
+        cfail(&e, path, "state_slots_per_key", "must be a whole number from 1 to state_slots (%ld): "
+              "the most transaction slots one shop's key may take", slots);
+    else if (pk != NULL)
+        c->state_slots_per_key = (int)json_integer_value(pk);
 
     /* held requests: what the file asks (or the default), then no more
      * than the descriptors allow */

@@ -75,6 +75,7 @@ struct config {
     struct pace_schedule sched;
     long read_timeout_ms;
     int state_slots;
+    int state_slots_per_key;       /* 0: not given, the default (state_per_key_default) */
     bool read_planning;            /* plan a scarce budget (plan.h); false: first come, first served */
     struct shop *shops;
     int nshops;

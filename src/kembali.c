@@ -290,9 +290,9 @@ static void reload(struct app *a, const char *path)
     }
     config_bind_state(c, a->state);
     log_config_notes(c, "reload");
-    if (c->state_slots != old->state_slots || c->read_timeout_ms != old->read_timeout_ms ||
-        strcmp(c->state_dir, old->state_dir) != 0)
-        log_msg("warn", "reload", "state_dir, state_slots and read_timeout_ms take effect at restart");
+    if (c->state_slots != old->state_slots || c->state_slots_per_key != old->state_slots_per_key ||
+        c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
+        log_msg("warn", "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");
     if (redis_differs(&c->redis, &old->redis))
         log_msg("warn", "reload", "redis, redis_password_file, redis_prefix and redis_hosts take effect at restart");
     config_unref(old);
@@ -421,7 +421,8 @@ int main(int argc, char **argv)
     }
     /* after dropping privileges: the state file belongs to the serving user */
     /* key slots: twice the shops (an upper bound of the distinct keys), room for reloads */
-    struct state_opts so = {.tx_slots = cfg->state_slots, .key_slots = state_key_slots_for(cfg->nshops),
+    struct state_opts so = {.tx_slots = cfg->state_slots, .tx_per_key = cfg->state_slots_per_key,
+                            .key_slots = state_key_slots_for(cfg->nshops),
                             .read_timeout_ms = cfg->read_timeout_ms, .greedy = !cfg->read_planning};
     app.state = state_open(cfg->state_dir, &so, err, sizeof err);
     if (app.state == NULL) {

@@ -81,7 +81,8 @@ int notify_command(const char *config_path, const char *shop_id, const char *id,
         fprintf(err, "kembali --notify: shop %s: no shop with that id in %s\n", shop_id, config_path);
         goto out;
     }
-    struct state_opts so = {.tx_slots = c->state_slots, .key_slots = state_key_slots_for(c->nshops),
+    struct state_opts so = {.tx_slots = c->state_slots, .tx_per_key = c->state_slots_per_key,
+                            .key_slots = state_key_slots_for(c->nshops),
                             .read_timeout_ms = c->read_timeout_ms};
     st = state_open(c->state_dir, &so, msg, sizeof msg);
     if (st == NULL) {

@@ -15,7 +15,12 @@
  * LRU, a sample of entries is examined and the least recently used idle one
  * goes. An entry is idle when no read of it is in flight, its episode is
  * over and no Retry-After or pause of its own is running, nor any wait
- * another host's word set (state_defer); entries in use are never evicted. */
+ * another host's word set (state_defer); entries in use are never evicted.
+ * No key's entries take more than the region's tx_per_key slots (see
+ * tx_get): one shop's public URL, however hammered, leaves the rest of the
+ * table to the other shops. Each key entry counts its transaction entries
+ * (ntx), recounted from the table whenever a key entry is made or the
+ * region is checked. */
 #include "state.h"
 
 #include <errno.h>
@@ -41,7 +46,7 @@
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 5
+#define ST_VERSION 6 /* 6: the per-key quota (tx_per_key, quota_full, ntx) */
 #define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
 #define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
 #define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
@@ -80,6 +85,7 @@ struct st_keyent {
     struct state_key key;
     int32_t next;
     uint8_t used;
+    int32_t ntx;                        /* transaction entries of this key (tx_get) */
     int64_t paused_until;
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
@@ -113,7 +119,7 @@ struct st_hdr {
     uint64_t serial;
     int32_t tx_slots, key_slots, nbuckets, free_head;
     int32_t key_nbuckets, key_free_head;
-    int32_t client_slots, pad1;
+    int32_t client_slots, tx_per_key; /* tx_per_key: the per-key quota (state_open) */
     int64_t read_timeout_ms;
     int64_t host_paused_until;
     char last_401_shop[STATE_SHOP_MAX + 1];
@@ -121,6 +127,7 @@ struct st_hdr {
     long key_used, key_evictions, key_full;
     long client_blocks, client_full;
     long last_chance_reads;
+    long quota_full;          /* new entries refused by the per-key quota */
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
 };
 
@@ -270,13 +277,17 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks,
-                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full};
+                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full, &h->quota_full};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (*counters[i] < 0) {
             *counters[i] = 0;
             dmg[DMG_HEADER]++;
         }
     clamp_time(&h->host_paused_until, now, SPAN_HOST_PAUSE, dmg);
+    if (h->tx_per_key < 1 || h->tx_per_key > st->txn) {
+        h->tx_per_key = state_per_key_default(st->txn);
+        dmg[DMG_HEADER]++;
+    }
     if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
         h->read_timeout_ms = 5000;
         dmg[DMG_HEADER]++;
@@ -398,6 +409,7 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
 }
 
 static uint32_t key_bucket(const struct state *st, const struct state_key *key);
+static void key_recount(struct state *st);
 static int32_t client_home(const struct state *st, const struct state_client *c);
 
 /* One client entry: dropped unless whole and within its ways (a lookup
@@ -489,6 +501,7 @@ static long region_check(struct state *st, int64_t now, bool full)
         key_relink(st);
         dmg[DMG_KEY_LINKS]++;
     }
+    key_recount(st); /* derived: never trusted from the file */
     for (int32_t i = 0; i < st->cln; i++)
         client_check_entry(st, i, now, dmg);
 out:
@@ -724,13 +737,28 @@ void state_test_damage(struct state *st, enum state_test_damage what)
 
 /* The region's geometry for the given options. */
 struct layout {
-    int32_t txn, keyn, nb, knb, cln;
+    int32_t txn, keyn, nb, knb, cln, per_key;
     size_t off_b, off_t, off_kb, off_k, off_c, size;
 };
+
+int state_per_key_default(int tx_slots)
+{
+    return tx_slots / 4 > 0 ? tx_slots / 4 : 1;
+}
+
+/* The quota `opts` asks for in a table of txn slots: its own, clamped to
+ * 1 .. txn, or the default for txn. */
+static int32_t per_key_for(const struct state_opts *opts, int32_t txn)
+{
+    if (opts->tx_per_key <= 0)
+        return state_per_key_default(txn);
+    return opts->tx_per_key < txn ? opts->tx_per_key : txn;
+}
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
 {
     l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
+    l->per_key = per_key_for(opts, l->txn);
     l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
     if (l->keyn > STATE_KEY_SLOTS_MAX)
         l->keyn = STATE_KEY_SLOTS_MAX;
@@ -790,6 +818,7 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->nbuckets = l->nb;
     h->key_nbuckets = l->knb;
     h->client_slots = l->cln;
+    h->tx_per_key = l->per_key;
     h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
@@ -944,6 +973,8 @@ struct open_notes {
     bool replaced;          /* an incompatible or damaged file was replaced */
     bool other_size;        /* the file has another tx_slots than asked */
     int32_t keys_wanted;    /* more key slots asked for than the file has: how many */
+    int32_t per_key_wanted; /* joining others, another per-key quota asked for: which (0: none) */
+    int32_t per_key;        /* the region's quota */
     bool alone;             /* no other live process used the file */
     bool lock_was_held;     /* alone, yet its lock word said held */
     long leases;            /* alone: reads in flight of dead processes, released */
@@ -1015,6 +1046,15 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
         log_str(&ll, "msg", "the state file was made with another state_slots; "
                             "keeping its size (remove it while no kembali runs to change it)");
         log_int(&ll, "slots", slots);
+        log_end(&ll);
+    }
+    if (on->per_key_wanted > 0) {
+        log_begin(&ll, "warn", "state");
+        log_str(&ll, "msg", "other running kembali processes share this state file with another "
+                            "state_slots_per_key; theirs applies (one table, one rule) until every process "
+                            "has stopped and one starts again");
+        log_int(&ll, "state_slots_per_key", on->per_key);
+        log_int(&ll, "wanted", on->per_key_wanted);
         log_end(&ll);
     }
     if (on->keys_wanted > 0) {
@@ -1119,6 +1159,14 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                     on.keys_wanted = l.keyn;
                 int rc = on.alone ? region_reset(st, now, &on, err, errlen)
                                   : region_check_locked(st, now, err, errlen);
+                /* one quota per region: a restart (nobody else uses it) sets
+                 * it; a process joining others keeps theirs (see state.h) */
+                int32_t want = per_key_for(opts, st->txn);
+                if (on.alone)
+                    st->h->tx_per_key = want;
+                else if (want != __atomic_load_n(&st->h->tx_per_key, __ATOMIC_RELAXED))
+                    on.per_key_wanted = want;
+                on.per_key = __atomic_load_n(&st->h->tx_per_key, __ATOMIC_RELAXED);
                 on.n = st->notice;
                 memset(&st->notice, 0, sizeof st->notice);
                 if (rc != 0) {
@@ -1228,37 +1276,154 @@ static void tx_unlink(struct state *st, int32_t idx)
         *pp = e->next;
 }
 
-/* Find or create the entry of (key, id); NULL when the table is full of
- * entries in use. */
-static struct st_tx *tx_get(struct state *st, const struct state_key *key, const char *id, int64_t now)
+static struct st_keyent *key_find(struct state *st, const struct state_key *key);
+static struct st_keyent *key_make(struct state *st, const struct state_key *key, int64_t now);
+
+/* The per-key quota, from the region (state_open), kept within 1 .. txn. */
+static int32_t tx_quota(const struct state *st)
+{
+    int32_t q = st->h->tx_per_key;
+    return q < 1 ? 1 : q > st->txn ? st->txn : q;
+}
+
+/* The entries of `key` in the table, counted (O(slots): for a key entry
+ * being made, and when its key table has no room). */
+static int32_t tx_count(const struct state *st, const struct state_key *key)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < st->txn; i++)
+        n += st->txs[i].used && memcmp(st->txs[i].key.b, key->b, 16) == 0;
+    return n;
+}
+
+/* Every key entry's ntx, from the table (O(slots + keys)). */
+static void key_recount(struct state *st)
+{
+    for (int32_t i = 0; i < st->keyn; i++)
+        st->keys[i].ntx = 0;
+    for (int32_t i = 0; i < st->txn; i++) {
+        struct st_keyent *k = st->txs[i].used ? key_find(st, &st->txs[i].key) : NULL;
+        if (k != NULL)
+            k->ntx++;
+    }
+}
+
+/* May entry i make room: idle, and of `only` when given? */
+static bool tx_evictable(const struct st_tx *e, const struct state_key *only, int64_t now)
+{
+    return tx_idle(e, now) && (only == NULL || memcmp(e->key.b, only->b, 16) == 0);
+}
+
+/* The least recently used idle entry (of `only`, when given), or -1. Like
+ * Redis' approximate LRU: a spread-out sample first, then, when it found
+ * nothing, the whole table once. */
+static int32_t tx_lru_idle(struct state *st, const struct state_key *only, int64_t now)
+{
+    int32_t n = st->txn, best = -1;
+    int32_t start = (int32_t)util_jitter(n - 1);
+    for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
+        int32_t i = (start + k * 97) % n; /* a spread-out sample */
+        if (tx_evictable(&st->txs[i], only, now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
+            best = i;
+    }
+    if (best < 0) { /* the sample found nothing: look everywhere once */
+        for (int32_t i = 0; i < n; i++)
+            if (tx_evictable(&st->txs[i], only, now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
+                best = i;
+    }
+    return best;
+}
+
+/* Every slot holds an entry in use, and a told status of `key` needs one
+ * (state_tell, state.h): the entry whose loss harms least, or -1 only for
+ * an empty table. Ranked, first to last: another key's before `key`'s
+ * own; no read in flight (forgetting one would let a second read start
+ * beside it); of the key with the most entries (a flood, when the table is
+ * full of entries in use: at least tx_slots / tx_per_key keys at their
+ * quota); no held request (its reservation would go); least recently
+ * used. O(slots): only with every slot in use. */
+static int32_t tx_least_harm(struct state *st, const struct state_key *key, int64_t now)
+{
+    int32_t best = -1;
+    int64_t best_rank[4] = {0, 0, 0, 0};
+    for (int32_t i = 0; i < st->txn; i++) {
+        const struct st_tx *e = &st->txs[i];
+        if (!e->used)
+            continue;
+        const struct st_keyent *k = key_find(st, &e->key);
+        int64_t rank[4] = {
+            memcmp(e->key.b, key->b, 16) != 0,
+            e->inflight_until <= now,
+            k != NULL ? k->ntx : 0,
+            !(e->holders > 0 && e->hold_until > now),
+        };
+        int c = 0;
+        for (int j = 0; j < 4 && c == 0; j++)
+            c = rank[j] > best_rank[j] ? 1 : rank[j] < best_rank[j] ? -1 : 0;
+        if (best < 0 || c > 0 || (c == 0 && e->last_used < st->txs[best].last_used)) {
+            best = i;
+            memcpy(best_rank, rank, sizeof rank);
+        }
+    }
+    return best;
+}
+
+/* Find or create the entry of (key, id); NULL when there is no room.
+ * Room for a new entry, in this order:
+ *   - a key already at its quota (tx_per_key entries) takes its own least
+ *     recently used idle entry's slot; with none idle, a request's entry
+ *     (`told` false) finds no room (counted: quota_full; full when the
+ *     quota is the whole table), however many other slots are free: the
+ *     rest of the table is the other keys';
+ *   - otherwise a free slot, else the least recently used idle entry of
+ *     any key (counted: evictions); with none, no room (counted: full),
+ *     unless `told`: a status told by the shop (state_tell) then takes
+ *     the slot of an entry in use (tx_least_harm) and always finds room.
+ * A told entry may so take a key past its quota; it is idle (evictable)
+ * unless a request holds it, and a request's entry of that key finds
+ * room only by evicting one of the key's own. `k`: the key's entry when
+ * the caller has it, else NULL. */
+static struct st_tx *tx_get(struct state *st, const struct state_key *key, const char *id, int64_t now, bool told,
+                           struct st_keyent *k)
 {
     struct st_tx *e = tx_find(st, key, id);
     if (e != NULL)
         return e;
-    int32_t idx = st->h->free_head;
-    if (idx >= 0 && idx < st->txn) { /* (checked on open and after a crash; bounds kept anyway) */
-        st->h->free_head = st->txs[idx].next;
-        st->h->tx_used++;
-    } else {
-        int32_t n = st->txn, best = -1;
-        int32_t start = (int32_t)util_jitter(n - 1);
-        for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
-            int32_t i = (start + k * 97) % n; /* a spread-out sample */
-            if (tx_idle(&st->txs[i], now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
-                best = i;
-        }
-        if (best < 0) { /* the sample found nothing: look everywhere once */
-            for (int32_t i = 0; i < n; i++)
-                if (tx_idle(&st->txs[i], now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
-                    best = i;
-        }
-        if (best < 0) {
-            st->h->full++;
+    if (k == NULL) /* the caller has none: find or make it (NULL: every key slot in use) */
+        k = key_make(st, key, now);
+    int32_t mine = k != NULL ? k->ntx : tx_count(st, key);
+    int32_t idx = -1;
+    if (mine >= tx_quota(st)) {
+        idx = tx_lru_idle(st, key, now);
+        if (idx < 0 && !told) {
+            if (tx_quota(st) < st->txn)
+                st->h->quota_full++;
+            else
+                st->h->full++; /* no quota: the key's entries fill the table */
             return NULL;
         }
-        tx_unlink(st, best);
+    }
+    if (idx < 0) {
+        idx = st->h->free_head;
+        if (idx >= 0 && idx < st->txn) { /* (checked on open and after a crash; bounds kept anyway) */
+            st->h->free_head = st->txs[idx].next;
+            st->h->tx_used++;
+        } else {
+            idx = tx_lru_idle(st, NULL, now);
+            if (idx < 0 && told)
+                idx = tx_least_harm(st, key, now);
+            if (idx < 0) {
+                st->h->full++;
+                return NULL;
+            }
+        }
+    }
+    if (st->txs[idx].used) { /* evicted */
+        struct st_keyent *owner = key_find(st, &st->txs[idx].key);
+        if (owner != NULL && owner->ntx > 0)
+            owner->ntx--;
+        tx_unlink(st, idx);
         st->h->evictions++;
-        idx = best;
     }
     e = &st->txs[idx];
     memset(e, 0, sizeof *e);
@@ -1268,6 +1433,8 @@ static struct st_tx *tx_get(struct state *st, const struct state_key *key, const
     uint32_t b = tx_bucket(st, key, id);
     e->next = st->buckets[b];
     st->buckets[b] = idx;
+    if (k != NULL)
+        k->ntx++;
     return e;
 }
 
@@ -1313,13 +1480,13 @@ static void key_unlink(struct state *st, int32_t idx)
         *pp = k->next;
 }
 
-/* Find the key entry; with `create`, make one when missing: a free slot,
- * or the least recently used idle key's. NULL when every slot holds a key
- * in use (counted: key_full). */
-static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+/* Find the key entry, or make one: a free slot, or the least recently
+ * used idle key's. NULL when every slot holds a key in use (not counted:
+ * see key_get). */
+static struct st_keyent *key_make(struct state *st, const struct state_key *key, int64_t now)
 {
     struct st_keyent *k = key_find(st, key);
-    if (k != NULL || !create)
+    if (k != NULL)
         return k;
     int32_t idx = st->h->key_free_head;
     if (idx >= 0 && idx < st->keyn) {
@@ -1330,10 +1497,8 @@ static struct st_keyent *key_get(struct state *st, const struct state_key *key, 
         for (int32_t i = 0; i < st->keyn; i++) /* rare: only when full; bounded */
             if (key_idle(&st->keys[i], now) && (best < 0 || st->keys[i].last_used < st->keys[best].last_used))
                 best = i;
-        if (best < 0) {
-            st->h->key_full++;
+        if (best < 0)
             return NULL;
-        }
         key_unlink(st, best);
         st->h->key_evictions++;
         idx = best;
@@ -1343,9 +1508,24 @@ static struct st_keyent *key_get(struct state *st, const struct state_key *key, 
     k->used = 1;
     k->key = *key;
     k->last_used = now;
+    k->ntx = tx_count(st, key); /* what a forgotten entry of this key counted */
     uint32_t b = key_bucket(st, key);
     k->next = st->key_buckets[b];
     st->key_buckets[b] = idx;
+    return k;
+}
+
+/* Find the key entry; with `create`, make one when missing (key_make).
+ * NULL when every slot holds a key in use (counted: key_full: a read or a
+ * hold of that key finds no room, checking). */
+static struct st_keyent *key_get(struct state *st, const struct state_key *key, int64_t now, bool create)
+{
+    struct st_keyent *k = key_find(st, key);
+    if (k != NULL || !create)
+        return k;
+    k = key_make(st, key, now);
+    if (k == NULL)
+        st->h->key_full++;
     return k;
 }
 
@@ -1747,10 +1927,10 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     compute(st, e, k, sched, budget, now, out, &kind);
     if (out->final || out->not_found || out->in_flight || out->next_read > now)
         goto done;
-    if (e == NULL)
-        e = tx_get(st, key, id, now);
     if (k == NULL)
         k = key_get(st, key, now, true);
+    if (e == NULL && k != NULL)
+        e = tx_get(st, key, id, now, false, k);
     if (e == NULL || k == NULL) {
         out->wait = WAIT_FULL;
         out->next_read = now + 1000;
@@ -1995,7 +2175,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
     enum state_told done = STATE_TOLD_RECORDED;
     bool was_remote = false;
     st_lock(st, now);
-    struct st_tx *e = tx_get(st, key, id, now);
+    struct st_tx *e = tx_get(st, key, id, now, true, NULL);
     if (e == NULL) {
         done = STATE_TOLD_FULL;
     } else {
@@ -2031,7 +2211,7 @@ bool state_defer(struct state *st, const struct state_key *key, const char *id, 
         until = now + span;
     bool was = false, is = false;
     st_lock(st, now);
-    struct st_tx *e = tx_get(st, key, id, now);
+    struct st_tx *e = tx_get(st, key, id, now, false, NULL);
     if (e != NULL) {
         e->last_used = now;
         was = e->remote_until > now;
@@ -2060,7 +2240,7 @@ bool state_learn_not_found(struct state *st, const struct state_key *key, const 
     if (until > now + STATE_TTL_NOT_FOUND_MS)
         until = now + STATE_TTL_NOT_FOUND_MS;
     st_lock(st, now);
-    struct st_tx *e = tx_get(st, key, id, now);
+    struct st_tx *e = tx_get(st, key, id, now, false, NULL);
     if (e != NULL) {
         e->last_used = now;
         e->remote_until = 0;
@@ -2085,8 +2265,8 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
     if (strlen(id) > STATE_ID_MAX)
         return false;
     st_lock(st, now);
-    struct st_tx *e = tx_get(st, key, id, now);
-    struct st_keyent *k = e != NULL ? key_get(st, key, now, true) : NULL;
+    struct st_keyent *k = key_get(st, key, now, true);
+    struct st_tx *e = k != NULL ? tx_get(st, key, id, now, false, k) : NULL;
     if (e != NULL && k != NULL) {
         e->last_used = k->last_used = now;
         bool fresh = e->holders <= 0 || e->hold_until <= now;
@@ -2148,6 +2328,8 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->tx_slots = st->txn;
     out->evictions = st->h->evictions;
     out->full = st->h->full;
+    out->tx_per_key = tx_quota(st);
+    out->quota_full = st->h->quota_full;
     out->recoveries = st->h->recoveries;
     out->repairs = st->h->repairs;
     out->key_used = st->h->key_used;

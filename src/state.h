@@ -126,6 +126,8 @@ struct state_report {
 
 struct state_opts {
     int tx_slots;             /* transactions tracked at once (default 16384) */
+    int tx_per_key;           /* most of them one key's entries may take (<= 0: the default,
+                               * state_per_key_default); see state_open for a shared file */
     int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
     int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
     int client_slots;         /* clients whose 404s are counted at once (default 4096) */
@@ -135,6 +137,7 @@ struct state_opts {
 
 struct state_metrics {
     long tx_used, tx_slots, evictions, full;
+    long tx_per_key, quota_full; /* quota_full: a new entry refused by the per-key quota (checking) */
     long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
     long clients_blocked;      /* clients blocked now (a gauge) */
     long client_blocks;        /* blocks started */
@@ -154,6 +157,11 @@ struct state_metrics {
  * a read); a key finds no slot (WAIT_FULL: checking) only while every slot
  * holds a key in use. This function can't fail. */
 int state_key_slots_for(int keys);
+
+/* The per-key quota of a table of `tx_slots` transactions when none is
+ * configured (state_slots_per_key): a quarter of it, at least 1. The one
+ * place this default is decided. This function can't fail. */
+int state_per_key_default(int tx_slots);
 
 /* Create a state in this process's memory (tests). Returns NULL and writes
  * a reason into err on failure (allocation, mutex). */
@@ -181,6 +189,16 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
  *
  * The directory is created 0700 when missing and refused when other users
  * can write it. An existing file keeps its size (tx_slots, key_slots).
+ *
+ * The per-key quota (tx_per_key) is the region's, not each process's: the
+ * processes sharing a file may have been started with different
+ * configurations, and one table needs one rule, or the most generous
+ * process would decide how much of it one key may take. A process that
+ * opens the file while no other live process uses it (after every process
+ * stopped: a restart) sets it from its own options (clamped to 1 ..
+ * tx_slots of the file; the default is taken from the file's tx_slots, so
+ * a file kept at another size still gets a quarter); a process joining
+ * others that asks for another quota keeps the region's and logs a warning.
  * Returns NULL with a reason in err. */
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen);
 
@@ -306,7 +324,7 @@ void state_unclaim(struct state *st, const struct state_ticket *ticket, int64_t 
 enum state_told {
     STATE_TOLD_RECORDED = 0, /* recorded as if a read had just returned it */
     STATE_TOLD_KEPT,         /* valid, but a final status already known stays */
-    STATE_TOLD_FULL,         /* no room to track this transaction: nothing recorded */
+    STATE_TOLD_FULL,         /* no room: not returned any more (a told status always finds room) */
     STATE_TOLD_BAD,          /* not a Kasera status word's status, or a bad id */
 };
 
@@ -325,8 +343,21 @@ enum state_told {
  *   - succeeded, failed and canceled are never replaced by another status
  *     (telling the same one again restarts its cache).
  * A read's outcome (state_finish) keeps the same order while the final
- * status it would replace is cached. Returns what was done; never blocks on
- * anything but the state's lock. */
+ * status it would replace is cached.
+ *
+ * A told status always finds room: a new entry of a key at its quota takes
+ * the slot of that key's least recently used idle entry; otherwise (the key
+ * under its quota, or none of its entries idle) a free slot, else the least
+ * recently used idle entry of any key. Only when every slot holds an entry
+ * in use does it take one in use: one of the key with the most entries
+ * (another key's, unless they are all its own), with no read in flight and
+ * no held request if there is one, least recently used first. Each key
+ * holds at most tx_per_key entries in use (a told entry is idle unless a
+ * request holds it), so a table full of them is at least
+ * tx_slots / tx_per_key keys (four, by default) each flooded up to its
+ * quota: the flood loses one entry (its pace or its hold's reservation),
+ * the shop's buyer gets their status. Returns what was done; never blocks
+ * on anything but the state's lock. */
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 

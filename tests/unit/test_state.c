@@ -25,15 +25,22 @@ static struct pace_schedule sched_default(void)
     return s;
 }
 
-static struct state *mk(int tx_slots)
+/* A state of tx_slots transactions whose one key may take them all (most
+ * tests here use one key; the per-key quota has its own: mk_quota). */
+static struct state *mk_quota(int tx_slots, int per_key)
 {
-    struct state_opts o = {.tx_slots = tx_slots, .key_slots = 0, .read_timeout_ms = TIMEOUT};
+    struct state_opts o = {.tx_slots = tx_slots, .tx_per_key = per_key, .key_slots = 0, .read_timeout_ms = TIMEOUT};
     char err[256] = "";
     struct state *st = state_new(&o, err, sizeof err);
     if (st == NULL)
         print_error("state_new: %s\n", err);
     assert_non_null(st);
     return st;
+}
+
+static struct state *mk(int tx_slots)
+{
+    return mk_quota(tx_slots, tx_slots);
 }
 
 static struct outcome oc_kind(enum outcome_kind k)
@@ -925,10 +932,21 @@ static void test_tell_full(void **unused)
         snprintf(id, sizeof id, "X%d", i);
         assert_true(claim(st, &k, id, T0 + i, &t, &f));
     }
-    assert_int_equal(tell(st, &k, "new", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_FULL);
-    /* a known entry is still told */
+    assert_false(claim(st, &k, "Y", T0 + 1, &t, &f)); /* a request finds no room */
+    assert_int_equal(f.wait, WAIT_FULL);
+    /* a told status always does (the table is its own key's only: the
+     * least recently used of them goes, X0) */
+    assert_int_equal(tell(st, &k, "new", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_RECORDED);
+    assert_true(lookup(st, &k, "new", T0 + 1).final);
+    assert_int_equal(lookup(st, &k, "X0", T0 + 1).status, TXS_NONE);
+    assert_false(lookup(st, &k, "X0", T0 + 1).in_flight);
+    /* a known entry is told in place */
     assert_int_equal(tell(st, &k, "X3", TXS_SUCCEEDED, T0 + 1), STATE_TOLD_RECORDED);
     assert_true(lookup(st, &k, "X3", T0 + 1).final);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 16);
+    assert_int_equal(m.evictions, 1);
     state_free(st);
 }
 
@@ -1631,6 +1649,188 @@ static void test_full_in_flight(void **unused)
 
 /* ---- key ids, hashing, creation ---- */
 
+/* ---- the per-key quota (state_slots_per_key) ---- */
+
+/* Claim (and, when `done`, finish with pending) ids PREFIX0.. of key k. */
+static void claim_n(struct state *st, const struct state_key *k, const char *prefix, int n, int64_t now, bool done)
+{
+    for (int i = 0; i < n; i++) {
+        char id[24];
+        struct state_ticket t;
+        snprintf(id, sizeof id, "%s%d", prefix, i);
+        assert_true(claim(st, k, id, now + i, &t, NULL));
+        if (done)
+            finish(st, &t, "toko", oc_status(TXS_PENDING, NULL), now + i + 1);
+    }
+}
+
+/* A key at its quota whose entries are idle makes room from its own,
+ * however much of the table is free. */
+static void test_quota_evicts_own_idle(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(32, 8);
+    struct state_key a = key_of(st, "sk_test_a");
+    struct state_metrics m;
+    claim_n(st, &a, "T", 8, T0, true);
+    int64_t later = T0 + 200000; /* the episodes are over: idle */
+    struct state_ticket t;
+    assert_true(claim(st, &a, "new", later, &t, NULL));
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_per_key, 8);
+    assert_int_equal(m.tx_used, 8); /* 24 slots free, yet 8 of a's */
+    assert_int_equal(m.evictions, 1);
+    assert_int_equal(m.quota_full, 0);
+    assert_int_equal(lookup(st, &a, "T0", later).status, TXS_NONE); /* its least recently used */
+    assert_int_equal(count_known(st, &a, 8, later), 7);
+    assert_true(lookup(st, &a, "new", later).in_flight);
+    state_free(st);
+}
+
+/* A key whose quota is all in use gets checking; other keys find room;
+ * a told status of that key still finds room. */
+static void test_quota_all_own_busy(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(32, 8);
+    struct state_key a = key_of(st, "sk_test_a"), b = key_of(st, "sk_test_b"), c = key_of(st, "sk_test_c");
+    struct pace_schedule s = sched_default();
+    struct state_metrics m;
+    /* a's flood: 8 held requests, their reads in flight */
+    for (int i = 0; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "F%d", i);
+        assert_true(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + i));
+    }
+    claim_n(st, &a, "F", 8, T0 + 10, false);
+    struct state_ticket t;
+    struct state_fact f;
+    for (int i = 0; i < 5; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_false(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + 100 + i));
+        assert_false(claim(st, &a, id, T0 + 100 + i, &t, &f));
+        assert_int_equal(f.wait, WAIT_FULL);
+        assert_int_equal(lookup(st, &a, id, T0 + 100 + i).status, TXS_NONE);
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 8);
+    assert_int_equal(m.quota_full, 10);
+    assert_int_equal(m.full, 0);
+    assert_int_equal(m.evictions, 0);
+    /* other keys: the rest of the table */
+    claim_n(st, &b, "B", 8, T0 + 200, false);
+    assert_true(state_hold(st, &c, "paid", &s, BUDGET, T0 + 34000, T0 + 300));
+    assert_true(claim(st, &c, "paid", T0 + 300, &t, &f));
+    finish(st, &t, "toko-c", oc_status(TXS_SUCCEEDED, NULL), T0 + 400);
+    assert_true(lookup(st, &c, "paid", T0 + 400).final);
+    /* a status told for a's id finds room past its quota (a free slot) */
+    assert_int_equal(tell(st, &a, "told", TXS_SUCCEEDED, T0 + 500), STATE_TOLD_RECORDED);
+    assert_true(lookup(st, &a, "told", T0 + 500).final);
+    /* the flood is untouched */
+    for (int i = 0; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "F%d", i);
+        assert_true(lookup(st, &a, id, T0 + 500).in_flight);
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 8 + 8 + 1 + 1);
+    assert_int_equal(m.evictions, 0);
+    /* a's next request: over its quota, its one idle entry (the told one,
+     * cached, idle) makes room; then none */
+    assert_true(claim(st, &a, "G9", T0 + 600, &t, &f));
+    assert_int_equal(lookup(st, &a, "told", T0 + 600).status, TXS_NONE);
+    assert_false(claim(st, &a, "G10", T0 + 601, &t, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 8 + 8 + 1 + 1);
+    assert_int_equal(m.evictions, 1);
+    assert_int_equal(m.quota_full, 11);
+    state_free(st);
+}
+
+/* Every slot in use by four flooded keys, each at its quota: a request of
+ * a fifth key gets checking, its told status finds room all the same, in
+ * the least harmful place: no read in flight, least recently used. */
+static void test_tell_finds_room_in_a_busy_table(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(32, 8);
+    struct state_key k[5];
+    for (int i = 0; i < 5; i++)
+        k[i] = key_n(st, i);
+    claim_n(st, &k[0], "A", 8, T0, false);       /* reads in flight */
+    claim_n(st, &k[1], "B", 8, T0 + 100, true);  /* read, episode running */
+    claim_n(st, &k[2], "C", 8, T0 + 200, false);
+    claim_n(st, &k[3], "D", 8, T0 + 300, false);
+    struct state_ticket t;
+    struct state_fact f;
+    assert_false(claim(st, &k[4], "paid", T0 + 400, &t, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.full, 1);
+    assert_int_equal(m.tx_used, 32);
+    assert_int_equal(tell(st, &k[4], "paid", TXS_SUCCEEDED, T0 + 500), STATE_TOLD_RECORDED);
+    f = lookup(st, &k[4], "paid", T0 + 500);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    /* the one entry that went: B0 (no read in flight, least recently used) */
+    assert_int_equal(lookup(st, &k[1], "B0", T0 + 500).status, TXS_NONE);
+    for (int i = 1; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_int_equal(lookup(st, &k[1], id, T0 + 500).status, TXS_PENDING);
+    }
+    for (int i = 0; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "A%d", i);
+        assert_true(lookup(st, &k[0], id, T0 + 500).in_flight);
+    }
+    /* told again, and for more ids: always room, never the table's own */
+    for (int i = 0; i < 40; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "P%d", i);
+        assert_int_equal(tell(st, &k[4], id, TXS_SUCCEEDED, T0 + 600 + i), STATE_TOLD_RECORDED);
+        assert_true(lookup(st, &k[4], id, T0 + 600 + i).final);
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.tx_used, 32);
+    state_free(st);
+}
+
+/* A key's count survives the loss of its key entry: made again, it is
+ * counted from the table, and the quota holds. */
+static void test_quota_after_key_eviction(void **unused)
+{
+    (void)unused;
+    struct state_opts o = {.tx_slots = 256, .tx_per_key = 8, .key_slots = STATE_KEY_SLOTS_MIN,
+                           .read_timeout_ms = TIMEOUT};
+    char err[256] = "";
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    struct state_key a = key_of(st, "sk_test_a");
+    claim_n(st, &a, "T", 8, T0, true);
+    int64_t later = T0 + STATE_KEY_IDLE_MS + PACE_EPISODE_MS + 1000;
+    for (int i = 0; i < STATE_KEY_SLOTS_MIN; i++) { /* a's key entry, the oldest idle one, goes */
+        struct state_key k = key_n(st, i);
+        assert_true(claim(st, &k, "X", later + i, NULL, NULL));
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_evictions, 1);
+    assert_int_equal(count_known(st, &a, 8, later + 100), 8);
+    /* once the others' keys are idle, a's entry is made again */
+    int64_t then = later + STATE_KEY_IDLE_MS + 1000;
+    long ev = m.evictions;
+    assert_true(claim(st, &a, "new", then, NULL, NULL));
+    state_metrics(st, &m);
+    assert_int_equal(m.key_evictions, 2);
+    assert_int_equal(m.evictions, ev + 1); /* one of its own, not a free slot */
+    assert_int_equal(count_known(st, &a, 8, then), 7);
+    state_free(st);
+}
+
 static void test_key_id(void **unused)
 {
     (void)unused;
@@ -1678,6 +1878,7 @@ static void test_defaults_and_metrics(void **unused)
     struct state_metrics m;
     state_metrics(st, &m);
     assert_int_equal(m.tx_slots, 16384);
+    assert_int_equal(m.tx_per_key, 16384 / 4); /* state_slots_per_key's default */
     assert_int_equal(m.tx_used, 0);
     struct state_key k = key_of(st, "sk");
     struct state_ticket t;
@@ -2181,6 +2382,10 @@ int main(void)
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
         cmocka_unit_test(test_full_in_flight),
+        cmocka_unit_test(test_quota_evicts_own_idle),
+        cmocka_unit_test(test_quota_all_own_busy),
+        cmocka_unit_test(test_tell_finds_room_in_a_busy_table),
+        cmocka_unit_test(test_quota_after_key_eviction),
         cmocka_unit_test(test_key_id),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),

@@ -24,7 +24,8 @@
 #define TIMEOUT 5000
 
 static char dir[200];
-static const struct state_opts OPTS = {.tx_slots = 64, .key_slots = 8, .read_timeout_ms = TIMEOUT};
+/* tx_per_key: these tests fill the table with one key's entries */
+static const struct state_opts OPTS = {.tx_slots = 64, .tx_per_key = 64, .key_slots = 8, .read_timeout_ms = TIMEOUT};
 
 static int setup(void **ctx)
 {
