@@ -132,7 +132,7 @@ static void test_good_config(void **unused)
     (void)unused;
     struct config *c = expect_ok(load_fmt(
         HEAD "\"api_base\": \"https://pay.kasera.id/\", \"schedule_ms\": [0, 1100, 2000], "
-             "\"read_timeout_ms\": 3000, \"state_slots\": 1024, \"shops\": ["
+             "\"read_timeout_ms\": 3000, \"state_slots\": 1024, \"state_slots_per_key\": 100, \"shops\": ["
              "{\"id\": \"toko-a\", \"name\": \"Toko A\", \"hosts\": [\"Toko-A.Example\", \"www.toko-a.example\"], "
              "\"secret_key_file\": \"%s/key_a\", \"shop_url\": \"https://toko-a.example/\", \"locale\": \"en\", "
              "\"read_budget_per_minute\": 60, \"cors_origins\": [\"https://toko-a.example\"], \"id_param\": \"trx\"},"
@@ -147,6 +147,7 @@ static void test_good_config(void **unused)
     assert_int_equal(c->sched.wait_ms[2], 2000);
     assert_int_equal(c->read_timeout_ms, 3000);
     assert_int_equal(c->state_slots, 1024);
+    assert_int_equal(c->state_slots_per_key, 100);
     assert_non_null(c->default_tpl);
     assert_string_equal(c->default_tpl->locale, "id");
     assert_int_equal(c->nshops, 2);
@@ -324,6 +325,21 @@ static void test_read_timeout_and_slots(void **unused)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct config *c = load_fmt(HEAD "%s, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", bad[i], g_dir);
         expect_error(c, g_cfg, keys[i], NULL);
+    }
+    /* state_slots_per_key: 1 .. state_slots (its default: 0, the state's) */
+    const char *bad_pk[] = {"\"state_slots_per_key\": 0", "\"state_slots_per_key\": -1",
+                            "\"state_slots_per_key\": 16385", "\"state_slots\": 64, \"state_slots_per_key\": 65",
+                            "\"state_slots_per_key\": \"8\"", "\"state_slots_per_key\": 2.5"};
+    for (size_t i = 0; i < sizeof bad_pk / sizeof bad_pk[0]; i++) {
+        struct config *c = load_fmt(HEAD "%s, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", bad_pk[i], g_dir);
+        expect_error(c, g_cfg, "state_slots_per_key", "from 1 to state_slots");
+    }
+    const char *good_pk[] = {"\"state_slots\": 64, \"state_slots_per_key\": 64", "\"state_slots_per_key\": 1", "\"state_slots\": 64"};
+    const int want_pk[] = {64, 1, 0};
+    for (size_t i = 0; i < sizeof good_pk / sizeof good_pk[0]; i++) {
+        struct config *c = expect_ok(load_fmt(HEAD "%s, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}", good_pk[i], g_dir));
+        assert_int_equal(c->state_slots_per_key, want_pk[i]);
+        config_unref(c);
     }
 }
 
