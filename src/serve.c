@@ -234,8 +234,8 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
     buf_printf(&b, "# HELP kembali_state_slots_per_key The most slots one key's transactions may take (state_slots_per_key).\n"
                    "# TYPE kembali_state_slots_per_key gauge\nkembali_state_slots_per_key %ld\n", sm.tx_per_key);
-    buf_printf(&b, "# HELP kembali_state_quota_full_total New transactions answered checking because their key held "
-                   "state_slots_per_key entries in use.\n"
+    buf_printf(&b, "# HELP kembali_state_quota_full_total Times a new transaction found no room (checking) because its "
+                   "key held state_slots_per_key entries in use.\n"
                    "# TYPE kembali_state_quota_full_total counter\nkembali_state_quota_full_total %ld\n", sm.quota_full);
     buf_printf(&b, "# HELP kembali_reads_reserved Last-chance reads reserved for held requests (the budget's plan).\n"
                    "# TYPE kembali_reads_reserved gauge\nkembali_reads_reserved %ld\n"

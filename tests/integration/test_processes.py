@@ -232,7 +232,8 @@ def test_shared_socket_like_spawn_fcgi(tmpdir):
 
 
 def test_full_table_still_answers(tmpdir):
-    sb, (a,) = kit.start_many(tmpdir, 1, top={"state_slots": 16})
+    # one shop, which may take the whole table (the per-key quota has its own test)
+    sb, (a,) = kit.start_many(tmpdir, 1, top={"state_slots": 16, "state_slots_per_key": 16})
     ids = ["f%d" % i for i in range(24)]
     for t in ids:
         sb.put_tx(t, "pending")
@@ -242,6 +243,71 @@ def test_full_table_still_answers(tmpdir):
     assert m.get("kembali_state_full_total", 0) >= 8, m
     assert_eq(len({r["id"] for r in sb.reads()}), 16, "only tracked transactions are read")
 
+
+def test_one_shop_flooded_leaves_room_for_another(tmpdir):
+    """state_slots 32, two shops: 40 random ids on shop A's public URL from
+    10 addresses (held HTML requests, their reads in flight: entries in
+    use) take at most a quarter of the table (state_slots_per_key's
+    default); shop B's paid buyer is read and answered succeeded, and B's
+    notify (kembali --notify, and the admin POST) is recorded."""
+    import subprocess
+    import json as json_mod
+    sb, (k,) = kit.start_many(tmpdir, 1, top={"state_slots": 32}, shops=lambda k: [
+        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+    flood = ["r%08x" % (0x5eed0000 + 7919 * i) for i in range(40)]
+    for t in flood:
+        sb.put_tx(t, "pending")  # held to the deadline, read on the schedule
+    sb.put_tx("paid-b", "succeeded")
+    sb.put_tx("told-b", "pending")
+    sb.put_tx("posted-b", "pending")
+    out = [None] * len(flood)
+
+    def one(i):
+        out[i] = k.get("id=" + flood[i], host="toko-a.test", timeout=30,
+                       extra={"REMOTE_ADDR": "198.51.100.%d" % (1 + i % 10)})
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(flood))]
+    for t in ts:
+        t.start()
+    # every flood request taken in: held, or answered at once
+    harness.wait_for(lambda: k.metrics().get("kembali_held_requests", 0) + len(k.find_log(event="request"))
+                     >= len(flood), 20, msg="the flood taken in")
+    m = k.metrics()
+    held_flood = m.get("kembali_held_requests")
+    flood_slots = m.get("kembali_state_entries")
+    # shop B, while the flood is held (its entries in use)
+    r = k.get("id=paid-b", host="toko-b.test")
+    paid = (r.status, r.header("kembali-status"), len(sb.reads("paid-b")))
+    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify", "toko-b", "told-b",
+                        "succeeded"], capture_output=True, text=True, timeout=30)
+    cli = (p.returncode, p.stderr.strip())
+    told = k.get("id=told-b", host="toko-b.test").header("kembali-status")
+    post = k.get("id=posted-b&format=notify", host="toko-b.test", method="POST", stdin=json_mod.dumps(
+        {"status": "succeeded"}).encode(), extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
+    posted = k.get("id=posted-b", host="toko-b.test").header("kembali-status")
+    m2 = k.metrics()
+    for t in ts:
+        t.join(30)
+    flood_reads = len([x for x in sb.reads() if x["id"] in flood])
+    flood_read_ids = len(set(x["id"] for x in sb.reads() if x["id"] in flood))
+    print("# flood of 40 ids on toko-a (state_slots 32): slots taken %s, held %s, ids read %d (%d reads), "
+          "refused by the quota %s; toko-b: paid buyer %r, --notify %r then %s, POST %d then %s"
+          % (flood_slots, held_flood, flood_read_ids, flood_reads, m.get("kembali_state_quota_full_total"), paid,
+             cli, told, post.status, posted))
+    assert_eq(paid, (200, "succeeded", 1), "toko-b's paid buyer: answer and reads")
+    assert_eq(cli, (0, ""), "kembali --notify for toko-b")
+    assert_eq(told, "succeeded", "told-b after --notify")
+    assert_eq(post.status, 204, "the admin POST notify for toko-b: %r" % post)
+    assert_eq(posted, "succeeded", "posted-b after the POST")
+    assert_eq(sb.reads("told-b") + sb.reads("posted-b"), [], "told statuses cost no read")
+    assert_eq(m.get("kembali_state_slots_per_key"), 8, "the default: a quarter of state_slots")
+    assert flood_slots is not None and flood_slots <= 8, "the flood took %r slots" % flood_slots
+    assert_eq(flood_read_ids, 8, "only the tracked ids are read")
+    # the rest of the flood: checking at once (counted when held and when a read was due)
+    assert m.get("kembali_state_quota_full_total", 0) >= len(flood) - 8, m
+    assert_eq(m2.get("kembali_state_full_total", 0), 0, "nobody but the flood was refused")
+    assert_eq(sum(r is not None and r.status == 200 for r in out), len(flood), "every flood request answered")
+    assert_eq(sorted(set(r.header("kembali-status") for r in out)), ["checking"])
 
 if __name__ == "__main__":
     harness.run(globals())
