@@ -236,6 +236,40 @@ static void test_existing_file_keeps_its_size(void **ctx)
     state_free(b);
 }
 
+/* The per-key quota is the file's: a process joining others keeps theirs
+ * (one table, one rule); the first to open it alone sets its own, and
+ * its default follows the file's size, not the process's state_slots. */
+static void test_per_key_quota_is_the_files(void **ctx)
+{
+    (void)ctx;
+    char err[512];
+    struct state_metrics m;
+    struct state_opts four = OPTS, sixteen = OPTS, dflt = OPTS;
+    four.tx_per_key = 4;
+    sixteen.tx_per_key = 16;
+    dflt.tx_per_key = 0;
+    dflt.tx_slots = 4096; /* the file keeps its 64 */
+    struct state *a = state_open(dir, &four, err, sizeof err);
+    assert_non_null(a);
+    struct state *b = state_open(dir, &sixteen, err, sizeof err);
+    assert_non_null(b);
+    state_metrics(b, &m);
+    assert_int_equal(m.tx_per_key, 4);
+    state_free(a);
+    state_free(b);
+    struct state *c = state_open(dir, &sixteen, err, sizeof err);
+    assert_non_null(c);
+    state_metrics(c, &m);
+    assert_int_equal(m.tx_per_key, 16);
+    state_free(c);
+    struct state *d = state_open(dir, &dflt, err, sizeof err);
+    assert_non_null(d);
+    state_metrics(d, &m);
+    assert_int_equal(m.tx_slots, OPTS.tx_slots);
+    assert_int_equal(m.tx_per_key, OPTS.tx_slots / 4);
+    state_free(d);
+}
+
 /* What a process killed mid-update could leave: a chain pointing at a
  * garbage index, and a free slot marked used. */
 static void damage(struct state *st)
@@ -699,6 +733,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_file_with_loose_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replaces_incompatible_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_file_keeps_its_size, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_per_key_quota_is_the_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dead_lock_holder_is_recovered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_taken_under_lock_never_hangs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_live_user_keeps_its_reads, setup, teardown),
