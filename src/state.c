@@ -728,6 +728,7 @@ void state_test_damage(struct state *st, enum state_test_damage what)
         h->serial = 0;
         h->recoveries = -8;
         h->read_timeout_ms = -1;
+        h->tx_per_key = 0;
         break;
     }
 }
