@@ -3,9 +3,11 @@ cache, pauses and the budget hold across processes; waiters in one process
 wake when another process's read ends; SIGKILL at any moment blocks nobody
 for longer than the read timeout plus 1 s; a restarted process joins."""
 
+import json
 import os
 import signal
 import statistics
+import subprocess
 import threading
 import time
 
@@ -250,8 +252,6 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     use) take at most a quarter of the table (state_slots_per_key's
     default); shop B's paid buyer is read and answered succeeded, and B's
     notify (kembali --notify, and the admin POST) is recorded."""
-    import subprocess
-    import json as json_mod
     sb, (k,) = kit.start_many(tmpdir, 1, top={"state_slots": 32}, shops=lambda k: [
         harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
     flood = ["r%08x" % (0x5eed0000 + 7919 * i) for i in range(40)]
@@ -282,7 +282,7 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
                         "succeeded"], capture_output=True, text=True, timeout=30)
     cli = (p.returncode, p.stderr.strip())
     told = k.get("id=told-b", host="toko-b.test").header("kembali-status")
-    post = k.get("id=posted-b&format=notify", host="toko-b.test", method="POST", stdin=json_mod.dumps(
+    post = k.get("id=posted-b&format=notify", host="toko-b.test", method="POST", stdin=json.dumps(
         {"status": "succeeded"}).encode(), extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
     posted = k.get("id=posted-b", host="toko-b.test").header("kembali-status")
     m2 = k.metrics()
