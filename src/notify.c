@@ -5,6 +5,7 @@
 
 #include "classify.h"
 #include "log.h"
+#include "notify_sig.h"
 #include "request.h"
 #include "state_redis.h"
 #include "util.h"
@@ -26,8 +27,18 @@ static int tell(struct state *st, const struct shop *shop, const char *id, enum 
     return 0;
 }
 
-int notify_request(struct state *st, const struct shop *shop, const char *query, const char *body, size_t len,
-                   int64_t now, char *why, size_t whylen)
+/* The reason of a 409: what is known stays (looked up after state_tell). */
+static void conflict_why(struct state *st, const struct shop *shop, const struct pace_schedule *sched, const char *id,
+                         enum tx_status s, int64_t now, char *why, size_t whylen)
+{
+    struct state_fact f;
+    state_lookup(st, &shop->key, id, sched, shop->read_budget, now, &f);
+    snprintf(why, whylen, "%s is already known for this transaction and %s may not replace it; it stays",
+             f.status != TXS_NONE && f.status != TXS_UNKNOWN ? f.status_word : "a final status", tx_status_word(s));
+}
+
+int notify_request(struct state *st, const struct shop *shop, const struct pace_schedule *sched,
+                   const struct notify_post *p, int64_t now, int64_t wall_s, char *why, size_t whylen)
 {
     struct log_line l;
     log_begin(&l, "info", "notify"); /* stamped before the status is recorded */
@@ -39,12 +50,26 @@ int notify_request(struct state *st, const struct shop *shop, const char *query,
     if (shop == NULL) {
         snprintf(why, whylen, "no shop matches this request (KEMBALI_SHOP or the host)");
         http = 404;
-    } else if (!request_query_param(query, shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+    } else if (shop->notify_secret == NULL) {
+        snprintf(why, whylen, "telling is off for this shop: it has no notify secret (notify_secret_file)");
+        http = 403;
+    } else if (!request_query_param(p->query, shop->id_param, id, sizeof id) || !config_valid_id(id)) {
         snprintf(why, whylen, "the query needs %s=ID, 1 to %d characters of A-Z a-z 0-9 _ -", shop->id_param,
                  STATE_ID_MAX);
         id[0] = '\0';
-    } else if (request_notify_status(body, len, &s, why, whylen)) {
+    } else if (p->len > REQUEST_NOTIFY_BODY_MAX) {
+        request_notify_status(p->body, p->len, &s, why, whylen); /* refused for its size, unread */
+        s = TXS_NONE;
+    } else if (notify_sig_check(p->signature, shop->notify_secret, id, p->body, p->len, wall_s, why, whylen) !=
+               NOTIFY_SIG_OK) {
+        http = 401;
+    } else if (request_notify_status(p->body, p->len, &s, why, whylen)) {
         http = tell(st, shop, id, s, now, &result, why, whylen) == 0 ? 204 : 503;
+        if (http == 204 && strcmp(result, "kept") == 0) {
+            http = 409;
+            conflict_why(st, shop, sched, id, s, now, why, whylen);
+            log_begin(&l, "error", "notify_conflict");
+        }
     }
     log_str(&l, "shop", shop ? shop->id : NULL);
     log_str(&l, "id", id[0] ? id : NULL);

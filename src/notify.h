@@ -15,16 +15,31 @@
 #include "config.h"
 #include "state.h"
 
-/* The admin POST: `shop` (NULL when none matched), its query string and
- * body (len bytes). Validates the id (the shop's id_param) and the body
- * (request_notify_status), records the status at `now`, and logs one line
- * (event=notify; its ts is taken before the status is recorded). Returns
- * the HTTP status of the answer: 204 when recorded (or when a final status
- * already known stays, as the rules say), 400 for a bad id or body, 404 for
- * no shop, 503 when the state has no room for the transaction; for anything
- * but 204 a reason in plain words is in why. */
-int notify_request(struct state *st, const struct shop *shop, const char *query, const char *body, size_t len,
-                   int64_t now, char *why, size_t whylen);
+/* What the admin POST carries: its query string, its Kembali-Signature
+ * header (NULL when absent) and its body (len bytes, any bytes). */
+struct notify_post {
+    const char *query;
+    const char *signature;
+    const char *body;
+    size_t len;
+};
+
+/* The admin POST for `shop` (NULL when none matched), at `now` (the
+ * state's monotonic ms) and wall_s (Unix seconds, for the signature's
+ * timestamp). Checks, in this order: a shop (404), its notify secret (403:
+ * telling is off for a shop without one), the id (the shop's id_param) and
+ * the body's size (400), the signature (401: notify_sig_check), the body
+ * (400: request_notify_status); then records the status (state_tell) and
+ * logs one line: event=notify (its ts taken before the status is
+ * recorded), or event=notify_conflict at level error when a final status
+ * already known stays (`sched`: the shop's schedule, to look that status
+ * up for the reason). Returns the HTTP status of the answer: 204 when
+ * recorded (the same status told again included), 400, 401, 403, 404, 409
+ * when a final status already known may not be replaced by this one, 503
+ * when the state has no room for the transaction; for anything but 204 a
+ * reason in plain words is in why. No refusal changes anything. */
+int notify_request(struct state *st, const struct shop *shop, const struct pace_schedule *sched,
+                   const struct notify_post *p, int64_t now, int64_t wall_s, char *why, size_t whylen);
 
 /* `kembali --notify SHOP ID STATUS`: load the configuration at
  * config_path, open the state in its state_dir (as the user kembali serves

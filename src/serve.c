@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "notify.h"
@@ -65,8 +66,11 @@ static const char *http_reason(int code)
     case 200: return "OK";
     case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
     case 503: return "Service Unavailable";
     default: return "OK";
     }
@@ -225,6 +229,8 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
     buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client, answered without a read.\n"
                    "# TYPE kembali_probe_answers_total counter\nkembali_probe_answers_total %ld\n", atomic_load(&a->m.probes_refused));
+    buf_printf(&b, "# HELP kembali_notify_conflicts_total Told statuses refused (409) because another final status is known.\n"
+                   "# TYPE kembali_notify_conflicts_total counter\nkembali_notify_conflicts_total %ld\n", atomic_load(&a->m.notify_conflicts));
     buf_printf(&b, "# HELP kembali_held_cap_answers_total Requests answered at once because max_held or max_held_per_shop was reached.\n"
                    "# TYPE kembali_held_cap_answers_total counter\nkembali_held_cap_answers_total %ld\n", atomic_load(&a->m.over_cap));
     buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
@@ -268,9 +274,10 @@ static void respond_metrics(struct serve_req *r)
     buf_free(&out);
 }
 
-/* The admin POST ?format=notify (told by the shop): 204, or a reason in
- * plain words (400 keeps Kembali-Status: invalid). */
-static void respond_notify(struct serve_req *r, const char *query)
+/* The admin POST ?format=notify (told by the shop, signed: sig is its
+ * Kembali-Signature): 204, or a reason in plain words (400 keeps
+ * Kembali-Status: invalid). */
+static void respond_notify(struct serve_req *r, const char *query, const char *sig)
 {
     char why[512];
     size_t len;
@@ -278,8 +285,11 @@ static void respond_notify(struct serve_req *r, const char *query)
     const uint8_t *body = front_body(r->fr, &len, &truncated);
     if (truncated) /* refused for its size before anything reads it */
         len = REQUEST_NOTIFY_BODY_MAX + 1;
-    int http = notify_request(r->s->app->state, r->shop, query, (const char *)body, len, util_mono_ms(),
+    struct notify_post np = {.query = query, .signature = sig, .body = (const char *)body, .len = len};
+    int http = notify_request(r->s->app->state, r->shop, &r->cfg->sched, &np, util_mono_ms(), (int64_t)time(NULL),
                               why, sizeof why);
+    if (http == 409)
+        atomic_fetch_add(&r->s->app->m.notify_conflicts, 1);
     char id[STATE_ID_MAX + 2];
     if (http == 204 && request_query_param(query, r->shop->id_param, id, sizeof id) && config_valid_id(id)) {
         resolver_poke(r->s->rs, &r->shop->key, id); /* this process's held requests: at once */
@@ -434,10 +444,10 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_COUNT };
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_COUNT };
     static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
                                                "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN",
-                                               "REMOTE_ADDR"};
+                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE"};
     const char *p[P_COUNT];
     front_params(fr, names, P_COUNT, p);
     const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
@@ -469,7 +479,7 @@ static void on_request(void *ctx, struct front_req *fr)
     }
     if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "notify") == 0 && method != NULL &&
         strcmp(method, "POST") == 0) {
-        respond_notify(&r, query);
+        respond_notify(&r, query, p[P_SIG]);
         config_unref(r.cfg);
         return;
     }
