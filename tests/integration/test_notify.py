@@ -397,6 +397,43 @@ def test_readme_notify_location_through_nginx(tmpdir):
     assert_eq(k.get("id=ng1").header("kembali-status"), "failed")
 
 
+def test_readme_php_webhook_through_nginx(tmpdir):
+    """The README's PHP webhook handler, verbatim but for its secret's path
+    and the web server's port, run by the real php through the README's
+    nginx location: its signature is the one kembali checks."""
+    import os
+    import re
+    import shutil
+    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+        m = re.search(r"```php\n(<\?php // the webhook handler.*?)```", f.read(), re.S)
+    assert m, "the README's PHP webhook example"
+    php = m.group(1)
+    assert_in("hash_hmac('sha256', \"$t.$id.$body\", $secret)", php)
+    sb, k = kit.start(tmpdir)
+    shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
+    ng = harness.Nginx(tmpdir, k, server_extra=readme_notify_location().replace(
+        "unix:/run/kembali/kembali.sock", "unix:" + k.addr))
+    php = php.replace("/etc/kembali/keys/toko-a.notify", k.key_path("notify-a"))
+    php = php.replace("http://127.0.0.1/kembali-notify", "http://127.0.0.1:%d/kembali-notify" % ng.port)
+    script = os.path.join(tmpdir, "webhook.php")
+    with open(script, "w") as f:
+        f.write("<?php $event = json_decode(getenv('EVENT'), true); ?>\n" + php)
+    sb.put_tx("php1", "pending")
+
+    def webhook(kind, id):
+        p = subprocess.run(["php", script], env=dict(os.environ, EVENT=json.dumps({"type": kind, "data": {"id": id}})),
+                           capture_output=True, text=True, timeout=30)
+        assert_eq(p.returncode, 0, p.stderr)
+
+    webhook("payment.paid", "php1")
+    line = k.wait_log(30, event="notify", id="php1")
+    assert_eq((line["status"], line["result"], line["http"]), ("succeeded", "recorded", "204"))
+    assert_eq(k.get("id=php1").header("kembali-status"), "succeeded")
+    webhook("payment.expired", "php2")
+    assert_eq(k.get("id=php2").header("kembali-status"), "expired")
+    assert_eq(sb.reads(), [])
+
+
 def run_notify(k, *args):
     p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify"] + list(args),
                        capture_output=True, text=True, timeout=30)
