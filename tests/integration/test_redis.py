@@ -198,7 +198,7 @@ def test_notify_conflict_across_hosts(tmpdir):
     r = kit.notify(ks[1], "x1", {"status": "succeeded"})
     if left_redis(ks):
         return
-    assert_eq(r.status, 409, r)
+    assert_eq(r.status, 409, repr(r))
     harness.assert_in("failed is already known", r.text)
     line = ks[1].wait_log(30, event="notify_conflict", id="x1")
     assert_eq((line["level"], line["status"], line["http"]), ("error", "succeeded", "409"))
