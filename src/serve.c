@@ -391,6 +391,7 @@ static bool respond_notify(struct serve_req *r, const char *query, const char *s
     notify_answer(r, &t);
     return false;
 }
+
 /* A held request's end: its shop's count, its configuration reference and
  * its memory. */
 static void held_free(struct serve_req *r)
@@ -426,6 +427,7 @@ static void on_gone(void *ctx, struct front_req *fr, void *user)
         notify_unlink(s, n);
         snprintf(n->t.why, sizeof n->t.why, "the client went away before Redis answered");
         n->t.http = 0;
+        n->t.result = "gone";
         notify_log(&n->t);
         config_unref(n->r.cfg);
         free(n);
