@@ -30,6 +30,7 @@ struct app_metrics {
     atomic_long cache_answers;      /* answered without waiting */
     atomic_long probes_refused;     /* unknown ids from a blocked client: no read */
     atomic_long over_cap;           /* answered at once: max_held or max_held_per_shop reached */
+    atomic_long notify_conflicts;   /* told statuses refused (409): another final status is known */
 };
 
 struct app {

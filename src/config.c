@@ -517,7 +517,7 @@ static const char *const top_keys[] = {
 };
 static const char *const shop_keys[] = {
     "id", "name", "hosts", "secret_key_file", "secret_key_env", "shop_url", "locale",
-    "read_budget_per_minute", "cors_origins", "templates_dir", "id_param",
+    "read_budget_per_minute", "cors_origins", "templates_dir", "id_param", "notify_secret_file",
 };
 
 static void check_keys(struct cerr *e, const char *file, const char *where, json_t *obj,
@@ -596,6 +596,45 @@ static char *resolve_dir(struct cerr *e, const char *file, const char *key, cons
     return cdup(e, file, real);
 }
 
+/* A shop's notify secret (told by the shop, signed): the first line of nf
+ * (`notify_secret_file`, may be NULL), read like a key file. For a tenant
+ * (a file shops_dir/NAME.json) it is keys_dir/NAME.notify, used when that
+ * file exists; nf, when given, must name exactly that file. No secret:
+ * s->notify_secret stays NULL (telling is off for the shop). */
+static void load_notify_secret(struct config *c, struct cerr *e, const char *file, const char *key,
+                               const char *nf, struct shop *s, bool tenant)
+{
+    char want[PATH_MAX], why[600];
+    if (tenant) {
+        const char *base = strrchr(file, '/');
+        base = base ? base + 1 : file;
+        size_t bl = strlen(base);
+        int n = snprintf(want, sizeof want, "%s/%.*s.notify", c->keys_dir ? c->keys_dir : "",
+                         (int)(bl > 5 ? bl - 5 : bl), base); /* NAME.json: NAME */
+        if (c->keys_dir == NULL || n < 0 || (size_t)n >= sizeof want)
+            return;
+        char real[PATH_MAX];
+        if (nf != NULL && (realpath(nf, real) == NULL || strcmp(real, want) != 0)) {
+            cfail(e, file, key, "must be %s (a tenant's notify secret is keys_dir/NAME.notify)", want);
+            return;
+        }
+        struct stat st;
+        if (nf == NULL && lstat(want, &st) != 0 && errno == ENOENT)
+            return; /* no secret: telling is off for this shop */
+        nf = want;
+    }
+    if (nf == NULL)
+        return;
+    bool oom = false;
+    s->notify_secret = read_first_line(nf, c->keys_dir, SECRET_MAX, "notify secret", &oom, why, sizeof why);
+    if (oom)
+        cfail_oom(e, file);
+    else if (s->notify_secret == NULL)
+        cfail(e, file, key, "%s", why);
+    else if (!check_secret(s->notify_secret))
+        cfail(e, file, key, "the notify secret must be 1-%d printable characters without spaces", SECRET_MAX);
+}
+
 /* Load one shop object into s. `tenant`: it comes from a file in shops_dir,
  * which a hosting control panel writes for one tenant: no secret_key_env,
  * and templates_dir only inside shop_templates_root. */
@@ -670,6 +709,8 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     if (s->secret != NULL && !check_secret(s->secret))
         cfail(e, file, P(kf ? "secret_key_file" : "secret_key_env"),
               "the key must be 1-%d printable characters without spaces", SECRET_MAX);
+    load_notify_secret(c, e, file, P("notify_secret_file"), opt_str(e, file, where, o, "notify_secret_file"), s,
+                       tenant);
 
     const char *url = opt_str(e, file, where, o, "shop_url");
     if (url != NULL && !check_url(url))
@@ -742,6 +783,10 @@ static void shop_clear(struct shop *s)
         explicit_bzero(s->secret, strlen(s->secret));
         free(s->secret);
     }
+    if (s->notify_secret) {
+        explicit_bzero(s->notify_secret, strlen(s->notify_secret));
+        free(s->notify_secret);
+    }
     free(s->shop_url);
     for (int i = 0; i < s->norigins; i++)
         free(s->origins[i]);
@@ -794,12 +839,14 @@ static bool shop_copy(struct config *c, struct shop *dst, const struct shop *src
     *dst = *src;
     dst->name = NULL;
     dst->secret = NULL;
+    dst->notify_secret = NULL;
     dst->shop_url = NULL;
     dst->source = NULL;
     dst->nhosts = dst->norigins = 0;
     dst->tpl = NULL;
     bool ok = (dst->name = strdup(src->name)) != NULL && (dst->shop_url = strdup(src->shop_url)) != NULL &&
-              (dst->source = strdup(src->source)) != NULL && (dst->secret = strdup(src->secret)) != NULL;
+              (dst->source = strdup(src->source)) != NULL && (dst->secret = strdup(src->secret)) != NULL &&
+              (src->notify_secret == NULL || (dst->notify_secret = strdup(src->notify_secret)) != NULL);
     for (int i = 0; ok && i < src->nhosts; i++)
         ok = (dst->hosts[dst->nhosts++] = strdup(src->hosts[i])) != NULL;
     for (int i = 0; ok && i < src->norigins; i++)

@@ -48,6 +48,8 @@ struct shop {
     int nhosts;
     char *secret;                  /* never logged, never rendered */
     struct state_key key;          /* the secret's identity in the state */
+    char *notify_secret;           /* signs told statuses (HMAC key); NULL: telling is off.
+                                    * Never logged, never rendered */
     char *shop_url;
     char locale[3];                /* "id" or "en" */
     int read_budget;               /* reads per any 60 s span */

@@ -5,6 +5,7 @@
 
 #include "classify.h"
 #include "log.h"
+#include "notify_sig.h"
 #include "request.h"
 #include "state_redis.h"
 #include "util.h"
@@ -26,34 +27,83 @@ static int tell(struct state *st, const struct shop *shop, const char *id, enum 
     return 0;
 }
 
-int notify_request(struct state *st, const struct shop *shop, const char *query, const char *body, size_t len,
-                   int64_t now, char *why, size_t whylen)
+/* The reason of a 409: `known` stays. */
+static void conflict_why(struct notify_told *t, const char *known)
 {
-    struct log_line l;
-    log_begin(&l, "info", "notify"); /* stamped before the status is recorded */
-    char id[STATE_ID_MAX + 2] = "";
-    enum tx_status s = TXS_NONE;
-    const char *result = "refused";
-    int http = 400;
-    why[0] = '\0';
+    snprintf(t->why, sizeof t->why, "%s is already known for this transaction and %s may not replace it; it stays",
+             known, tx_status_word(t->status));
+}
+
+bool notify_check(struct notify_told *t, const struct shop *shop, const struct notify_post *p, int64_t wall_s)
+{
+    log_begin(&t->line, "info", "notify");
+    t->shop = shop;
+    t->id[0] = t->why[0] = '\0';
+    t->status = TXS_NONE;
+    t->result = "refused";
+    t->http = 400;
     if (shop == NULL) {
-        snprintf(why, whylen, "no shop matches this request (KEMBALI_SHOP or the host)");
-        http = 404;
-    } else if (!request_query_param(query, shop->id_param, id, sizeof id) || !config_valid_id(id)) {
-        snprintf(why, whylen, "the query needs %s=ID, 1 to %d characters of A-Z a-z 0-9 _ -", shop->id_param,
-                 STATE_ID_MAX);
-        id[0] = '\0';
-    } else if (request_notify_status(body, len, &s, why, whylen)) {
-        http = tell(st, shop, id, s, now, &result, why, whylen) == 0 ? 204 : 503;
+        snprintf(t->why, sizeof t->why, "no shop matches this request (KEMBALI_SHOP or the host)");
+        t->http = 404;
+    } else if (shop->notify_secret == NULL) {
+        snprintf(t->why, sizeof t->why, "telling is off for this shop: it has no notify secret (notify_secret_file)");
+        t->http = 403;
+    } else if (!request_query_param(p->query, shop->id_param, t->id, sizeof t->id) || !config_valid_id(t->id)) {
+        snprintf(t->why, sizeof t->why, "the query needs %s=ID, 1 to %d characters of A-Z a-z 0-9 _ -",
+                 shop->id_param, STATE_ID_MAX);
+        t->id[0] = '\0';
+    } else if (p->len > REQUEST_NOTIFY_BODY_MAX) {
+        enum tx_status unused;
+        request_notify_status(p->body, p->len, &unused, t->why, sizeof t->why); /* refused for its size, unread */
+    } else if (notify_sig_check(p->signature, shop->notify_secret, t->id, p->body, p->len, wall_s, t->why,
+                                sizeof t->why) != NOTIFY_SIG_OK) {
+        t->http = 401;
+    } else if (!request_notify_status(p->body, p->len, &t->status, t->why, sizeof t->why)) {
+        t->status = TXS_NONE;
+    } else {
+        t->http = 0;
     }
-    log_str(&l, "shop", shop ? shop->id : NULL);
-    log_str(&l, "id", id[0] ? id : NULL);
-    log_str(&l, "status", s != TXS_NONE ? tx_status_word(s) : NULL);
-    log_str(&l, "result", result);
-    log_int(&l, "http", http);
-    log_str(&l, "reason", why[0] ? why : NULL);
-    log_end(&l);
-    return http;
+    return t->http == 0;
+}
+
+void notify_record(struct notify_told *t, struct state *st, const struct pace_schedule *sched,
+                   const char *redis_kept, int64_t now)
+{
+    if (redis_kept != NULL) {
+        t->result = "kept";
+        t->http = 409;
+        conflict_why(t, redis_kept);
+        return;
+    }
+    t->http = tell(st, t->shop, t->id, t->status, now, &t->result, t->why, sizeof t->why) == 0 ? 204 : 503;
+    if (t->http == 204 && strcmp(t->result, "kept") == 0) {
+        struct state_fact f;
+        state_lookup(st, &t->shop->key, t->id, sched, t->shop->read_budget, now, &f);
+        t->http = 409;
+        conflict_why(t, f.status != TXS_NONE && f.status != TXS_UNKNOWN ? f.status_word : "a final status");
+    }
+}
+
+void notify_log(struct notify_told *t)
+{
+    if (t->http == 409)
+        log_begin(&t->line, "error", "notify_conflict");
+    log_str(&t->line, "shop", t->shop ? t->shop->id : NULL);
+    log_str(&t->line, "id", t->id[0] ? t->id : NULL);
+    log_str(&t->line, "status", t->status != TXS_NONE ? tx_status_word(t->status) : NULL);
+    log_str(&t->line, "result", t->result);
+    log_int(&t->line, "http", t->http);
+    log_str(&t->line, "reason", t->why[0] ? t->why : NULL);
+    log_end(&t->line);
+}
+
+int notify_request(struct notify_told *t, struct state *st, const struct shop *shop, const struct pace_schedule *sched,
+                   const struct notify_post *p, int64_t now, int64_t wall_s)
+{
+    if (notify_check(t, shop, p, wall_s))
+        notify_record(t, st, sched, NULL, now);
+    notify_log(t);
+    return t->http;
 }
 
 int notify_command(const char *config_path, const char *shop_id, const char *id, const char *status, FILE *err)

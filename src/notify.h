@@ -8,23 +8,62 @@
 #ifndef KEMBALI_NOTIFY_H
 #define KEMBALI_NOTIFY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "config.h"
+#include "log.h"
 #include "state.h"
 
-/* The admin POST: `shop` (NULL when none matched), its query string and
- * body (len bytes). Validates the id (the shop's id_param) and the body
- * (request_notify_status), records the status at `now`, and logs one line
- * (event=notify; its ts is taken before the status is recorded). Returns
- * the HTTP status of the answer: 204 when recorded (or when a final status
- * already known stays, as the rules say), 400 for a bad id or body, 404 for
- * no shop, 503 when the state has no room for the transaction; for anything
- * but 204 a reason in plain words is in why. */
-int notify_request(struct state *st, const struct shop *shop, const char *query, const char *body, size_t len,
-                   int64_t now, char *why, size_t whylen);
+/* What the admin POST carries: its query string, its Kembali-Signature
+ * header (NULL when absent) and its body (len bytes, any bytes). */
+struct notify_post {
+    const char *query;
+    const char *signature;
+    const char *body;
+    size_t len;
+};
+
+/* One admin POST, from its check to its answer (with Redis, the answer
+ * waits for Redis's word on the status). */
+struct notify_told {
+    struct log_line line;          /* begun at the check: stamped before the status is recorded */
+    const struct shop *shop;
+    char id[STATE_ID_MAX + 2];
+    enum tx_status status;         /* TXS_NONE until the body is read */
+    const char *result;            /* "recorded", "kept" or "refused" */
+    int http;                      /* the answer: 0 while it may still be recorded */
+    char why[512];                 /* for anything but 204, the reason in plain words */
+};
+
+/* Check the admin POST for `shop` (NULL when none matched) at wall_s (Unix
+ * seconds, for the signature's timestamp), in this order: a shop (404), its
+ * notify secret (403: telling is off for a shop without one), the id (the
+ * shop's id_param) and the body's size (400), the signature (401:
+ * notify_sig_check), the body (400: request_notify_status). True when the
+ * status (t->status for t->id) may be recorded (t->http 0); false with
+ * t->http and t->why. Changes nothing. */
+bool notify_check(struct notify_told *t, const struct shop *shop, const struct notify_post *p, int64_t wall_s);
+
+/* Record what t checked in st at `now` (the state's monotonic ms), unless
+ * redis_kept names a final status that Redis knows and this one may not
+ * replace: t->http becomes 204 (recorded; the same status told again
+ * included), 409 when a final status already known (here, or redis_kept)
+ * may not be replaced by this one (nothing changes; `sched`, the shop's
+ * schedule, looks that status up for the reason), or 503 when the state
+ * has no room for the transaction. */
+void notify_record(struct notify_told *t, struct state *st, const struct pace_schedule *sched,
+                   const char *redis_kept, int64_t now);
+
+/* Log t's one line: event=notify, or event=notify_conflict at level error
+ * for a 409 (shop, id, status, result, http, reason). */
+void notify_log(struct notify_told *t);
+
+/* All three at once, without Redis: the HTTP status (t->http). */
+int notify_request(struct notify_told *t, struct state *st, const struct shop *shop, const struct pace_schedule *sched,
+                   const struct notify_post *p, int64_t now, int64_t wall_s);
 
 /* `kembali --notify SHOP ID STATUS`: load the configuration at
  * config_path, open the state in its state_dir (as the user kembali serves

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "notify.h"
@@ -27,12 +28,15 @@ struct serve_shop {
 #define SERVE_CAP_RETRY_S 5      /* Retry-After of an answer given because every slot is taken */
 #define SERVE_CAP_LOG_MS 60000   /* one line per shop per minute */
 
+struct serve_notify;
+
 struct serve {
     struct app *app;
     struct loop *loop;
     struct front *front;
     struct resolver *rs;
     struct serve_shop *shops[SERVE_SHOP_BUCKETS];
+    struct serve_notify *telling; /* admin POSTs waiting for Redis's word */
 };
 
 /* One request, from its arrival to its answer. Held requests live on the
@@ -53,6 +57,15 @@ struct serve_req {
     bool has_rclient;
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
+    struct serve_notify *telling; /* an admin POST waiting for Redis (not held) */
+};
+
+/* An admin POST ?format=notify waiting for Redis's word on its status. */
+struct serve_notify {
+    struct serve_req r;           /* a copy; r.telling is this */
+    struct notify_told t;
+    struct state_redis_op *op;
+    struct serve_notify *prev, *next;
 };
 
 static const char csp[] =
@@ -65,8 +78,11 @@ static const char *http_reason(int code)
     case 200: return "OK";
     case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
     case 503: return "Service Unavailable";
     default: return "OK";
     }
@@ -225,6 +241,8 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
     buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client, answered without a read.\n"
                    "# TYPE kembali_probe_answers_total counter\nkembali_probe_answers_total %ld\n", atomic_load(&a->m.probes_refused));
+    buf_printf(&b, "# HELP kembali_notify_conflicts_total Told statuses refused (409) because another final status is known.\n"
+                   "# TYPE kembali_notify_conflicts_total counter\nkembali_notify_conflicts_total %ld\n", atomic_load(&a->m.notify_conflicts));
     buf_printf(&b, "# HELP kembali_held_cap_answers_total Requests answered at once because max_held or max_held_per_shop was reached.\n"
                    "# TYPE kembali_held_cap_answers_total counter\nkembali_held_cap_answers_total %ld\n", atomic_load(&a->m.over_cap));
     buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
@@ -273,35 +291,110 @@ static void respond_metrics(struct serve_req *r)
     buf_free(&out);
 }
 
-/* The admin POST ?format=notify (told by the shop): 204, or a reason in
- * plain words (400 keeps Kembali-Status: invalid). */
-static void respond_notify(struct serve_req *r, const char *query)
+/* The answer to an admin POST ?format=notify, t decided: its log line and
+ * metric, this process's held requests woken on a 204, and the status
+ * with a reason in plain words otherwise (400 keeps Kembali-Status:
+ * invalid). */
+static void notify_answer(struct serve_req *r, struct notify_told *t)
 {
-    char why[512];
+    notify_log(t);
+    if (t->http == 409)
+        atomic_fetch_add(&r->s->app->m.notify_conflicts, 1);
+    if (t->http == 204)
+        resolver_poke(r->s->rs, &r->shop->key, t->id); /* this process's held requests: at once */
+    struct buf b = {0}, out = {0};
+    if (t->http != 204)
+        buf_printf(&b, "%s\n", t->why);
+    build_response(r, t->http, t->http == 400 ? "invalid" : t->http == 404 ? "unknown_shop" : NULL,
+                   "text/plain; charset=utf-8", t->http == 503 ? 1 : -1, NULL, &b, &out);
+    buf_free(&b);
+    send_out(r, &out);
+    buf_free(&out);
+}
+
+/* Record t here (Redis did not answer, or is not used) and tell Redis what
+ * this state now holds: while it is down, a final status waits for the
+ * write-back. */
+static void notify_here(struct serve_req *r, struct notify_told *t)
+{
+    notify_record(t, r->s->app->state, &r->cfg->sched, NULL, util_mono_ms());
+    if (t->http != 204 || r->s->app->redis == NULL)
+        return;
+    struct state_fact f; /* every host's: what this state now holds for it */
+    state_lookup(r->s->app->state, &r->shop->key, t->id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
+    if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
+        state_redis_tell(r->s->app->redis, r->shop->secret, t->id, f.status_word, f.final, &r->cfg->sched);
+}
+
+/* Take n off s's list of admin POSTs waiting for Redis. */
+static void notify_unlink(struct serve *s, struct serve_notify *n)
+{
+    if (n->prev)
+        n->prev->next = n->next;
+    else
+        s->telling = n->next;
+    if (n->next)
+        n->next->prev = n->prev;
+    n->prev = n->next = NULL;
+}
+
+/* Redis's word on a told status (state_redis_tell_ask): a final status it
+ * knows stays (409, nothing recorded here either); recorded there, it is
+ * recorded here; no answer: decided here. */
+static void on_told(void *data, const struct state_redis_told *rt)
+{
+    struct serve_notify *n = data;
+    struct serve *s = n->r.s;
+    n->op = NULL;
+    notify_unlink(s, n);
+    if (rt->down)
+        notify_here(&n->r, &n->t);
+    else
+        notify_record(&n->t, s->app->state, &n->r.cfg->sched, rt->kept ? rt->word : NULL, util_mono_ms());
+    notify_answer(&n->r, &n->t);
+    config_unref(n->r.cfg);
+    free(n);
+}
+
+/* The admin POST ?format=notify (told by the shop, signed: sig is its
+ * Kembali-Signature). With Redis up, the answer waits for Redis's word
+ * (a final status another host was told may stay: 409); true when r was
+ * kept for that (its configuration reference with it). */
+static bool respond_notify(struct serve_req *r, const char *query, const char *sig)
+{
     size_t len;
     bool truncated;
     const uint8_t *body = front_body(r->fr, &len, &truncated);
     if (truncated) /* refused for its size before anything reads it */
         len = REQUEST_NOTIFY_BODY_MAX + 1;
-    int http = notify_request(r->s->app->state, r->shop, query, (const char *)body, len, util_mono_ms(),
-                              why, sizeof why);
-    char id[STATE_ID_MAX + 2];
-    if (http == 204 && request_query_param(query, r->shop->id_param, id, sizeof id) && config_valid_id(id)) {
-        resolver_poke(r->s->rs, &r->shop->key, id); /* this process's held requests: at once */
-        /* and every host's: what this state now holds for it */
-        struct state_fact f;
-        state_lookup(r->s->app->state, &r->shop->key, id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
-        if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
-            state_redis_tell(r->s->app->redis, r->shop->secret, id, f.status_word, f.final, &r->cfg->sched);
+    struct notify_post np = {.query = query, .signature = sig, .body = (const char *)body, .len = len};
+    struct notify_told t;
+    if (!notify_check(&t, r->shop, &np, (int64_t)time(NULL))) {
+        notify_answer(r, &t);
+        return false;
     }
-    struct buf b = {0}, out = {0};
-    if (http != 204)
-        buf_printf(&b, "%s\n", why);
-    build_response(r, http, http == 400 ? "invalid" : http == 404 ? "unknown_shop" : NULL,
-                   "text/plain; charset=utf-8", http == 503 ? 1 : -1, NULL, &b, &out);
-    buf_free(&b);
-    send_out(r, &out);
-    buf_free(&out);
+    struct state_redis *redis = r->s->app->redis;
+    struct serve_notify *n = state_redis_up(redis) ? malloc(sizeof *n) : NULL;
+    if (n != NULL) {
+        n->r = *r;
+        n->r.telling = n;
+        n->t = t;
+        n->prev = NULL;
+        n->op = state_redis_tell_ask(redis, r->shop->secret, t.id, tx_status_word(t.status),
+                                     tx_status_final(t.status), &r->cfg->sched, on_told, n);
+        if (n->op != NULL) {
+            n->next = r->s->telling;
+            if (n->next)
+                n->next->prev = n;
+            r->s->telling = n;
+            front_req_set_user(r->fr, &n->r);
+            return true;
+        }
+        free(n);
+    }
+    notify_here(r, &t);
+    notify_answer(r, &t);
+    return false;
 }
 
 /* A held request's end: its shop's count, its configuration reference and
@@ -333,6 +426,18 @@ static void on_gone(void *ctx, struct front_req *fr, void *user)
     (void)fr;
     if (r == NULL)
         return;
+    if (r->telling != NULL) { /* a told status whose web server gave up: Redis's word is not waited for */
+        struct serve_notify *n = r->telling;
+        state_redis_cancel(n->op);
+        notify_unlink(s, n);
+        snprintf(n->t.why, sizeof n->t.why, "the client went away before Redis answered");
+        n->t.http = 0;
+        n->t.result = "gone";
+        notify_log(&n->t);
+        config_unref(n->r.cfg);
+        free(n);
+        return;
+    }
     log_request(r, 0, NULL);
     resolver_drop(s->rs, &r->rw);
     held_free(r);
@@ -439,10 +544,10 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_COUNT };
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_COUNT };
     static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
                                                "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN",
-                                               "REMOTE_ADDR"};
+                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE"};
     const char *p[P_COUNT];
     front_params(fr, names, P_COUNT, p);
     const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
@@ -474,8 +579,8 @@ static void on_request(void *ctx, struct front_req *fr)
     }
     if (admin != NULL && strcmp(admin, "1") == 0 && strcmp(fmt, "notify") == 0 && method != NULL &&
         strcmp(method, "POST") == 0) {
-        respond_notify(&r, query);
-        config_unref(r.cfg);
+        if (!respond_notify(&r, query, p[P_SIG]))
+            config_unref(r.cfg);
         return;
     }
     if (method == NULL || (strcmp(method, "GET") != 0 && !r.head)) {
@@ -550,6 +655,10 @@ void serve_attach(struct serve *s, struct front *f)
 
 void serve_stop(struct serve *s)
 {
+    while (s->telling != NULL) { /* decided here: Redis's word is not waited for */
+        state_redis_cancel(s->telling->op);
+        on_told(s->telling, &(struct state_redis_told){.down = true});
+    }
     resolver_stop(s->rs);
 }
 

@@ -191,23 +191,25 @@ static const char lua_finish[] =
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
     "return blocked\n";
 
-/* KEYS: tx. ARGV: 1 word, 2 final, 3 ttl, 4 waits, 5 id, 6 channel, 7 rkey. */
+/* KEYS: tx. ARGV: 1 word, 2 final, 3 ttl, 4 waits, 5 id, 6 channel, 7 rkey.
+ * Returns '' when recorded, else the final status known that stays. */
 static const char lua_tell[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
+    "local kept = ''\n"
     "if ARGV[2] == '1' then\n"
     "  if forward(s, ARGV[1]) then\n"
     "    s, fu, nf = ARGV[1], now + tonumber(ARGV[3]), 0\n"
     "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
     "    redis.call('HDEL', KEYS[1], 'nf')\n"
-    "  end\n"
+    "  else kept = s end\n"
     /* pending replaces nothing final, cached or not: only nothing, pending or an unknown word */
     "elseif not (s == 'succeeded' or s == 'failed' or s == 'canceled' or s == 'expired') then\n"
     "  s, nf = ARGV[1], 0\n"
     "  redis.call('HSET', KEYS[1], 's', s)\n"
     "  redis.call('HDEL', KEYS[1], 'nf')\n"
-    "end\n"
+    "else kept = s end\n"
     "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
-    "return 1\n";
+    "return kept\n";
 
 enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_N };
 static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell};
@@ -225,13 +227,14 @@ struct rconn {
     int busy;
 };
 
-enum op_kind { OP_CLAIM, OP_FIRE, OP_PING, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
+enum op_kind { OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
 
 struct state_redis_op {
     struct state_redis *r;
     enum op_kind kind;
     int script;               /* OP_JOIN_SCRIPT */
     state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
+    state_redis_told_fn *told_fn; /* OP_TELL; NULL once cancelled */
     void *data;
     int64_t sent;
     bool queued;              /* on r's list of waiting operations */
@@ -421,7 +424,7 @@ static bool op_send(struct rconn *rc, struct state_redis_op *op, int argc, const
         r->m.pings++;
     else
         r->m.round_trips++;
-    if (op->kind == OP_CLAIM || op->kind == OP_FIRE || op->kind == OP_PING) {
+    if (op->kind == OP_CLAIM || op->kind == OP_TELL || op->kind == OP_FIRE || op->kind == OP_PING) {
         op->queued = true;
         op->prev = r->tail;
         if (r->tail)
@@ -853,6 +856,21 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             op->fn(op->data, &c);
         }
         break;
+    case OP_TELL:
+        if (op->told_fn != NULL) {
+            struct state_redis_told t = {.down = true};
+            if (!failed && reply_is(x, REDIS_REPLY_STRING) && x->len == 0) {
+                t.down = false;
+            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && state_redis_word_ok(x->str, x->len)) {
+                t.down = false;
+                t.kept = true;
+                util_copy(t.word, sizeof t.word, x->str);
+            } else if (r != NULL && !failed) {
+                went_down(r, "a told status's answer makes no sense");
+            }
+            op->told_fn(op->data, &t);
+        }
+        break;
     case OP_JOIN_SALT:
     case OP_JOIN_OTHER:
         if (!failed && r != NULL && r->phase == PH_JOINING)
@@ -1046,8 +1064,10 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
 
 void state_redis_cancel(struct state_redis_op *op)
 {
-    if (op != NULL)
+    if (op != NULL) {
         op->fn = NULL;
+        op->told_fn = NULL;
+    }
 }
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -1064,8 +1084,10 @@ static void fire(struct state_redis *r, int argc, const char **argv)
         op_send(r->main, op, argc, argv, lens);
 }
 
-static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
-                      const struct pace_schedule *sched)
+/* EVALSHA the tell script for (secret's key, id) as op (NULL: fire and
+ * forget). false when it could not be sent (op is freed then). */
+static bool send_tell_op(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
+                         const struct pace_schedule *sched, struct state_redis_op *op)
 {
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
@@ -1079,7 +1101,20 @@ static void send_tell(struct state_redis *r, const char *secret, const char *id,
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "1", ktx, word, final ? "1" : "0", ttl, waits, id,
                           r->channel, k.hex};
-    fire(r, ARGC(argv), argv);
+    if (op == NULL) {
+        fire(r, ARGC(argv), argv);
+        return true;
+    }
+    size_t lens[ARGC(argv)];
+    for (int i = 0; i < ARGC(argv); i++)
+        lens[i] = strlen(argv[i]);
+    return op_send(r->main, op, ARGC(argv), argv, lens);
+}
+
+static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
+                      const struct pace_schedule *sched)
+{
+    send_tell_op(r, secret, id, word, final, sched, NULL);
 }
 
 static void writeback_add(struct state_redis *r, const char *secret, const char *id, const char *word)
@@ -1152,6 +1187,20 @@ void state_redis_tell(struct state_redis *r, const char *secret, const char *id,
         return;
     }
     send_tell(r, secret, id, word, final, sched);
+}
+
+struct state_redis_op *state_redis_tell_ask(struct state_redis *r, const char *secret, const char *id,
+                                            const char *word, bool final, const struct pace_schedule *sched,
+                                            state_redis_told_fn *fn, void *data)
+{
+    if (!state_redis_up(r))
+        return NULL;
+    struct state_redis_op *op = op_new(r, OP_TELL);
+    if (op == NULL)
+        return NULL;
+    op->told_fn = fn;
+    op->data = data;
+    return send_tell_op(r, secret, id, word, final, sched, op) ? op : NULL;
 }
 
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out)

@@ -158,7 +158,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
                                          state_redis_claim_fn *fn, void *data);
 
-/* fn of a pending claim will not be called. Can't fail. */
+/* fn of a pending claim (or told status) will not be called. Can't fail. */
 void state_redis_cancel(struct state_redis_op *op);
 
 /* Record a read's outcome (after state_finish() here) and publish it. A
@@ -176,6 +176,25 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
  * a final status is kept for the write-back. Never fails. */
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
                       const struct pace_schedule *sched);
+
+/* Redis's answer to a told status (state_redis_tell_ask). */
+struct state_redis_told {
+    bool down;                         /* no answer: decide locally */
+    bool kept;                         /* a final status known in Redis stays (word); Redis changed nothing */
+    char word[STATUS_WORD_MAX + 1];
+};
+
+typedef void state_redis_told_fn(void *data, const struct state_redis_told *t);
+
+/* Record a status the shop was told, as state_redis_tell() does, and ask
+ * what Redis did: fn(data, answer) is called exactly once, later, unless
+ * state_redis_cancel(): kept (with the final status known in Redis) when
+ * this one may not replace it (state_tell()'s order; nothing changed), else
+ * recorded and published; down when no answer came. Returns NULL when not
+ * up (or out of memory): decide locally, fn is never called. */
+struct state_redis_op *state_redis_tell_ask(struct state_redis *r, const char *secret, const char *id,
+                                            const char *word, bool final, const struct pace_schedule *sched,
+                                            state_redis_told_fn *fn, void *data);
 
 /* Counters for the metrics page. Can't fail. */
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out);

@@ -4,6 +4,8 @@
 Small real examples for each fuzz target, in the input layout its
 fuzz_<target>.c describes. Run from anywhere; rewrites the corpus folders
 (the files are committed: run it again only when a layout changes)."""
+import hashlib
+import hmac
 import os
 import struct
 
@@ -238,3 +240,10 @@ for i, b in enumerate(['{"status": "succeeded"}', '{"status": "expired"}', '{"st
                        '{"status": 1}', '{}', '[]', '"succeeded"', '{"status": "succeeded", "status": "failed"}',
                        '{"status": "succ\\u0065eded"}', '']):
     put("notify", "n%02d" % i, b)
+# signed: a Kembali-Signature header, a NUL, the body (the HMAC as the shop computes it)
+_body = b'{"status": "succeeded"}'
+_mac = hmac.new(b"whsec-fuzz", b"1764000000.T1." + _body, hashlib.sha256).hexdigest()
+for i, h in enumerate(["t=1764000000,v1=" + _mac, " t=1764000000 , v1=" + _mac + " ,v0=x",
+                       "t=1764000000,v1=" + _mac.upper(), "t=1763999699,v1=" + _mac, "v1=" + _mac,
+                       "t=1764000000", "t=1764000000,v1=" + _mac + ",t=1", "t=-5,v1=" + _mac, "t=1,v1=ab", ","]):
+    put("notify", "s%02d" % i, h.encode() + b"\0" + _body)

@@ -9,13 +9,15 @@ import harness
 
 KEY = harness.DEFAULT_KEY
 KEY2 = "sk_test_kembali_0000000000000002"
+NOTIFY_SECRET = "whsec_kembali_test_notify_0000001"  # toko-a's notify secret (kit.start's shop)
 FAST = [0, 1100, 1100, 1100]          # sum 3300 ms, held requests answered by 4800 ms
 FAST_HOLD = sum(FAST) / 1000 + 1.5
 
 
 def start(tmpdir, schedule=FAST, shops=None, sandbox_args=(), top=None):
     """A sandbox (keys KEY and KEY2) and one kembali with the shop "toko-a"
-    (hosts toko-a.test, key KEY) unless `shops` (a function of the Kembali,
+    (hosts toko-a.test, key KEY, notify secret NOTIFY_SECRET in
+    k.key_path("notify-a")) unless `shops` (a function of the Kembali,
     returning the list) says otherwise. Returns (sandbox, kembali), started."""
     sb, ks = start_many(tmpdir, 1, schedule=schedule, shops=shops, sandbox_args=sandbox_args, top=top,
                         name="kembali")
@@ -125,7 +127,8 @@ def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_f
 
     def config_for(i):
         def config(k):
-            s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"))]
+            s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"),
+                                                          notify_secret_file=k.key_path("notify-a"))]
             extra = dict(top_for(i) or {})
             if schedule is not None:
                 extra["schedule_ms"] = schedule
@@ -135,7 +138,7 @@ def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_f
     shared = harness.unix_listen_socket(harness.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
     ks = []
     for i in range(n):
-        k = harness.Kembali(tmpdir, config=config_for(i), keys={"a": KEY, "b": KEY2}, name=name_for(i),
+        k = harness.Kembali(tmpdir, config=config_for(i), keys={"a": KEY, "b": KEY2, "notify-a": NOTIFY_SECRET}, name=name_for(i),
                             listen=shared if shared is not None else listen, bin=bin)
         k.start()
         ks.append(k)
@@ -143,6 +146,33 @@ def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_f
         for k in ks:
             k.wait_log(30, event="start")
     return sb, ks
+
+
+def sign(id, body, secret=NOTIFY_SECRET, t=None):
+    """The Kembali-Signature header of a notify of id with `body` (bytes),
+    as the shop's backend computes it: t=T,v1=HMAC-SHA256(secret, "T.ID.BODY")
+    in lowercase hex; t defaults to now (Unix seconds)."""
+    import hashlib
+    import hmac
+    t = str(int(time.time()) if t is None else t)
+    mac = hmac.new(secret.encode(), t.encode() + b"." + id.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return "t=%s,v1=%s" % (t, mac)
+
+
+def notify(k, id, body, secret=NOTIFY_SECRET, t=None, signature=None, admin=True, query=None, extra=None):
+    """POST ?id=ID&format=notify to kembali k with `body` (a dict as JSON, or
+    bytes), signed with `secret` at t (now) unless `signature` gives the
+    header's value ("" or False: none is sent)."""
+    import json
+    params = {"KEMBALI_ADMIN": "1"} if admin else {}
+    params["CONTENT_TYPE"] = "application/json"
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sig = sign(id, data, secret, t) if signature is None else signature
+    if sig:
+        params["HTTP_KEMBALI_SIGNATURE"] = sig
+    params.update(extra or {})
+    q = query if query is not None else "id=%s&format=notify" % id
+    return k.get(q, method="POST", extra=params, stdin=data)
 
 
 def log_time(line):

@@ -1,7 +1,9 @@
 """Told by the shop: the admin POST ?format=notify and kembali --notify.
 A told status counts as if a read had just returned it: held requests are
 answered within 50 ms (measured in kembali's own log), later returns cost no
-read, and what is known never moves backwards."""
+read, and what is known never moves backwards. Each POST is signed with the
+shop's notify secret (Kembali-Signature); a forged, stale or missing one
+changes nothing."""
 
 import json
 import subprocess
@@ -13,14 +15,7 @@ from harness import assert_eq, assert_in
 ADMIN = {"KEMBALI_ADMIN": "1"}
 
 
-def notify(k, id, body, admin=True, query=None, extra=None):
-    """POST ?id=ID&format=notify with `body` (a dict as JSON, or bytes)."""
-    params = dict(ADMIN if admin else {})
-    params["CONTENT_TYPE"] = "application/json"
-    params.update(extra or {})
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    q = query if query is not None else "id=%s&format=notify" % id
-    return k.get(q, method="POST", extra=params, stdin=data)
+notify = kit.notify  # signed with toko-a's notify secret unless told otherwise
 
 
 def check_recorded(r):
@@ -176,9 +171,12 @@ def test_expired_then_succeeded(tmpdir):
     assert_eq(json_status(k, "t7"), ("expired", {"id": "t7", "status": "expired", "final": True}))
     check_recorded(notify(k, "t7", {"status": "succeeded"}))  # a late payment
     assert_eq(json_status(k, "t7"), ("succeeded", {"id": "t7", "status": "succeeded", "final": True}))
-    check_recorded(notify(k, "t7", {"status": "expired"}))  # never the reverse
+    r = notify(k, "t7", {"status": "expired"})  # never the reverse
+    assert_eq(r.status, 409, repr(r))
+    assert_in("succeeded is already known", r.text)
     assert_eq(k.get("id=t7").header("kembali-status"), "succeeded")
-    assert_eq(k.wait_log(30, event="notify", id="t7", status="expired", result="kept")["http"], "204")
+    line = k.wait_log(30, event="notify_conflict", id="t7", status="expired", result="kept")
+    assert_eq((line["level"], line["http"]), ("error", "409"))
     assert_eq(sb.reads(), [])
 
 
@@ -186,9 +184,253 @@ def test_succeeded_then_pending(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t8", "pending")
     check_recorded(notify(k, "t8", {"status": "succeeded"}))
-    check_recorded(notify(k, "t8", {"status": "pending"}))  # ignored, not an error
+    check_recorded(notify(k, "t8", {"status": "succeeded"}))  # the same again: harmless
+    r = notify(k, "t8", {"status": "pending"})  # a final status is never replaced by pending
+    assert_eq(r.status, 409, repr(r))
     assert_eq(k.get("id=t8").header("kembali-status"), "succeeded")
     assert_eq(json_status(k, "t8")[1], {"id": "t8", "status": "succeeded", "final": True})
+    assert_eq(sb.reads(), [])
+
+
+# ---- signed: only the shop's own backend tells ----
+
+def nothing_recorded(sb, k, id, want):
+    """What the buyer of id sees is what Kasera says (want), from a read: no
+    told status stands for it."""
+    assert_eq(k.find_log(event="notify", id=id, result="recorded"), [])
+    before = len(sb.reads(id))
+    assert_eq(k.get("id=" + id).header("kembali-status"), want)
+    return len(sb.reads(id)) - before
+
+
+def test_forged_stale_missing_signatures(tmpdir):
+    """Each refused with 401 and a reason; none changes anything."""
+    import time
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("s1", "succeeded")
+    body = b'{"status": "failed"}'
+    now = int(time.time())
+    good = kit.sign("s1", body)
+    cases = [
+        ("another secret", kit.sign("s1", body, secret="whsec_guessed"), "signature is wrong"),
+        ("another shop's id", kit.sign("s2", body), "signature is wrong"),
+        ("another body", kit.sign("s1", b'{"status": "canceled"}'), "signature is wrong"),
+        ("t changed after signing", good.replace("t=%d" % now, "t=%d" % (now + 1)), "signature is wrong"),
+        ("stale: 301 s old", kit.sign("s1", body, t=now - 301), "more than 300 s"),
+        ("from the future", kit.sign("s1", body, t=now + 301), "more than 300 s"),
+        ("missing", "", "no Kembali-Signature"),
+        ("only t", "t=%d" % now, "must be t=UNIX_SECONDS"),
+        ("only v1", good.split(",")[1], "must be t=UNIX_SECONDS"),
+        ("upper-case hex", good.upper().replace("T=", "t=").replace("V1=", "v1="), "must be t=UNIX_SECONDS"),
+        ("garbage", "Bearer whsec_kembali", "must be t=UNIX_SECONDS"),
+    ]
+    for what, sig, reason in cases:
+        r = notify(k, "s1", body, signature=sig or False)
+        assert_eq(r.status, 401, "%s: %r" % (what, r))
+        assert_in(reason, r.text, what)
+        assert_in("text/plain", r.header("content-type"))
+    lines = k.find_log(event="notify", id="s1")
+    assert_eq(len(lines), len(cases))
+    assert_eq({(l["http"], l["result"]) for l in lines}, {("401", "refused")})
+    for l in lines:  # the secret and the expected HMAC are never logged
+        assert kit.NOTIFY_SECRET not in l["_raw"]
+    assert kit.NOTIFY_SECRET not in k.log_text()
+    assert_eq(nothing_recorded(sb, k, "s1", "succeeded"), 1, "the buyer's page came from a read")
+    # one second inside the window: accepted
+    r = notify(k, "s3", {"status": "canceled"}, t=now - 299)
+    check_recorded(r)
+
+
+def test_a_local_process_cannot_fail_a_paid_buyer(tmpdir):
+    """The harm of issue 14: another tenant's code (local, so past the web
+    server's allow) posts failed for a paid transaction, without the secret.
+    The buyer still sees succeeded, and the real webhook's succeeded that
+    follows is recorded."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("paid1", "succeeded")
+    for sig in (False, kit.sign("paid1", b'{"status": "failed"}', secret="whsec_tenant_b")):
+        r = notify(k, "paid1", {"status": "failed"}, signature=sig)
+        assert_eq(r.status, 401, repr(r))
+    word, body = json_status(k, "paid1")
+    assert_eq((word, body["status"]), ("succeeded", "succeeded"))
+    assert_eq(k.get("id=paid1").header("kembali-status"), "succeeded")
+    check_recorded(notify(k, "paid1", {"status": "succeeded"}))  # the shop's own webhook
+    r = notify(k, "paid1", {"status": "failed"}, signature=False)
+    assert_eq(r.status, 401)
+    assert_eq(k.get("id=paid1").header("kembali-status"), "succeeded")
+
+
+def test_shop_without_notify_secret(tmpdir):
+    """403: telling is off for it; --notify works as before."""
+    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"))])
+    sb.put_tx("n1", "pending")
+    for sig in (None, False):
+        r = notify(k, "n1", {"status": "succeeded"}, signature=sig)
+        assert_eq(r.status, 403, repr(r))
+        assert_in("no notify secret", r.text)
+    assert_eq(json_status(k, "n1")[1]["status"], "pending")
+    assert_eq(run_notify(k, "toko-a", "n1", "succeeded"), (0, "", ""))
+    assert_eq(k.get("id=n1").header("kembali-status"), "succeeded")
+
+
+def test_conflict_failed_then_succeeded(tmpdir):
+    """409 with a reason; what is known stays; one error line and a metric."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("c1", "pending")
+    check_recorded(notify(k, "c1", {"status": "failed"}))
+    assert_eq(k.metrics().get("kembali_notify_conflicts_total"), 0)
+    r = notify(k, "c1", {"status": "succeeded"})
+    assert_eq(r.status, 409, repr(r))
+    assert_in("failed is already known for this transaction and succeeded may not replace it", r.text)
+    assert_eq(json_status(k, "c1"), ("failed", {"id": "c1", "status": "failed", "final": True}))
+    lines = k.find_log(event="notify_conflict")
+    assert_eq(len(lines), 1)
+    assert_eq((lines[0]["level"], lines[0]["shop"], lines[0]["id"], lines[0]["status"], lines[0]["http"]),
+              ("error", "toko-a", "c1", "succeeded", "409"))
+    assert_eq(k.find_log(event="notify", id="c1", status="succeeded"), [], "one line, the conflict's")
+    assert_eq(k.metrics()["kembali_notify_conflicts_total"], 1)
+    page = k.get("format=metrics", extra=ADMIN).text
+    assert_in("# HELP kembali_notify_conflicts_total ", page)
+    assert_in("# TYPE kembali_notify_conflicts_total counter\n", page)
+    # the same status again is harmless; --notify keeps its answer (0: what is known stays)
+    check_recorded(notify(k, "c1", {"status": "failed"}))
+    assert_eq(run_notify(k, "toko-a", "c1", "succeeded"), (0, "", ""))
+    assert_eq(k.get("id=c1").header("kembali-status"), "failed")
+    assert_eq(k.metrics()["kembali_notify_conflicts_total"], 1)
+    assert_eq(sb.reads(), [])
+
+
+def test_notify_secret_file_rules(tmpdir):
+    """Read like a key file (a readable one is refused by name); for a
+    tenant, keys_dir/NAME.notify, and a tenant file naming another file is
+    skipped."""
+    import os
+    sb, k = kit.start(tmpdir)
+    loose = os.path.join(tmpdir, "loose.notify")
+    harness.write_secret(loose, "whsec_loose")
+    os.chmod(loose, 0o644)
+    cfg = harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"), notify_secret_file=loose)])
+    bad = os.path.join(tmpdir, "bad.json")
+    harness.write_config_file(bad, cfg)
+    p = subprocess.run([harness.kembali_bin(), "--config", bad, "--check-config"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode != 0, p
+    assert_in("notify_secret_file", p.stderr + p.stdout)
+    assert_in("loose.notify has mode 0644", p.stderr + p.stdout)
+    assert "whsec_loose" not in p.stderr + p.stdout
+    k.stop()
+
+    keys, shops = os.path.join(tmpdir, "keys"), os.path.join(tmpdir, "shops")
+    os.makedirs(keys)
+    os.makedirs(shops)
+    harness.write_secret(os.path.join(keys, "a"), kit.KEY)
+    harness.write_secret(os.path.join(keys, "b"), kit.KEY2)
+    harness.write_secret(os.path.join(keys, "toko-a.notify"), "whsec_tenant_a")
+    harness.write_secret(os.path.join(keys, "toko-b.notify"), "whsec_tenant_b")
+    harness.write_config_file(os.path.join(shops, "toko-a.json"), harness.make_shop("toko-a", os.path.join(keys, "a")))
+    # toko-b's file names toko-a's notify secret: skipped
+    harness.write_config_file(os.path.join(shops, "toko-b.json"), harness.make_shop(
+        "toko-b", os.path.join(keys, "b"), notify_secret_file=os.path.join(keys, "toko-a.notify")))
+    harness.write_config_file(os.path.join(shops, "toko-c.json"), harness.make_shop("toko-c", os.path.join(keys, "b")))
+    t = harness.Kembali(tmpdir, name="tenants", config=harness.make_config(sb, [], keys_dir=keys, shops_dir=shops))
+    t.start()
+    line = t.wait_log(30, event="shop_file_skipped", file=os.path.join(shops, "toko-b.json"))
+    assert_in("toko-b.notify", line["errors"])
+    body = b'{"status": "succeeded"}'
+    a = dict(HTTP_HOST="toko-a.test")
+    r = notify(t, "n1", body, secret="whsec_tenant_a", extra=a)
+    check_recorded(r)
+    r = notify(t, "n2", body, secret="whsec_tenant_b", extra=a)  # another tenant's secret
+    assert_eq(r.status, 401)
+    r = notify(t, "n3", body, secret="whsec_tenant_a", extra=dict(HTTP_HOST="toko-c.test"))
+    assert_eq(r.status, 403, "toko-c has no keys_dir/toko-c.notify: %r" % r)
+
+
+def readme_notify_location():
+    """The README's nginx notify location, verbatim."""
+    import os
+    import re
+    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+        text = f.read()
+    m = re.search(r"^( *)location = /kembali-notify \{.*?^\1\}$", text, re.S | re.M)
+    assert m, "the README has a location = /kembali-notify block"
+    return m.group(0)
+
+
+def test_readme_notify_location_through_nginx(tmpdir):
+    """The README's location, as written (its socket path swapped for the
+    test's), with a signed POST as the README's PHP example makes it."""
+    import http.client
+    import time
+    sb, k = kit.start(tmpdir)
+    loc = readme_notify_location()
+    assert_in("unix:/run/kembali/kembali.sock", loc)
+    # `include fastcgi_params` is relative to nginx's configuration folder: the installed file
+    import shutil
+    shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
+    ng = harness.Nginx(tmpdir, k, server_extra=loc.replace("unix:/run/kembali/kembali.sock", "unix:" + k.addr))
+    sb.put_tx("ng1", "pending")
+
+    def post(body, sig):
+        c = http.client.HTTPConnection("127.0.0.1", ng.port, timeout=30)
+        try:
+            h = {"Host": "shop.test", "Content-Type": "application/json"}
+            if sig:
+                h["Kembali-Signature"] = sig
+            c.request("POST", "/kembali-notify?format=notify&id=ng1", body=body, headers=h)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    body = b'{"status":"failed"}'
+    assert_eq(post(body, None)[0], 401)
+    assert_eq(post(body, kit.sign("ng1", body, t=int(time.time()) - 301))[0], 401)
+    assert_eq(post(body, kit.sign("ng1", body, secret="whsec_guess"))[0], 401)
+    assert_eq(json_status(k, "ng1")[1]["status"], "pending")
+    status, out = post(body, kit.sign("ng1", body))
+    assert_eq((status, out), (204, b""))
+    assert_eq(k.get("id=ng1").header("kembali-status"), "failed")
+    status, out = post(b'{"status":"succeeded"}', kit.sign("ng1", b'{"status":"succeeded"}'))
+    assert_eq(status, 409)
+    assert_in(b"failed is already known", out)
+    assert_eq(k.get("id=ng1").header("kembali-status"), "failed")
+
+
+def test_readme_php_webhook_through_nginx(tmpdir):
+    """The README's PHP webhook handler, verbatim but for its secret's path
+    and the web server's port, run by the real php through the README's
+    nginx location: its signature is the one kembali checks."""
+    import os
+    import re
+    import shutil
+    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+        m = re.search(r"```php\n(<\?php // the webhook handler.*?)```", f.read(), re.S)
+    assert m, "the README's PHP webhook example"
+    php = m.group(1)
+    assert_in("hash_hmac('sha256', \"$t.$id.$body\", $secret)", php)
+    sb, k = kit.start(tmpdir)
+    shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
+    ng = harness.Nginx(tmpdir, k, server_extra=readme_notify_location().replace(
+        "unix:/run/kembali/kembali.sock", "unix:" + k.addr))
+    php = php.replace("/etc/kembali/keys/toko-a.notify", k.key_path("notify-a"))
+    php = php.replace("http://127.0.0.1/kembali-notify", "http://127.0.0.1:%d/kembali-notify" % ng.port)
+    script = os.path.join(tmpdir, "webhook.php")
+    with open(script, "w") as f:
+        f.write("<?php $event = json_decode(getenv('EVENT'), true); ?>\n" + php)
+    sb.put_tx("php1", "pending")
+
+    def webhook(kind, id):
+        p = subprocess.run(["php", script], env=dict(os.environ, EVENT=json.dumps({"type": kind, "data": {"id": id}})),
+                           capture_output=True, text=True, timeout=30)
+        assert_eq(p.returncode, 0, p.stderr)
+
+    webhook("payment.paid", "php1")
+    line = k.wait_log(30, event="notify", id="php1")
+    assert_eq((line["status"], line["result"], line["http"]), ("succeeded", "recorded", "204"))
+    assert_eq(k.get("id=php1").header("kembali-status"), "succeeded")
+    webhook("payment.expired", "php2")
+    assert_eq(k.get("id=php2").header("kembali-status"), "expired")
     assert_eq(sb.reads(), [])
 
 

@@ -33,7 +33,8 @@ def hosts(tmpdir, n=3, budget=None, top=None, unix=True, two_shops=False):
     redis = harness.Redis(tmpdir)
     shop = {} if budget is None else {"read_budget_per_minute": budget}
     sb, ks = kit.start_hosts(tmpdir, n, redis, top=dict(top or {}, redis=redis.unix_url() if unix else redis.url()),
-                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), **shop)] +
+                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                                                                notify_secret_file=k.key_path("notify-a"), **shop)] +
                              ([harness.make_shop("toko-b", k.key_path("b"))] if two_shops else []))
     for k in ks:
         k.wait_log(30, event="redis_joined")
@@ -163,8 +164,7 @@ def test_notify_reaches_every_host(tmpdir):
     harness.wait_for(lambda: any(k.find_log(event="read", id="n1") for k in ks), 30)
     reads_before = len(sb.reads("n1"))
     t0 = time.monotonic()
-    r = ks[0].get("id=n1&format=notify", method="POST", stdin=b'{"status":"succeeded"}',
-                  extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
+    r = kit.notify(ks[0], "n1", b'{"status":"succeeded"}')
     assert_eq(r.status, 204, r.text)
     for t in threads:
         t.join(60)
@@ -184,6 +184,35 @@ def test_notify_reaches_every_host(tmpdir):
     assert_eq(p.returncode, 0, p.stderr)
     th.join(60)
     assert_eq(out["n2"].header("kembali-status"), "failed")
+
+
+def test_notify_conflict_across_hosts(tmpdir):
+    """h0 is told failed; h1, which holds no request for it (so its own
+    state never heard of it), is then told succeeded: Redis keeps failed and
+    h1 answers 409, with its error line and metric; every host's buyer sees
+    failed, with no read. (Decided by h1's state alone, succeeded would have
+    been recorded there and shown to h1's buyers.)"""
+    redis, sb, ks = hosts(tmpdir, n=2)
+    sb.put_tx("x1", "pending")
+    assert_eq(kit.notify(ks[0], "x1", {"status": "failed"}).status, 204)
+    r = kit.notify(ks[1], "x1", {"status": "succeeded"})
+    if left_redis(ks):
+        return
+    assert_eq(r.status, 409, repr(r))
+    harness.assert_in("failed is already known", r.text)
+    line = ks[1].wait_log(30, event="notify_conflict", id="x1")
+    assert_eq((line["level"], line["status"], line["http"]), ("error", "succeeded", "409"))
+    assert_eq(ks[1].metrics()["kembali_notify_conflicts_total"], 1)
+    assert_eq(ks[0].metrics()["kembali_notify_conflicts_total"], 0)
+    for k in ks:
+        assert_eq(k.get("id=x1").header("kembali-status"), "failed")
+        assert_eq(k.get("id=x1&format=json").json(), {"id": "x1", "status": "failed", "final": True})
+    # the same status again is harmless on any host; a forged one changes nothing
+    assert_eq(kit.notify(ks[1], "x1", {"status": "failed"}).status, 204)
+    assert_eq(kit.notify(ks[1], "x2", {"status": "failed"}, secret="whsec_guessed").status, 401)
+    assert_eq(kit.notify(ks[0], "x2", {"status": "succeeded"}).status, 204)
+    assert_eq(ks[1].get("id=x2").header("kembali-status"), "succeeded")
+    assert_eq(sb.reads(), [])
 
 
 def test_an_idle_host_notices_a_stopped_redis(tmpdir):
