@@ -253,7 +253,8 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     default); shop B's paid buyer is read and answered succeeded, and B's
     notify (kembali --notify, and the admin POST) is recorded."""
     sb, (k,) = kit.start_many(tmpdir, 1, top={"state_slots": 32}, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+        harness.make_shop("toko-a", k.key_path("a")),
+        harness.make_shop("toko-b", k.key_path("b"), notify_secret_file=k.key_path("notify-a"))])
     flood = ["r%08x" % (0x5eed0000 + 7919 * i) for i in range(40)]
     for t in flood:
         sb.put_tx(t, "pending")  # held to the deadline, read on the schedule
@@ -282,8 +283,7 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
                         "succeeded"], capture_output=True, text=True, timeout=30)
     cli = (p.returncode, p.stderr.strip())
     told = k.get("id=told-b", host="toko-b.test").header("kembali-status")
-    post = k.get("id=posted-b&format=notify", host="toko-b.test", method="POST", stdin=json.dumps(
-        {"status": "succeeded"}).encode(), extra={"KEMBALI_ADMIN": "1", "CONTENT_TYPE": "application/json"})
+    post = kit.notify(k, "posted-b", {"status": "succeeded"}, extra={"HTTP_HOST": "toko-b.test"})
     posted = k.get("id=posted-b", host="toko-b.test").header("kembali-status")
     m2 = k.metrics()
     for t in ts:
