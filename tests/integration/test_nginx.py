@@ -135,6 +135,31 @@ def test_kept_connections_through_nginx(tmpdir):
     assert opened <= 16, "nginx reused its FastCGI connections (%d opened)" % opened
 
 
+def test_buyer_leaving_drops_the_held_request_over_tcp(tmpdir):
+    """kembali on TCP behind nginx (with an upstream keepalive): a buyer who
+    closes the tab while held makes nginx close its FastCGI connection;
+    kembali drops the request at once (not at the 34 s deadline): no longer
+    held, its reserved read given back."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY},
+        listen="127.0.0.1:%d" % harness.free_port()).start()
+    ng = harness.Nginx(tmpdir, k, keepalive=8)
+    sb.put_tx("t1", "pending")
+    import socket as so
+    c = so.create_connection(("127.0.0.1", ng.port))
+    c.sendall(b"GET /kembali?id=t1 HTTP/1.1\r\nHost: shop.test\r\n\r\n")
+    read = k.wait_log(30, event="read", id="t1")
+    m = k.metrics()
+    assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (1, 1))
+    c.close()
+    gone = k.wait_log(20, event="request", id="t1")
+    assert_eq(gone.get("gone"), "yes", gone)
+    assert_between(kit.log_time(gone) - kit.log_time(read), 0, 5.0, "dropped soon after the buyer left")
+    m = k.metrics()
+    assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (0, 0))
+
+
 def readme_block(marker):
     """The indented (code) block of README.md holding ``marker``, as text."""
     lines = open(os.path.join(harness.top_srcdir(), "README.md")).read().split("\n")
