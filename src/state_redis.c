@@ -1195,6 +1195,7 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
+    x = NULL; /* not freed again below when db is 0 */
     if (cfg->db != 0 && (x = sync_cmd(c, 2, (const char *[]){"SELECT", db}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);

@@ -286,6 +286,12 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     assert_eq(ks[1].get("id=u1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("u1")), 1)
     assert len(ks[0].find_log(event="redis_unreachable")) == 1, "logged once, not every second"
+    # kembali --notify authenticates on its own connection (db 0: its AUTH
+    # reply was once freed twice) and reaches the hosts
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "u2",
+                        "canceled"], capture_output=True, text=True, timeout=20)
+    assert_eq((p.returncode, p.stderr), (0, ""))
+    assert_eq(ks[1].get("id=u2").header("kembali-status"), "canceled")
     # a wrong password: the host stays on its own state, says why, never 5xx
     bad = harness.Kembali(tmpdir, name="bad", keys={"a": kit.KEY}, config=lambda k: dict(
         __import__("json").load(open(ks[0].config_path)), redis_password_file=k.write_key("pw", "wrong")))
