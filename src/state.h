@@ -430,8 +430,8 @@ void state_metrics(struct state *st, struct state_metrics *out);
  * all zero. This function can't fail. */
 void state_client_id(const struct state *st, const char *addr, struct state_client *out);
 
-/* state_client_id() under another salt (Redis's: the same address is the
- * same client on every host). This function can't fail. */
+/* state_client_id() under another key (Redis uses a fixed one, so the same
+ * address is the same client on every host). This function can't fail. */
 void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out);
 
 /* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked

@@ -3,8 +3,7 @@
  * Two hiredis asynchronous connections per process, driven by the loop
  * (hiredis calls our hooks to watch its socket): `main` for the scripts and
  * `sub` subscribed to the wake channel. A process is DOWN, JOINING (both
- * connecting, authenticating, the salt fetched, the scripts loaded,
- * subscribed) or UP.
+ * connecting, authenticating, the scripts loaded, subscribed) or UP.
  *
  * Rules that keep the teardown simple: a connection is never freed from
  * inside one of hiredis' callbacks (a failure seen there only marks the
@@ -27,14 +26,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/time.h>
 #include <netdb.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "log.h"
 #include "util.h"
 
-#define SALT_TTL_MS (30LL * 24 * 3600 * 1000) /* refreshed at every join */
+/* What every key name is derived from besides the secret (key_hash): fixed
+ * for good, so that every host derives the same names from the same secret,
+ * whatever is in Redis, and never anything else. Changing it splits the key
+ * space between hosts that run different versions. */
+static const uint8_t key_name_label[16] = "kembali-names-v1";
 /* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
 #define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
 
@@ -227,7 +231,7 @@ struct rconn {
     int busy;
 };
 
-enum op_kind { OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
+enum op_kind { OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
 
 struct state_redis_op {
     struct state_redis *r;
@@ -259,8 +263,7 @@ struct state_redis {
     struct rconn *main, *sub;
     int join_left;            /* join steps still to come */
     char why[160];            /* the last failure, for the log */
-    bool salt_known;
-    uint8_t salt[16];
+    uint8_t salt[16];         /* key_name_label: what key_hash() takes */
     char sha[SCRIPT_N][41];
     char channel[80];
     struct state_redis_op *head, *tail; /* waiting operations, oldest first */
@@ -468,21 +471,26 @@ static bool send_join(struct state_redis *r, struct rconn *rc, enum op_kind kind
 
 /* ---- ids and keys ---- */
 
+/* The name K of an API key in Redis: the first 16 bytes of
+ * HMAC-SHA256(key = the secret, message = salt), in hex, salt being
+ * key_name_label. A keyed hash, so the name tells nothing of the secret,
+ * and a pure function of the secret, so every host, at any time, derives
+ * the same name (no random salt kept in Redis that could expire, be deleted
+ * or differ between hosts). Should libcrypto fail (out of memory), the name
+ * is all zeros: keys then share one name (fewer reads, never more) rather
+ * than one host using a name the others do not. */
 static void key_hash(const uint8_t salt[16], const char *secret, struct state_redis_id *out)
 {
-    uint8_t s2[16], b[16];
-    memcpy(s2, salt, 16);
-    s2[0] ^= 0x5a;
-    uint64_t x = state_siphash(salt, secret, strlen(secret));
-    uint64_t y = state_siphash(s2, secret, strlen(secret));
-    memcpy(b, &x, 8);
-    memcpy(b + 8, &y, 8);
-    state_redis_hex(b, 16, out->hex);
+    uint8_t mac[EVP_MAX_MD_SIZE] = {0};
+    unsigned int n = 0;
+    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), salt, 16, mac, &n) == NULL || n < 16)
+        memset(mac, 0, 16);
+    state_redis_hex(mac, 16, out->hex);
 }
 
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
 {
-    if (r == NULL || !r->salt_known)
+    if (r == NULL)
         return false;
     key_hash(r->salt, secret, out);
     return true;
@@ -490,8 +498,11 @@ bool state_redis_key_id(const struct state_redis *r, const char *secret, struct 
 
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out)
 {
-    if (r == NULL || !r->salt_known)
+    if (r == NULL)
         return false;
+    /* SipHash under a fixed key, so every host names a client alike: the
+     * address is not stored in clear, though whoever reads Redis can test
+     * a guessed one (as when the key was a salt kept in Redis itself) */
     struct state_client c;
     uint8_t s2[16];
     memcpy(s2, r->salt, 16);
@@ -720,16 +731,8 @@ static void join(struct state_redis *r)
         went_down(r, why);
         return;
     }
-    char db[16], salt_hex[33], ttl[24], saltkey[96];
-    uint8_t fresh[16];
-    if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh) {
-        went_down(r, "no random bytes for a salt");
-        return;
-    }
-    state_redis_hex(fresh, 16, salt_hex);
+    char db[16];
     snprintf(db, sizeof db, "%d", r->cfg.db);
-    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
-    snprintf(saltkey, sizeof saltkey, "%ssalt", r->cfg.prefix);
     bool ok = true;
     for (int c = 0; c < 2 && ok; c++) {
         struct rconn *rc = c == 0 ? r->main : r->sub;
@@ -738,9 +741,6 @@ static void join(struct state_redis *r)
         if (c == 0 && r->cfg.db != 0)
             ok = ok && send_join(r, rc, OP_JOIN_OTHER, 0, 2, (const char *[]){"SELECT", db});
     }
-    ok = ok && send_join(r, r->main, OP_JOIN_SALT, 0, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl});
-    ok = ok && send_join(r, r->main, OP_JOIN_OTHER, 0, 3, (const char *[]){"PEXPIRE", saltkey, ttl});
-    ok = ok && send_join(r, r->main, OP_JOIN_GET, 0, 2, (const char *[]){"GET", saltkey});
     for (int i = 0; i < SCRIPT_N && ok; i++)
         ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", scripts[i]});
     ok = ok && send_join(r, r->sub, OP_SUBSCRIBE, 0, 2, (const char *[]){"SUBSCRIBE", r->channel});
@@ -871,22 +871,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             op->told_fn(op->data, &t);
         }
         break;
-    case OP_JOIN_SALT:
     case OP_JOIN_OTHER:
         if (!failed && r != NULL && r->phase == PH_JOINING)
             join_step_done(r);
-        break;
-    case OP_JOIN_GET:
-        if (!failed && r != NULL && r->phase == PH_JOINING) {
-            uint8_t salt[16];
-            if (!reply_is(x, REDIS_REPLY_STRING) || !state_redis_unhex(x->str, x->len, salt, 16)) {
-                went_down(r, "the salt in Redis is not 32 hex digits");
-            } else {
-                memcpy(r->salt, salt, 16);
-                r->salt_known = true;
-                join_step_done(r);
-            }
-        }
         break;
     case OP_JOIN_SCRIPT:
         if (!failed && r != NULL && r->phase == PH_JOINING) {
@@ -952,6 +939,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     }
     r->on_msg = on_msg;
     r->ctx = ctx;
+    memcpy(r->salt, key_name_label, sizeof r->salt);
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
     loop_timer_init(&r->slow_timer, on_slow_timer, r);
     loop_timer_init(&r->retry_timer, on_retry_timer, r);
@@ -1251,35 +1239,18 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], saltkey[96], salt_hex[33], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
-    uint8_t salt[16];
+    char db[16], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
     snprintf(db, sizeof db, "%d", cfg->db);
-    snprintf(saltkey, sizeof saltkey, "%ssalt", cfg->prefix);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
+    x = NULL; /* not freed again below when db is 0 */
     if (cfg->db != 0 && (x = sync_cmd(c, 2, (const char *[]){"SELECT", db}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
-    if (getrandom(salt, sizeof salt, 0) != (ssize_t)sizeof salt) {
-        snprintf(err, errlen, "no random bytes for a salt");
-        goto out;
-    }
-    state_redis_hex(salt, 16, salt_hex);
-    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
-    if ((x = sync_cmd(c, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl}, err, errlen)) == NULL)
-        goto out;
-    freeReplyObject(x);
-    if ((x = sync_cmd(c, 2, (const char *[]){"GET", saltkey}, err, errlen)) == NULL)
-        goto out;
-    if (x->type != REDIS_REPLY_STRING || !state_redis_unhex(x->str, x->len, salt, 16)) {
-        snprintf(err, errlen, "the salt in Redis is not 32 hex digits");
-        goto out;
-    }
-    freeReplyObject(x);
     x = NULL;
     struct state_redis_id k;
-    key_hash(salt, secret, &k);
+    key_hash(key_name_label, secret, &k);
     rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
     snprintf(ttl, sizeof ttl, "%lld", strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);

@@ -19,11 +19,13 @@
  *
  * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}k (the key's pause),
  * PREFIX{K}b (the key's budget), PREFIX{K}c:C and PREFIX{K}x:C (a client's
- * 404s and block), where K is a keyed hash of the shop's secret and C of
- * the client's address, both under a salt kept in Redis (PREFIXsalt), so
- * that no secret and no address is stored, and every key of one API key
- * shares a hash tag (a Redis Cluster could shard them by API key). Every
- * key has a TTL. The channel is PREFIXwake.
+ * 404s and block), where K is HMAC-SHA256 keyed by the shop's secret over
+ * a fixed label (state_redis.c key_hash: a function of the secret alone, so
+ * every host derives the same names for good and Redis holds nothing they
+ * depend on) and C a hash of the client's address, so that no secret and no
+ * address is stored, and every key of one API key shares a hash tag (a
+ * Redis Cluster could shard them by API key). Every key has a TTL. The
+ * channel is PREFIXwake.
  *
  * Redis on a bad day: a connection that fails or closes, an error, or a
  * reply slower than STATE_REDIS_SLOW_MS puts this process "down" (while up
@@ -131,8 +133,8 @@ bool state_redis_up(const struct state_redis *r);
 int state_redis_budget(const struct state_redis *r, int budget);
 
 /* The identity in Redis of a shop's secret, or of a client address (as
- * state_client_id() reads one), under Redis's salt. false when no salt is
- * known yet (never joined). */
+ * state_client_id() reads one): the same on every host, whether or not
+ * Redis has been reached yet. false only when r is NULL (no Redis). */
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
 
