@@ -275,9 +275,10 @@ static void redis_finish(struct resolver *rs, const struct rread *rd, const stru
     } else if (oc->kind == OUT_NOT_FOUND) {
         o.not_found = true;
         o.ttl_ms = STATE_TTL_NOT_FOUND_MS;
-        o.charge = rd->has_rclient;
-        o.client = rd->rclient;
+        o.charge = true;
     }
+    o.has_client = rd->has_rclient; /* a read for it is no longer in flight */
+    o.client = rd->rclient;
     /* the waits it started, as spans (state_finish's rules, from the
      * outcome itself: the pace and the budget are Redis's own) */
     if (oc->kind == OUT_TX_LIMITED)
@@ -363,8 +364,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
         state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
         return false;
     }
-    rd->ticket = *t;
-    rd->ticket.client = lead->client; /* a 404 is charged to the client that asked */
+    rd->ticket = *t; /* its client: the lead's, who a 404 is charged to (hold_step) */
     rd->rclient = lead->rclient;
     rd->has_rclient = lead->has_rclient;
     rd->cfg = config_ref(lead->cfg);
@@ -511,7 +511,8 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             const struct resolver_waiter *lead = w->waiters;
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
-                      lead->cfg->read_timeout_ms, w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
+                      lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,
+                      util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
             for (struct resolver_waiter *r = w->waiters; r; r = r->next)
@@ -524,6 +525,8 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             nx = r->next;
             if (!fit || rs->ans[i]) {
                 waiter_unlink(w, r);
+                if (f->wait == WAIT_CLIENT) /* its client is blocked, or at its count */
+                    atomic_fetch_add(&rs->app->m.probes_refused, 1);
                 rs->answer(rs->ctx, r, f);
             }
         }

@@ -18,8 +18,8 @@
  * and hears of every read's end within milliseconds (state_redis_msg_fn).
  *
  * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}k (the key's pause),
- * PREFIX{K}b (the key's budget), PREFIX{K}c:C and PREFIX{K}x:C (a client's
- * 404s and block), where K is a keyed hash of the shop's secret and C of
+ * PREFIX{K}b (the key's budget), PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
+ * (a client's 404s, its reads in flight and its block, per key), where K is a keyed hash of the shop's secret and C of
  * the client's address, both under a salt kept in Redis (PREFIXsalt), so
  * that no secret and no address is stored, and every key of one API key
  * shares a hash tag (a Redis Cluster could shard them by API key). Every
@@ -95,6 +95,7 @@ struct state_redis_outcome {
     int64_t ttl_ms;           /* final: its cache */
     bool not_found;           /* a 404 remembered for ttl_ms */
     bool charge;              /* a 404 for an id nobody knew: charge `client` */
+    bool has_client;          /* the read was claimed for `client`: no longer in flight for it */
     struct state_redis_id client;
     int64_t retry_ms;         /* > 0: no read of this transaction for that long (Retry-After, a
                                * stated window, a rejected episode) */
@@ -148,7 +149,11 @@ struct state_redis_plan {
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
  * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
- * STATE_REDIS_BLOCKED for an id nobody knows); `plan` as above (an early
+ * STATE_REDIS_BLOCKED for an id nobody knows; one whose 404s and reads in
+ * flight, every host's, make STATE_CLIENT_404S gets STATE_REDIS_WAIT,
+ * WAIT_CLIENT, until its first lease ends, for at most
+ * STATE_CLIENT_RECHECK_MS; a read granted for an unknown id is in flight
+ * for it until state_redis_finish() or its lease ends); `plan` as above (an early
  * read that would leave too little room gets STATE_REDIS_WAIT, WAIT_BUDGET,
  * for 250 ms: a sixth of the lead its reserved read has). fn(data,
  * verdict) is called exactly once, later, unless state_redis_cancel(). Returns NULL when not up

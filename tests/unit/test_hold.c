@@ -298,7 +298,7 @@ static void sim_step(struct sim *s, int64_t now)
     }
     struct hold_result r;
     struct state_ticket t;
-    hold_step(s->st, &s->key, "T1", &s->sched, s->budget, 5000, s->reading, false, w, m, now, a, &t, &r);
+    hold_step(s->st, &s->key, "T1", &s->sched, s->budget, 5000, NULL, s->reading, false, w, m, now, a, &t, &r);
     for (size_t j = 0; j < m; j++) {
         s->w[idx[j]] = w[j];
         if (a[j]) {
