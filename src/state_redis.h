@@ -132,7 +132,8 @@ bool state_redis_up(const struct state_redis *r);
 int state_redis_budget(const struct state_redis *r, int budget);
 
 /* The identity in Redis of a shop's secret, or of a client address (as
- * state_client_id() reads one), under Redis's salt. false when no salt is
+ * state_client_hash() reads one; the key names carry the key), under
+ * Redis's salt. false when no salt is
  * known yet (never joined). */
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
