@@ -191,6 +191,26 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
     log_end(&l);
 }
 
+/* The one line when a client's block starts, here or (with Redis) by
+ * every host's count. */
+static void log_client_blocked(const char *shop_id, const char *id)
+{
+    struct log_line l;
+    log_begin(&l, "warn", "client_blocked");
+    log_str(&l, "shop", shop_id);
+    log_str(&l, "id", id);
+    log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes on this shop: for 10 minutes its "
+                       "requests there for ids nobody has paid for cost no read (checking)");
+    log_end(&l);
+}
+
+/* Redis's count of a 404 this process's read got started the block. */
+static void on_redis_blocked(void *ctx, const char *shop_id, const char *id)
+{
+    (void)ctx;
+    log_client_blocked(shop_id, id);
+}
+
 static void log_report(const struct rread *rd, const struct outcome *oc, const struct state_report *rep)
 {
     struct log_line l;
@@ -223,14 +243,8 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
                                : "Kasera refused this read; not retried in this episode");
         log_end(&l);
     }
-    if (rep->client_blocked) {
-        log_begin(&l, "warn", "client_blocked");
-        log_str(&l, "shop", rd->shop->id);
-        log_str(&l, "id", rd->ticket.id);
-        log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes: for 10 minutes its requests for "
-                           "ids nobody has paid for cost no read (checking)");
-        log_end(&l);
-    }
+    if (rep->client_blocked)
+        log_client_blocked(rd->shop->id, rd->ticket.id);
     if (rep->first_unknown) {
         log_begin(&l, "warn", "unknown_status");
         log_str(&l, "shop", rd->shop->id);
@@ -265,7 +279,7 @@ static void redis_finish(struct resolver *rs, const struct rread *rd, const stru
 {
     if (rs->redis == NULL)
         return;
-    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .serial = rd->redis_serial};
+    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .shop_id = rd->shop->id, .serial = rd->redis_serial};
     if (rd->kr.sent > 0 && rd->kr.sent > rd->ticket.started)
         o.sent_ms = rd->kr.sent - rd->ticket.started;
     if (oc->kind == OUT_STATUS) {
@@ -310,6 +324,8 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     classify_response(&resp, util_wall_s(), &oc);
     rd->ticket.sent = rd->kr.sent;
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
+    if (state_redis_up(rs->redis)) /* Redis counts every host's 404s: its word starts the block (on_redis_blocked) */
+        rep.client_blocked = false;
     redis_finish(rs, rd, &oc);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
@@ -683,7 +699,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
         struct state_key hk;
         state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
         state_redis_hex(hk.b, 8, rs->host.hex);
-        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, rs, err, errlen);
+        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
         a->redis = rs->redis;
     }
     bool redis_failed = cfg->redis.on && rs->redis == NULL;

@@ -257,6 +257,8 @@ struct state_redis_op {
     int script;               /* OP_JOIN_SCRIPT */
     state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
     void *data;
+    bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
+    char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */
     int64_t sent;
     bool queued;              /* on r's list of waiting operations */
     struct state_redis_op *prev, *next;
@@ -274,6 +276,7 @@ struct state_redis {
     struct loop *loop;
     struct config_redis cfg;  /* password: our own copy */
     state_redis_msg_fn *on_msg;
+    state_redis_blocked_fn *on_blocked;
     void *ctx;
     enum phase phase;
     bool ever_up, unreachable_logged, stopping;
@@ -906,6 +909,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
         }
         break;
     case OP_FIRE:
+        if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
+            x->integer == 1)
+            r->on_blocked(r->ctx, op->shop, op->id);
+        break;
     case OP_PING:
     case OP_SUBSCRIBE:
         break;
@@ -942,6 +949,7 @@ static void on_slow_timer(struct loop *l, struct loop_timer *t)
 /* ---- the interface ---- */
 
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
+                                    state_redis_blocked_fn *on_blocked,
                                     void *ctx, char *err, size_t errlen)
 {
     struct state_redis *r = calloc(1, sizeof *r);
@@ -958,6 +966,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
         return NULL;
     }
     r->on_msg = on_msg;
+    r->on_blocked = on_blocked;
     r->ctx = ctx;
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
     loop_timer_init(&r->slow_timer, on_slow_timer, r);
@@ -1089,7 +1098,9 @@ void state_redis_cancel(struct state_redis_op *op)
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void fire(struct state_redis *r, int argc, const char **argv)
+/* Send a script whose reply matters only for a finish that charged a
+ * client (shop and id non-NULL): 1 means its block started. */
+static void fire_for(struct state_redis *r, int argc, const char **argv, const char *shop, const char *id)
 {
     size_t lens[32];
     if (argc > 32)
@@ -1097,8 +1108,19 @@ static void fire(struct state_redis *r, int argc, const char **argv)
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
     struct state_redis_op *op = op_new(r, OP_FIRE);
-    if (op != NULL)
-        op_send(r->main, op, argc, argv, lens);
+    if (op == NULL)
+        return;
+    if (shop != NULL && id != NULL) {
+        op->charge = true;
+        util_copy(op->shop, sizeof op->shop, shop);
+        util_copy(op->id, sizeof op->id, id);
+    }
+    op_send(r->main, op, argc, argv, lens);
+}
+
+static void fire(struct state_redis *r, int argc, const char **argv)
+{
+    fire_for(r, argc, argv, NULL, NULL);
 }
 
 static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
@@ -1181,7 +1203,8 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
                           o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
                           climit, cwin, cblock};
-    fire(r, ARGC(argv), argv);
+    bool charge = o->charge && o->has_client;
+    fire_for(r, ARGC(argv), argv, charge ? o->shop_id : NULL, charge ? id : NULL);
 }
 
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,

@@ -64,6 +64,11 @@ struct state_redis_op;
 /* Called for every message published by any process (this one included). */
 typedef void state_redis_msg_fn(void *ctx, const struct state_redis_msg *m);
 
+/* Called when the 404 of a read this process finished (state_redis_finish,
+ * o->shop_id) started its client's block in Redis, by every host's count:
+ * once per block, in this process only. */
+typedef void state_redis_blocked_fn(void *ctx, const char *shop_id, const char *id);
+
 /* Redis's answer to a claim. */
 enum state_redis_verdict {
     STATE_REDIS_GO,        /* the read is ours: make it, then state_redis_finish() with serial */
@@ -88,6 +93,7 @@ typedef void state_redis_claim_fn(void *data, const struct state_redis_claim *c)
 /* A read's outcome, as this host's state recorded it (state_finish). */
 struct state_redis_outcome {
     const struct pace_schedule *sched; /* the schedule the read was made under */
+    const char *shop_id;      /* the shop it was made for (the log line of a block it starts) */
     uint64_t serial;          /* the claim's; 0: a read Redis did not grant (made while down) */
     int64_t sent_ms;          /* from the claim to the request going out: the pace counts from there */
     const char *word;         /* the status read, or NULL */
@@ -113,11 +119,12 @@ struct state_redis_metrics {
 };
 
 /* Start on loop l with the settings in cfg (copied, password included); the
- * first connect begins at once. on_msg(ctx, m) is called for every message.
+ * first connect begins at once. on_msg(ctx, m) is called for every message,
+ * on_blocked(ctx, ...) (may be NULL) for every block a finish started.
  * NULL with a reason in err only when out of memory: an unreachable Redis
  * is not an error (this process is down until it answers). */
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
-                                    void *ctx, char *err, size_t errlen);
+                                    state_redis_blocked_fn *on_blocked, void *ctx, char *err, size_t errlen);
 
 /* Close the connections and free everything. Operations still waiting are
  * answered STATE_REDIS_DOWN first. r may be NULL. */
