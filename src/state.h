@@ -141,7 +141,7 @@ struct state_metrics {
     long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
     long clients_blocked;      /* clients blocked now (a gauge) */
     long client_blocks;        /* blocks started */
-    long client_slots, client_full; /* client_full: a 404 that found no room to be counted */
+    long client_slots, client_full; /* client_full: a 404 or a read in flight that found no room to be counted */
     long recoveries;   /* a process died holding the lock; the next one repaired */
     long repairs;      /* checks (open, recovery) that found something to repair */
     long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
