@@ -239,7 +239,7 @@ static void respond_metrics(struct serve_req *r)
     buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
     buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
     buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
-    buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client, answered without a read.\n"
+    buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client (per shop key and address), or one whose 404s and reads in flight make 5, answered without a read.\n"
                    "# TYPE kembali_probe_answers_total counter\nkembali_probe_answers_total %ld\n", atomic_load(&a->m.probes_refused));
     buf_printf(&b, "# HELP kembali_notify_conflicts_total Told statuses refused (409) because another final status is known.\n"
                    "# TYPE kembali_notify_conflicts_total counter\nkembali_notify_conflicts_total %ld\n", atomic_load(&a->m.notify_conflicts));
@@ -614,7 +614,7 @@ static void on_request(void *ctx, struct front_req *fr)
         return;
     }
     /* ids nobody has paid for, from a client that has walked several: no read */
-    state_client_id(s->app->state, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
+    state_client_id(s->app->state, &r.shop->key, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
     r.has_rclient = state_redis_client_id(s->app->redis, p[P_ADDR] ? p[P_ADDR] : "", &r.rclient);
     if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r.client, r.arrived)) {
         request_answer(&f, r.arrived, &ans);

@@ -87,16 +87,32 @@ static const uint8_t key_name_label[16] = "kembali-names-v1";
     "  redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu, ls + 61000) + 1000)\n" \
     "end\n"
 
-/* KEYS: tx, key, budget, block, reservations. ARGV: waits, budget,
- * lease_ms, has_client, id, this host's reservations, host, "last" for a
- * last-chance read (plan.h). */
+/* KEYS: tx, key, budget, block, reservations, client's 404s, client's
+ * reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5 id,
+ * 6 this host's reservations, 7 host, 8 "last" for a last-chance read
+ * (plan.h), 9 the client's 404s that block (with its reads in flight), 10
+ * their window (ms), 11 the recheck (ms) of a client at its count. */
 static const char lua_claim[] =
     LUA_HEAD
     "if s and fu > now then return {'final', fu - now, s} end\n"
     "if nf > now then return {'nf', nf - now} end\n"
     "if lu > now then return {'busy', lu - now} end\n"
-    "if ARGV[4] == '1' and not s and redis.call('EXISTS', KEYS[4]) == 1 then\n"
+    /* an id nobody knows, for a client: blocked, or its 404s and reads in
+     * flight are already the count (each host hears of another's read's
+     * end only for its own ids: ask again soon) */
+    "local fly = ARGV[4] == '1' and not s\n"
+    "if fly and redis.call('EXISTS', KEYS[4]) == 1 then\n"
     "  return {'blocked', math.max(redis.call('PTTL', KEYS[4]), 1)}\n"
+    "end\n"
+    "if fly then\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[10]))\n"
+    "  if redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[7]) >= tonumber(ARGV[9]) then\n"
+    "    local o = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')\n"
+    "    local w = tonumber(ARGV[11])\n"
+    "    if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
+    "    return {'wait', w, 'client'}\n"
+    "  end\n"
     "end\n"
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
@@ -132,12 +148,18 @@ static const char lua_claim[] =
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu) + 1000)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
     "redis.call('PEXPIREAT', KEYS[3], now + 61000)\n"
+    "if fly then\n" /* in flight for the client until its lease ends */
+    "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"
+    "  local px = redis.call('PTTL', KEYS[7])\n"
+    "  if px < 0 or now + px < lu + 1000 then redis.call('PEXPIREAT', KEYS[7], lu + 1000) end\n"
+    "end\n"
     "return {'go', ser}\n";
 
-/* KEYS: tx, key, client's 404s, client's block.
+/* KEYS: tx, key, client's 404s, client's block, client's reads in flight.
  * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
  *       8 charge, 9 retry_ms, 10 key_pause_ms, 11 waits, 12 id, 13 channel,
- *       14 rkey, 15 client. */
+ *       14 rkey, 15 client ('-': none), 16 the 404s that block, 17 their
+ *       window (ms), 18 the block (ms). */
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
     "local known, current = s, false\n"
@@ -182,14 +204,16 @@ static const char lua_finish[] =
     "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
     "end\n"
     "local blocked = 0\n"
+    "if ARGV[15] ~= '-' then redis.call('ZREM', KEYS[5], ARGV[12]) end\n" /* no longer in flight */
     "if ARGV[8] == '1' and not known then\n"
+    "  local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
     "  redis.call('ZADD', KEYS[3], now, ARGV[12])\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 600000)\n"
-    "  redis.call('PEXPIREAT', KEYS[3], now + 600000)\n"
-    "  if redis.call('ZCARD', KEYS[3]) >= 5 and redis.call('EXISTS', KEYS[4]) == 0 then\n"
-    "    redis.call('SET', KEYS[4], '1', 'PX', 600000)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - win)\n"
+    "  redis.call('PEXPIREAT', KEYS[3], now + win)\n"
+    "  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[16]) and redis.call('EXISTS', KEYS[4]) == 0 then\n"
+    "    redis.call('SET', KEYS[4], '1', 'PX', blk)\n"
     "    blocked = 1\n"
-    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' 600000')\n"
+    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' ' .. blk)\n"
     "  end\n"
     "end\n"
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
@@ -240,6 +264,8 @@ struct state_redis_op {
     state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
     state_redis_told_fn *told_fn; /* OP_TELL; NULL once cancelled */
     void *data;
+    bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
+    char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */
     int64_t sent;
     bool queued;              /* on r's list of waiting operations */
     struct state_redis_op *prev, *next;
@@ -257,6 +283,7 @@ struct state_redis {
     struct loop *loop;
     struct config_redis cfg;  /* password: our own copy */
     state_redis_msg_fn *on_msg;
+    state_redis_blocked_fn *on_blocked;
     void *ctx;
     enum phase phase;
     bool ever_up, unreachable_logged, stopping;
@@ -796,6 +823,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         c->v = STATE_REDIS_WAIT;
         c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
                  : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0           ? WAIT_BUDGET
+                 : strcmp(why, "client") == 0                                       ? WAIT_CLIENT
                                                                                      : WAIT_PACE;
     }
 }
@@ -886,6 +914,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
         }
         break;
     case OP_FIRE:
+        if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
+            x->integer == 1)
+            r->on_blocked(r->ctx, op->shop, op->id);
+        break;
     case OP_PING:
     case OP_SUBSCRIBE:
         break;
@@ -922,6 +954,7 @@ static void on_slow_timer(struct loop *l, struct loop_timer *t)
 /* ---- the interface ---- */
 
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
+                                    state_redis_blocked_fn *on_blocked,
                                     void *ctx, char *err, size_t errlen)
 {
     struct state_redis *r = calloc(1, sizeof *r);
@@ -938,6 +971,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
         return NULL;
     }
     r->on_msg = on_msg;
+    r->on_blocked = on_blocked;
     r->ctx = ctx;
     memcpy(r->salt, key_name_label, sizeof r->salt);
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
@@ -1013,6 +1047,13 @@ int state_redis_budget(const struct state_redis *r, int budget)
     return share > 0 ? share : 1;
 }
 
+/* The client rule's numbers, as the scripts take them (state.h's). */
+static void client_args(char *limit, size_t limitlen, char *window, size_t windowlen)
+{
+    snprintf(limit, limitlen, "%d", STATE_CLIENT_404S);
+    snprintf(window, windowlen, "%lld", (long long)STATE_CLIENT_WINDOW_MS);
+}
+
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
@@ -1023,19 +1064,24 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kres[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], sr[16];
+        kres[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
+        sb[16], sl[24], sr[16], climit[16], cwin[24], crecheck[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
     rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
+    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
+    client_args(climit, sizeof climit, cwin, sizeof cwin);
+    snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
     snprintf(sr, sizeof sr, "%d", plan->reserved > 0 ? plan->reserved : 0);
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "5", ktx, kkey, kbud, kblk, kres,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "7", ktx, kkey, kbud, kblk, kres, kcl, kfly,
                           waits, sb, sl, client ? "1" : "0", id, sr, plan->host.hex,
-                          plan->last_chance ? "last" : "early"};
+                          plan->last_chance ? "last" : "early", climit, cwin, crecheck};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -1060,16 +1106,29 @@ void state_redis_cancel(struct state_redis_op *op)
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void fire(struct state_redis *r, int argc, const char **argv)
+/* Send a script whose reply matters only for a finish that charged a
+ * client (shop and id non-NULL): 1 means its block started. */
+static void fire_for(struct state_redis *r, int argc, const char **argv, const char *shop, const char *id)
 {
-    size_t lens[24];
-    if (argc > 24)
+    size_t lens[32];
+    if (argc > 32)
         return;
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
     struct state_redis_op *op = op_new(r, OP_FIRE);
-    if (op != NULL)
-        op_send(r->main, op, argc, argv, lens);
+    if (op == NULL)
+        return;
+    if (shop != NULL && id != NULL) {
+        op->charge = true;
+        util_copy(op->shop, sizeof op->shop, shop);
+        util_copy(op->id, sizeof op->id, id);
+    }
+    op_send(r->main, op, argc, argv, lens);
+}
+
+static void fire(struct state_redis *r, int argc, const char **argv)
+{
+    fire_for(r, argc, argv, NULL, NULL);
 }
 
 /* EVALSHA the tell script for (secret's key, id) as op (NULL: fire and
@@ -1140,13 +1199,18 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     }
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24];
+    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
+        kfly[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
+        cblock[24];
     char waits[PACE_MAX_STEPS * 12];
-    const char *cl = o->charge ? o->client.hex : "-";
+    const char *cl = o->has_client ? o->client.hex : "-";
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", cl);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", cl);
+    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", cl);
+    client_args(climit, sizeof climit, cwin, sizeof cwin);
+    snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
     snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < 60000 ? o->sent_ms : 0));
     snprintf(ttl, sizeof ttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
@@ -1158,10 +1222,12 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "4", ktx, kkey, kcl, kblk, ser, sent,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "5", ktx, kkey, kcl, kblk, kfly, ser, sent,
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
-                          o->charge ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl};
-    fire(r, ARGC(argv), argv);
+                          o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
+                          climit, cwin, cblock};
+    bool charge = o->charge && o->has_client;
+    fire_for(r, ARGC(argv), argv, charge ? o->shop_id : NULL, charge ? id : NULL);
 }
 
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,

@@ -352,7 +352,9 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
         name = k.decode() if isinstance(k, bytes) else k
         assert name.startswith("kembali:"), name
         ttl = redis.cmd("PTTL", name)
-        assert ttl > 0, "every key expires: %s has %r" % (name, ttl)
+        # -2: gone since listed (a client's read in flight, f:, is removed
+        # when the read's end reaches Redis, which may be after the answer)
+        assert ttl > 0 or ttl == -2, "every key expires: %s has %r" % (name, ttl)
         vals = redis.cmd("DUMP", name, raw=True)
         assert kit.KEY.encode() not in (vals or b""), "the secret is in %s" % name
     assert kit.KEY not in dump and kit.KEY[-12:] not in dump, "the secret is not in any key name"
