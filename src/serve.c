@@ -28,11 +28,11 @@ struct serve_shop {
 #define SERVE_SHOP_BUCKETS 256
 #define SERVE_CAP_RETRY_S 5      /* Retry-After of an answer given because every slot is taken */
 #define SERVE_CAP_LOG_MS 60000   /* one line per shop per minute */
-/* The ceilings of an answer's buffers (dynbuf.h). A page is a template
- * (under 256 KiB) with its values escaped; a bigger one is answered 503 and
- * logged, never cut. The headers' own ceiling is added for the whole answer. */
-#define SERVE_BODY_MAX (1024 * 1024)
-#define SERVE_HEADERS_MAX (16 * 1024)
+/* The ceiling of an answer's buffers (dynbuf.h): what the front takes in
+ * one answer. A page is a template (under 256 KiB) with its values escaped;
+ * one that does not fit, with its headers, is answered 503 and logged,
+ * never cut. */
+#define SERVE_ANSWER_MAX FRONT_REPLY_MAX
 
 struct serve {
     struct app *app;
@@ -185,8 +185,8 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
 {
     struct app *a = r->s->app;
     struct dynbuf body, out;
-    dynbuf_init(&body, SERVE_BODY_MAX);
-    dynbuf_init(&out, SERVE_BODY_MAX + SERVE_HEADERS_MAX);
+    dynbuf_init(&body, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
     const char *word = word_name(ans->word);
     enum dynbuf_rc rc;
     if (r->json) {
@@ -242,8 +242,8 @@ static void respond_metrics(struct serve_req *r)
     if (a->redis != NULL)
         state_redis_metrics(a->redis, &src.redis);
     struct dynbuf b, out;
-    dynbuf_init(&b, SERVE_BODY_MAX);
-    dynbuf_init(&out, SERVE_BODY_MAX + SERVE_HEADERS_MAX);
+    dynbuf_init(&b, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
     enum dynbuf_rc rc = metrics_render(&src, &b);
     if (rc == DYNBUF_OK)
         rc = build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
@@ -274,8 +274,8 @@ static void respond_notify(struct serve_req *r, const char *query)
             state_redis_tell(r->s->app->redis, r->shop->secret, id, f.status_word, f.final, &r->cfg->sched);
     }
     struct dynbuf b, out;
-    dynbuf_init(&b, SERVE_BODY_MAX);
-    dynbuf_init(&out, SERVE_BODY_MAX + SERVE_HEADERS_MAX);
+    dynbuf_init(&b, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
     enum dynbuf_rc rc = http != 204 ? dynbuf_addf(&b, "%s\n", why) : DYNBUF_OK;
     if (rc == DYNBUF_OK)
         rc = build_response(r, http, http == 400 ? "invalid" : http == 404 ? "unknown_shop" : NULL,
