@@ -36,7 +36,9 @@
 #define FRONT_READ_CHUNK (16 * 1024)
 #define FRONT_READS_PER_EVENT 4       /* then let other connections have a turn */
 #define FRONT_ACCEPTS_PER_EVENT 64
-#define FRONT_OUT_MAX (1024 * 1024)   /* replies a peer does not read: beyond this it is closed */
+/* replies a peer does not read: beyond this it is closed; one answer of
+ * FRONT_REPLY_MAX always fits with its framing (16 bytes per 65535) */
+#define FRONT_OUT_MAX (FRONT_REPLY_MAX + 64 * 1024)
 #define FRONT_EMFILE_PAUSE_MS 100
 
 struct front_conn;

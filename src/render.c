@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,55 +38,7 @@ int word_http(enum word w)
     }
 }
 
-void buf_put(struct buf *b, const char *s, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (n > SIZE_MAX / 2 - b->len) {
-        b->oom = true;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-void buf_puts(struct buf *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-void buf_printf(struct buf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    buf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-void buf_free(struct buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-void html_escape(struct buf *b, const char *s)
+enum dynbuf_rc html_escape(struct dynbuf *b, const char *s)
 {
     const char *run = s;
     for (; *s; s++) {
@@ -100,11 +51,11 @@ void html_escape(struct buf *b, const char *s)
         case '\'': rep = "&#39;"; break;
         default: continue;
         }
-        buf_put(b, run, (size_t)(s - run));
-        buf_puts(b, rep);
+        if (dynbuf_add(b, run, (size_t)(s - run)) != DYNBUF_OK || dynbuf_adds(b, rep) != DYNBUF_OK)
+            return dynbuf_error(b);
         run = s + 1;
     }
-    buf_put(b, run, (size_t)(s - run));
+    return dynbuf_add(b, run, (size_t)(s - run));
 }
 
 static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url"};
@@ -300,30 +251,29 @@ void templates_free(struct templates *t)
     free(t);
 }
 
-void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v, struct dynbuf *b)
 {
     const char *p = t->page[w];
     size_t run = 0;
     const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
     for (size_t i = 0; i < t->nslots[w]; i++) {
         const struct templates_slot *sl = &t->slots[w][i];
-        buf_put(b, p + run, sl->at - run);
-        html_escape(b, vals[sl->ph] ? vals[sl->ph] : "");
+        if (dynbuf_add(b, p + run, sl->at - run) != DYNBUF_OK ||
+            html_escape(b, vals[sl->ph] ? vals[sl->ph] : "") != DYNBUF_OK)
+            return dynbuf_error(b);
         run = sl->at + sl->len;
     }
-    buf_put(b, p + run, t->len[w] - run);
+    return dynbuf_add(b, p + run, t->len[w] - run);
 }
 
-void render_json(const char *id, const char *status, bool final, struct buf *b)
+enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b)
 {
     json_t *o = json_pack("{s:s, s:s, s:b}", "id", id, "status", status, "final", final);
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    if (s != NULL) {
-        buf_puts(b, s);
-        buf_puts(b, "\n");
-    } else {
-        b->oom = true;
-    }
+    enum dynbuf_rc rc = DYNBUF_NO_MEMORY;
+    if (s != NULL)
+        rc = dynbuf_adds(b, s) != DYNBUF_OK ? dynbuf_error(b) : dynbuf_adds(b, "\n");
     free(s);
     json_decref(o);
+    return rc;
 }

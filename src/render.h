@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dynbuf.h"
+
 enum word {
     W_SUCCEEDED, W_FAILED, W_CANCELED, W_EXPIRED, W_CHECKING,
     W_NOT_FOUND, W_INVALID, W_UNKNOWN_SHOP, W_COUNT
@@ -21,20 +23,9 @@ const char *word_name(enum word w);
 /* The HTTP status for a word (200, 404 or 400). */
 int word_http(enum word w);
 
-/* A growable output buffer. On allocation failure `oom` is set and further
- * writes are dropped; the caller answers with what it can. */
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-void buf_put(struct buf *b, const char *s, size_t n);
-void buf_puts(struct buf *b, const char *s);
-void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void buf_free(struct buf *b);
-
-/* Append s to b with & < > " ' escaped. The one HTML escaping function. */
-void html_escape(struct buf *b, const char *s);
+/* Append s to b with & < > " ' escaped. The one HTML escaping function.
+ * DYNBUF_OK, or b's failure (dynbuf.h: nothing is cut silently). */
+enum dynbuf_rc html_escape(struct dynbuf *b, const char *s) DYNBUF_CHECKED;
 
 /* Where a placeholder sits in a page, found once when the page is loaded. */
 struct templates_slot {
@@ -76,10 +67,13 @@ struct page_vars {
     const char *id, *shop_name, *shop_url, *retry_url; /* NULL reads as "" */
 };
 
-/* Render page `w` into b. This function can't fail (see struct buf). */
-void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
+/* Render page `w` into b. DYNBUF_OK, or b's failure (its ceiling, memory):
+ * then b holds nothing and the caller has no page to send. */
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v,
+                           struct dynbuf *b) DYNBUF_CHECKED;
 
-/* {"id": id, "status": status, "final": final} into b. */
-void render_json(const char *id, const char *status, bool final, struct buf *b);
+/* {"id": id, "status": status, "final": final} and a newline into b.
+ * DYNBUF_OK, or b's failure (DYNBUF_NO_MEMORY when jansson runs out). */
+enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b) DYNBUF_CHECKED;
 
 #endif

@@ -1099,9 +1099,15 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
     layout_for(opts, &l);
     if (state_check_dir(dir, true, err, errlen) != 0)
         return NULL;
-    snprintf(path, sizeof path, "%s/kembali.state", dir);
-    snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
-    snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
+    /* a path cut short would name another file: refused instead */
+    int pn = snprintf(path, sizeof path, "%s/kembali.state", dir);
+    int ln = snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
+    int un = snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
+    if (pn < 0 || (size_t)pn >= sizeof path || ln < 0 || (size_t)ln >= sizeof lockpath || un < 0 ||
+        (size_t)un >= sizeof userspath) {
+        snprintf(err, errlen, "state_dir %.200s...: the path is too long", dir);
+        return NULL;
+    }
 
     /* One process at a time checks, creates, replaces or resets the file,
      * and decides under this lock whether it is alone (below): two

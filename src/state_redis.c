@@ -603,7 +603,7 @@ static void went_down(struct state_redis *r, const char *why)
     }
     if (r->phase != PH_DOWN) {
         r->phase = PH_DOWN;
-        r->m.up = false;
+        r->m.up = 0;
         loop_timer_stop(r->loop, &r->join_timer);
         loop_timer_stop(r->loop, &r->ping_timer);
         loop_timer_at(r->loop, &r->teardown_timer, loop_now(r->loop));
@@ -617,7 +617,7 @@ static void writeback_flush(struct state_redis *r);
 static void joined(struct state_redis *r)
 {
     r->phase = PH_UP;
-    r->m.up = true;
+    r->m.up = 1;
     r->m.joins++;
     loop_timer_stop(r->loop, &r->join_timer);
     struct log_line l;
@@ -1009,7 +1009,7 @@ void state_redis_free(struct state_redis *r)
         return;
     r->stopping = true;
     r->phase = PH_DOWN;
-    r->m.up = false;
+    r->m.up = 0;
     teardown(r);
     /* operations of connections hiredis could not free yet (none: we are
      * never inside its callbacks here) */

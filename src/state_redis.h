@@ -111,7 +111,7 @@ struct state_redis_outcome {
 };
 
 struct state_redis_metrics {
-    bool up;
+    long up;                  /* 1 while joined, else 0 */
     long joins, leaves;       /* times this process joined Redis, and left it */
     long round_trips;         /* commands sent (the idle PINGs not counted: pings) */
     long pings;               /* idle PINGs sent */

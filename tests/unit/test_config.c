@@ -738,11 +738,12 @@ static void test_shop_file_tenant_rules(void **unused)
     assert_non_null(strstr(skipped(c, "shops_tpl/pagelink.json")->why, "outside"));
     const struct shop *s = config_pick_shop(c, "s0", NULL);
     assert_non_null(s);
-    struct buf b = {0};
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(s->tpl, W_FAILED, &v, &b);
+    assert_int_equal(render_html(s->tpl, W_FAILED, &v, &b), DYNBUF_OK);
     assert_string_equal(b.p, "<html data-status=\"failed\">T1 GAGAL</html>");
-    buf_free(&b);
+    dynbuf_free(&b);
     config_unref(c);
 
     /* without shop_templates_root, a shop file cannot set templates_dir */
@@ -796,11 +797,12 @@ static void test_reload_keeps_previous_version(void **unused)
     assert_string_equal(b->name, "B new");
     assert_true(skipped(c, "shops_rl/a.json")->kept);
     assert_false(skipped(c, "shops_rl/c.json")->kept); /* new and broken: nothing to keep */
-    struct buf buf = {0};
+    struct dynbuf buf;
+    dynbuf_init(&buf, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(a->tpl, W_SUCCEEDED, &v, &buf);
+    assert_int_equal(render_html(a->tpl, W_SUCCEEDED, &v, &buf), DYNBUF_OK);
     assert_non_null(strstr(buf.p, "data-status=\"succeeded\""));
-    buf_free(&buf);
+    dynbuf_free(&buf);
 
     /* and again: still the old version, still kept */
     struct config *c2 = config_reload(g_cfg, c, g_err, sizeof g_err);
@@ -986,14 +988,15 @@ static void test_templates_problems(void **unused)
     c = expect_ok(load_one_shop(shop));
     assert_non_null(c->shops[0].tpl);
     assert_ptr_not_equal(c->shops[0].tpl, c->default_tpl);
-    struct buf b = {0};
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(c->shops[0].tpl, W_FAILED, &v, &b);
+    assert_int_equal(render_html(c->shops[0].tpl, W_FAILED, &v, &b), DYNBUF_OK);
     assert_string_equal(b.p, "<html data-status=\"failed\">GAGAL T1</html>");
-    buf_free(&b);
-    render_html(c->shops[0].tpl, W_SUCCEEDED, &v, &b);
+    dynbuf_free(&b);
+    assert_int_equal(render_html(c->shops[0].tpl, W_SUCCEEDED, &v, &b), DYNBUF_OK);
     assert_non_null(strstr(b.p, "data-status=\"succeeded\""));
-    buf_free(&b);
+    dynbuf_free(&b);
     config_unref(c);
 }
 

@@ -220,6 +220,29 @@ static void test_refuses_dir_others_can_write(void **ctx)
     state_free(st);
 }
 
+/* A state_dir so long that its files' paths would be cut short: refused,
+ * never a file of a shorter name opened instead. */
+static void test_refuses_too_long_dir(void **ctx)
+{
+    (void)ctx;
+    char deep[4096];
+    size_t n = (size_t)snprintf(deep, sizeof deep, "%s", dir);
+    while (n + 1 + 200 < 4085) { /* one more level of 200 characters */
+        deep[n++] = '/';
+        memset(deep + n, 'd', 200);
+        n += 200;
+        deep[n] = '\0';
+        assert_int_equal(mkdir(deep, 0700), 0);
+    }
+    deep[n++] = '/';
+    memset(deep + n, 'e', 4085 - n);
+    deep[4085] = '\0';
+    assert_int_equal(mkdir(deep, 0700), 0);
+    char err[512] = "";
+    assert_null(state_open(deep, &OPTS, err, sizeof err));
+    assert_non_null(strstr(err, "too long"));
+}
+
 static void test_refuses_file_with_loose_mode(void **ctx)
 {
     (void)ctx;
@@ -764,6 +787,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_reads_in_flight_across_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wake_across_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_dir_others_can_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_too_long_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_file_with_loose_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replaces_incompatible_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_file_keeps_its_size, setup, teardown),
