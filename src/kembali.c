@@ -204,6 +204,8 @@ static void log_config_notes(const struct config *c, const char *when)
         log_str(&l, "file", c->skipped[i].file);
         log_str(&l, "at", when);
         log_str(&l, "kept", c->skipped[i].kept ? "previous" : "none");
+        if (c->skipped[i].collides != NULL)
+            log_str(&l, "collides_with", c->skipped[i].collides);
         log_str(&l, "errors", c->skipped[i].why);
         log_end(&l);
     }

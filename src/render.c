@@ -15,7 +15,7 @@
 
 #include "util.h"
 
-#define TEMPLATE_MAX (256 * 1024)
+#define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
 static const char *const words[W_COUNT] = {
     "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
@@ -125,7 +125,7 @@ static int placeholder_at(const char *p, size_t avail, size_t *len)
     return -1;
 }
 
-/* The bytes of the page at `path` (a regular file under TEMPLATE_MAX,
+/* The bytes of the page at `path` (a regular file of at most TEMPLATE_MAX bytes,
  * without NUL bytes), or NULL with a reason in err; *missing tells ENOENT.
  * With `confine`, the file must resolve inside that folder and is opened by
  * its resolved name without following a link swapped in since. */
@@ -161,7 +161,7 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
         return NULL;
     }
     if (st.st_size > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: larger than 256 KiB", path);
+        snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         close(fd);
         return NULL;
     }
@@ -187,7 +187,10 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
     }
     close(fd);
     if (bad || n > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: %s", path, bad ? "read error" : "larger than 256 KiB");
+        if (bad)
+            snprintf(err, errlen, "%s: read error", path);
+        else
+            snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         free(data);
         return NULL;
     }

@@ -56,7 +56,7 @@ struct templates {
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
  * is taken from fallback/<locale>/ (fallback may be NULL). Each page is
  * checked: a regular file (a FIFO or device is refused, never waited on),
- * under 256 KiB, only known placeholders, and carrying
+ * at most 64 KiB, only known placeholders, and carrying
  * data-status="{{status}}". When `confine` is not NULL (an absolute path
  * with symbolic links resolved), every page taken from `dir` must lie
  * inside that folder after resolving symbolic links (a tenant's folder
