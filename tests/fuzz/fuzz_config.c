@@ -167,7 +167,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (c == NULL) {
         FUZZ_CHECK(err[0] != '\0');
     } else {
-        FUZZ_CHECK(c->nshops >= 1 && c->default_tpl != NULL);
+        /* every file of shops_dir may be skipped: kembali then serves unknown_shop */
+        FUZZ_CHECK((c->nshops >= 1 || c->nskipped >= 1) && c->default_tpl != NULL);
+        for (int i = 0; i < c->nskipped; i++)
+            FUZZ_CHECK(c->skipped[i].why[0] != '\0' && (c->skipped[i].collides == NULL ||
+                                                        config_valid_id(c->skipped[i].collides)));
         for (int i = 0; i < c->nshops; i++) {
             const struct shop *s = &c->shops[i];
             FUZZ_CHECK(config_valid_id(s->id));
