@@ -633,6 +633,27 @@ static bool tenant_file(const struct config *c, const char *name, const char *su
     return true;
 }
 
+/* A shop whose name and shop_url would make one of its pages larger than
+ * RENDER_PAGE_MAX (for the longest id a request can carry) is refused
+ * (recorded in e under `key`). */
+static void check_page_sizes(struct cerr *e, const char *file, const char *key, const struct shop *s)
+{
+    char id[STATE_ID_MAX + 1], retry[STATE_ID_MAX + 40];
+    memset(id, 'x', STATE_ID_MAX);
+    id[STATE_ID_MAX] = '\0';
+    render_retry_url(retry, sizeof retry, s->id_param, id);
+    struct page_vars v = {.id = id, .shop_name = s->name, .shop_url = s->shop_url, .retry_url = retry};
+    for (int w = 0; w < W_COUNT; w++) {
+        size_t n = render_html_len(s->tpl, (enum word)w, &v);
+        if (n > RENDER_PAGE_MAX) {
+            cfail(e, file, key, "the %s page would be %zu KiB with this shop's name and shop_url: at most %d KiB "
+                  "(fewer placeholders, or a shorter name or shop_url)", word_name((enum word)w), n / 1024,
+                  RENDER_PAGE_MAX / 1024);
+            return;
+        }
+    }
+}
+
 /* Characters (UTF-8 code points) of s. Can't fail. */
 static size_t utf8_chars(const char *s)
 {
@@ -791,6 +812,8 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     } else if (!e->oom) {
         s->tpl = get_templates(c, e, file, P("templates_dir"), td ? td : c->templates_dir, s->locale, NULL);
     }
+    if (s->tpl != NULL && s->name != NULL && s->shop_url != NULL)
+        check_page_sizes(e, file, P("templates_dir"), s);
 #undef P
 }
 

@@ -87,19 +87,26 @@ void buf_free(struct buf *b)
     memset(b, 0, sizeof *b);
 }
 
+/* What html_escape writes for c, or NULL when c stays as it is. */
+static const char *html_rep(char c)
+{
+    switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '"': return "&quot;";
+    case '\'': return "&#39;";
+    default: return NULL;
+    }
+}
+
 void html_escape(struct buf *b, const char *s)
 {
     const char *run = s;
     for (; *s; s++) {
-        const char *rep;
-        switch (*s) {
-        case '&': rep = "&amp;"; break;
-        case '<': rep = "&lt;"; break;
-        case '>': rep = "&gt;"; break;
-        case '"': rep = "&quot;"; break;
-        case '\'': rep = "&#39;"; break;
-        default: continue;
-        }
+        const char *rep = html_rep(*s);
+        if (rep == NULL)
+            continue;
         buf_put(b, run, (size_t)(s - run));
         buf_puts(b, rep);
         run = s + 1;
@@ -315,6 +322,39 @@ void render_html(const struct templates *t, enum word w, const struct page_vars 
         run = sl->at + sl->len;
     }
     buf_put(b, p + run, t->len[w] - run);
+}
+
+/* The length of s once html_escape has escaped it. Can't fail. */
+static size_t escaped_len(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) {
+        const char *rep = html_rep(*s);
+        n += rep ? strlen(rep) : 1;
+    }
+    return n;
+}
+
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+{
+    if (len > 0)
+        snprintf(buf, len, "?%s=%s", id_param, id);
+}
+
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
+    size_t len[sizeof vals / sizeof vals[0]];
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        len[i] = escaped_len(vals[i] ? vals[i] : "");
+    size_t n = t->len[w];
+    for (size_t i = 0; i < t->nslots[w]; i++) {
+        const struct templates_slot *sl = &t->slots[w][i];
+        if (len[sl->ph] > SIZE_MAX - n)
+            return SIZE_MAX;
+        n = n - sl->len + len[sl->ph];
+    }
+    return n;
 }
 
 void render_json(const char *id, const char *status, bool final, struct buf *b)

@@ -79,6 +79,20 @@ struct page_vars {
 /* Render page `w` into b. This function can't fail (see struct buf). */
 void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
 
+/* The most bytes one rendered page may have: a page is its template (at
+ * most 64 KiB) with each placeholder replaced, and a shop whose values
+ * would make a page larger is refused (config.c), so that no tenant makes
+ * every page cost megabytes. */
+#define RENDER_PAGE_MAX (256 * 1024)
+
+/* The retry link of a page, "?ID_PARAM=ID", into buf (cut to len, always
+ * NUL-terminated when len > 0). Can't fail. */
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id);
+
+/* The length in bytes render_html(t, w, v) gives (its escaping included).
+ * Pure; can't fail (SIZE_MAX on overflow). */
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v);
+
 /* {"id": id, "status": status, "final": final} into b. */
 void render_json(const char *id, const char *status, bool final, struct buf *b);
 

@@ -215,11 +215,12 @@ def test_one_tenant_answers_only_its_hosts(tmpdir):
 
 
 def test_oversize_name_hosts_and_template_refused(tmpdir):
-    """A name over 200 characters, over 32 hosts, a template over 64 KiB:
-    each file is refused by name (a tenant must not make every page cost
+    """A name over 200 characters, over 32 hosts, a template over 64 KiB, a
+    small template repeating a 2 KB shop_url (55 MB a page, on main): each
+    file is refused by name (a tenant must not make every page cost
     megabytes), at start and by --check-config."""
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
-    cfg, shops, keys = tenants(tmpdir, sb, ("fine", "long-name", "many-hosts", "big-page"))
+    cfg, shops, keys = tenants(tmpdir, sb, ("fine", "long-name", "many-hosts", "big-page", "amplify"))
     root = os.path.join(tmpdir, "tenant-templates")
     big = os.path.join(root, "big-page", "id")
     os.makedirs(big)
@@ -227,6 +228,10 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
     with open(page, "w") as f:
         head = '<html data-status="{{status}}">'
         f.write(head + "x" * (64 * 1024 + 1 - len(head)))
+    amp = os.path.join(root, "amplify", "id")
+    os.makedirs(amp)
+    with open(os.path.join(amp, "succeeded.html"), "w") as f:
+        f.write(head + "{{shop_url}}" * 5000)
     cfg["shop_templates_root"] = root
     write_shop(shops, "fine.json", tenant("fine", keys, name="n" * 200, hosts=["h%d.test" % i for i in range(32)]))
     long_name = write_shop(shops, "long-name.json", tenant("long-name", keys, name="n" * 201))
@@ -234,26 +239,31 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
                       tenant("many-hosts", keys, hosts=["m%d.test" % i for i in range(33)]))
     big_page = write_shop(shops, "big-page.json",
                           tenant("big-page", keys, templates_dir=os.path.join(root, "big-page")))
+    amplify = write_shop(shops, "amplify.json", tenant("amplify", keys, templates_dir=os.path.join(root, "amplify"),
+                                                       shop_url="https://amplify.test/?" + "&" * 2000))
     rc, out = harness.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     assert_in("%s: name: is 201 characters long: at most 200" % long_name, out)
     assert_in("%s: hosts: at most 32 hosts" % many, out)
     assert_in("%s: templates_dir: %s: larger than 64 KiB" % (big_page, page), out)
-    assert_in("3 shop files would be skipped", out)
+    page_kib = (len(head) + 5000 * len("https://amplify.test/?" + "&amp;" * 2000)) // 1024
+    assert_in("%s: templates_dir: the succeeded page would be %d KiB with this shop's name and shop_url: "
+              "at most 256 KiB" % (amplify, page_kib), out)
+    assert_in("4 shop files would be skipped", out)
 
     k = harness.Kembali(tmpdir, config=cfg)
     k.start()
-    for f in (long_name, many, big_page):
+    for f in (long_name, many, big_page, amplify):
         k.wait_log(30, event="shop_file_skipped", file=f, at="start")
     sb.put_tx("t1", "succeeded")
     assert_eq(k.get("id=t1", host="h31.test").header("kembali-status"), "succeeded")
-    for host in ("long-name.test", "m0.test", "big-page.test"):
+    for host in ("long-name.test", "m0.test", "big-page.test", "amplify.test"):
         assert_eq(k.get("id=t1", host=host).header("kembali-status"), "unknown_shop", host)
     # exactly 64 KiB is a page like any other
     with open(page, "w") as f:
         f.write(head + "y" * (64 * 1024 - len(head)))
     k.signal(signal.SIGHUP)
-    k.wait_log(30, event="reload", level="info", skipped="2")
+    k.wait_log(30, event="reload", level="info", skipped="3")
     r = k.get("id=t1", host="big-page.test")
     assert_eq(r.header("kembali-status"), "succeeded")
     assert_eq(len(r.body), 64 * 1024 - len("{{status}}") + len("succeeded"))

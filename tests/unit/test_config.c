@@ -1071,6 +1071,44 @@ static void test_size_caps(void **unused)
     config_unref(c);
 }
 
+/* A page is its template with the shop's values in: a shop whose name
+ * and shop_url would make a page larger than RENDER_PAGE_MAX (256 KiB, with
+ * the longest id) is refused, however small its templates. */
+static void test_rendered_page_cap(void **unused)
+{
+    (void)unused;
+    make_dir("tpl_amp");
+    make_dir("tpl_amp/id");
+    /* 1000 {{shop_url}}: a 250-byte shop_url makes a 250 KB page, 300 bytes 293 KiB */
+    static char page[64 * 1024];
+    strcpy(page, "<html data-status=\"{{status}}\">");
+    for (int i = 0; i < 1000; i++)
+        strcat(page, "{{shop_url}}");
+    strcat(page, "</html>");
+    put_file("tpl_amp/id/failed.html", page);
+    char url[400], shop[1200];
+    for (int len = 250; len <= 300; len += 50) {
+        snprintf(url, sizeof url, "https://a.example/?");
+        while (strlen(url) < (size_t)len)
+            strcat(url, "x");
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_amp\", "
+                 "\"shop_url\": \"%s\"", g_dir, g_dir, url);
+        struct config *c = load_one_shop(shop);
+        if (len == 250) {
+            expect_ok(c);
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].templates_dir", "the failed page would be 293 KiB with this shop's "
+                                                             "name and shop_url: at most 256 KiB");
+        }
+    }
+    /* escaping counts: 55 '&' are 275 bytes on the page */
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_amp\", "
+             "\"shop_url\": \"https://a.example/?%s\"", g_dir, g_dir,
+             "&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&");
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].templates_dir", "the failed page would be");
+}
+
 /* Key files others can read, or group or others can write, are refused
  * with a message naming the file; 0600 and 0640 are fine. */
 static void test_key_file_modes(void **unused)
@@ -1866,6 +1904,7 @@ int main(void)
         cmocka_unit_test(test_tenant_hosts_never_taken_over),
         cmocka_unit_test(test_pick_no_fallback_with_shops_dir),
         cmocka_unit_test(test_size_caps),
+        cmocka_unit_test(test_rendered_page_cap),
         cmocka_unit_test(test_key_file_modes),
         cmocka_unit_test(test_max_held),
         cmocka_unit_test(test_syntax_errors),

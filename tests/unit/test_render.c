@@ -370,6 +370,41 @@ static void check_json(const char *id, const char *status, bool final)
     buf_free(&b);
 }
 
+/* render_html_len is the length render_html gives, escaping included,
+ * on every page and for every kind of value. */
+static void test_render_len_is_the_rendered_length(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "id", "<html data-status=\"{{status}}\">{{id}} {{shop_name}}{{shop_name}} <a href=\"{{shop_url}}\">"
+                         "{{retry_url}}</a>{{status}}</html>");
+    struct templates *t = load_ok(dir, NULL, "id");
+    const struct page_vars vars[] = {
+        {.id = "T1", .shop_name = "Toko <A> & \"B\" 'C'", .shop_url = "https://x/?a=1&b=2", .retry_url = "?id=T1"},
+        {.id = NULL, .shop_name = NULL, .shop_url = NULL, .retry_url = NULL},
+        {.id = "", .shop_name = "caf\xc3\xa9", .shop_url = "&&&&", .retry_url = "'"},
+    };
+    char retry[128];
+    render_retry_url(retry, sizeof retry, "order", "T-9");
+    assert_string_equal(retry, "?order=T-9");
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        for (int w = 0; w < W_COUNT; w++) {
+            struct buf b = {0};
+            render_html(t, (enum word)w, &vars[i], &b);
+            assert_false(b.oom);
+            assert_int_equal(render_html_len(t, (enum word)w, &vars[i]), b.len);
+            buf_free(&b);
+        }
+    templates_free(t);
+    t = load_ok(TEMPLATES, NULL, "en");
+    for (int w = 0; w < W_COUNT; w++) {
+        struct buf b = {0};
+        render_html(t, (enum word)w, &vars[0], &b);
+        assert_int_equal(render_html_len(t, (enum word)w, &vars[0]), b.len);
+        buf_free(&b);
+    }
+    templates_free(t);
+}
+
 static void test_render_json(void **unused)
 {
     (void)unused;
@@ -394,6 +429,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_unknown_placeholder, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_refuses_missing_data_status, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_refuses_bad_files, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_render_len_is_the_rendered_length, setup_dir, teardown_dir),
         cmocka_unit_test(test_render_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
