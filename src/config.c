@@ -1014,10 +1014,11 @@ static int cmp_claim(const void *a, const void *b)
     return d ? d : (x->who > y->who) - (x->who < y->who);
 }
 
-/* The claim that owns the one host of cl[a..b): the main configuration's
- * shop, else the tenant that served it before and still claims it, else
- * the only claimant; -1 when two or more tenants claim it anew (a name that
- * sorts first must not win it: none does). Pure; can't fail. */
+/* The claim that owns the one host of cl[a..b) (sorted by who): the main
+ * configuration's shop, else the tenant that served it before and still
+ * claims it, else the only claimant (a shop listing the host twice is one
+ * claimant); -1 when two or more tenants claim it anew (a name that sorts
+ * first must not win it: none does). Pure; can't fail. */
 static long claim_owner(const struct claim *cl, size_t a, size_t b)
 {
     for (size_t i = a; i < b; i++)
@@ -1026,7 +1027,7 @@ static long claim_owner(const struct claim *cl, size_t a, size_t b)
     for (size_t i = a; i < b; i++)
         if (cl[i].had)
             return (long)i;
-    return b - a == 1 ? (long)a : -1;
+    return cl[a].who == cl[b - 1].who ? (long)a : -1;
 }
 
 /* The range [*a, *b) of the claims on `host` in the sorted cl. */
@@ -1125,7 +1126,7 @@ static bool tenants_resolve(const struct config *c, struct tenant *t, size_t nt)
             b++;
         long own = claim_owner(cl, a, b);
         for (size_t k = a; k < b; k++) {
-            if (cl[k].who < 0 || (long)k == own)
+            if (cl[k].who < 0 || (own >= 0 && cl[k].who == cl[own].who) || (k > a && cl[k].who == cl[k - 1].who))
                 continue;
             struct tenant *me = &t[cl[k].who];
             me->lost = true;
@@ -1138,7 +1139,7 @@ static bool tenants_resolve(const struct config *c, struct tenant *t, size_t nt)
                 tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" (%s): a new file never "
                             "takes over a host", cl[k].host, id, t[cl[own].who].path);
             } else {
-                size_t o = k == a ? a + 1 : a; /* another claimant */
+                size_t o = cl[k].who == cl[a].who ? b - 1 : a; /* another claimant */
                 const char *id = t[cl[o].who].claims->id;
                 tenant_note(me, id, "hosts: the host \"%s\" is also claimed by shop \"%s\" (%s): no shop serves "
                             "it until one of the files gives it up", cl[k].host, id, t[cl[o].who].path);

@@ -939,7 +939,7 @@ static void test_tenant_hosts_never_taken_over(void **unused)
      * claims toko-c's; toko-c gives c.example up for cc.example */
     put_tenant("shops_hosts", "00-evil", "\"name\": \"EVIL\", \"hosts\": [\"www.b.example\"]");
     put_tenant("shops_hosts", "zz-late", "\"hosts\": [\"c.example\"]");
-    put_tenant("shops_hosts", "toko-c", "\"hosts\": [\"cc.example\"]");
+    put_tenant("shops_hosts", "toko-c", "\"hosts\": [\"cc.example\", \"CC.example.\"]"); /* one host, twice */
     put_tenant("shops_hosts", "toko-d", "\"hosts\": [\"d.example\"]");
     memset(g_err, 0, sizeof g_err);
     struct config *c2 = expect_ok(config_reload(g_cfg, c1, g_err, sizeof g_err));
