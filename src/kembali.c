@@ -89,8 +89,9 @@ static void usage(FILE *f)
             "                   Kembali-Signature); exit 0 silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
             "                   print what is wrong (every bad file in shops_dir by\n"
-            "                   name), exit 0 if all is well, 1 if anything is wrong\n"
-            "                   (a shop file a running kembali would skip included);\n"
+            "                   name, and the shop it collided with), exit 0 if all\n"
+            "                   is well, 1 if anything is wrong (a shop file a\n"
+            "                   running kembali would skip included);\n"
             "                   with redis, try it for 1 s: no answer is a warning\n"
             "                   (kembali runs without it), a refused password or db\n"
             "                   an error\n"
@@ -295,6 +296,8 @@ static void log_config_notes(const struct config *c, const char *when)
         log_str(&l, "file", c->skipped[i].file);
         log_str(&l, "at", when);
         log_str(&l, "kept", c->skipped[i].kept ? "previous" : "none");
+        if (c->skipped[i].collides != NULL)
+            log_str(&l, "collides_with", c->skipped[i].collides);
         log_str(&l, "errors", c->skipped[i].why);
         log_end(&l);
     }

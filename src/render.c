@@ -14,7 +14,7 @@
 
 #include "util.h"
 
-#define TEMPLATE_MAX (256 * 1024)
+#define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
 static const char *const words[W_COUNT] = {
     "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
@@ -38,19 +38,26 @@ int word_http(enum word w)
     }
 }
 
+/* What html_escape writes for c, or NULL when c stays as it is. */
+static const char *html_rep(char c)
+{
+    switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '"': return "&quot;";
+    case '\'': return "&#39;";
+    default: return NULL;
+    }
+}
+
 enum dynbuf_rc html_escape(struct dynbuf *b, const char *s)
 {
     const char *run = s;
     for (; *s; s++) {
-        const char *rep;
-        switch (*s) {
-        case '&': rep = "&amp;"; break;
-        case '<': rep = "&lt;"; break;
-        case '>': rep = "&gt;"; break;
-        case '"': rep = "&quot;"; break;
-        case '\'': rep = "&#39;"; break;
-        default: continue;
-        }
+        const char *rep = html_rep(*s);
+        if (rep == NULL)
+            continue;
         if (dynbuf_add(b, run, (size_t)(s - run)) != DYNBUF_OK || dynbuf_adds(b, rep) != DYNBUF_OK)
             return dynbuf_error(b);
         run = s + 1;
@@ -76,7 +83,7 @@ static int placeholder_at(const char *p, size_t avail, size_t *len)
     return -1;
 }
 
-/* The bytes of the page at `path` (a regular file under TEMPLATE_MAX,
+/* The bytes of the page at `path` (a regular file of at most TEMPLATE_MAX bytes,
  * without NUL bytes), or NULL with a reason in err; *missing tells ENOENT.
  * With `confine`, the file must resolve inside that folder and is opened by
  * its resolved name without following a link swapped in since. */
@@ -112,7 +119,7 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
         return NULL;
     }
     if (st.st_size > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: larger than 256 KiB", path);
+        snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         close(fd);
         return NULL;
     }
@@ -138,7 +145,10 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
     }
     close(fd);
     if (bad || n > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: %s", path, bad ? "read error" : "larger than 256 KiB");
+        if (bad)
+            snprintf(err, errlen, "%s: read error", path);
+        else
+            snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         free(data);
         return NULL;
     }
@@ -264,6 +274,39 @@ enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct 
         run = sl->at + sl->len;
     }
     return dynbuf_add(b, p + run, t->len[w] - run);
+}
+
+/* The length of s once html_escape has escaped it. Can't fail. */
+static size_t escaped_len(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) {
+        const char *rep = html_rep(*s);
+        n += rep ? strlen(rep) : 1;
+    }
+    return n;
+}
+
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+{
+    if (len > 0)
+        snprintf(buf, len, "?%s=%s", id_param, id);
+}
+
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
+    size_t len[sizeof vals / sizeof vals[0]];
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        len[i] = escaped_len(vals[i] ? vals[i] : "");
+    size_t n = t->len[w];
+    for (size_t i = 0; i < t->nslots[w]; i++) {
+        const struct templates_slot *sl = &t->slots[w][i];
+        if (len[sl->ph] > SIZE_MAX - n)
+            return SIZE_MAX;
+        n = n - sl->len + len[sl->ph];
+    }
+    return n;
 }
 
 enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b)

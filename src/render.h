@@ -47,7 +47,7 @@ struct templates {
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
  * is taken from fallback/<locale>/ (fallback may be NULL). Each page is
  * checked: a regular file (a FIFO or device is refused, never waited on),
- * under 256 KiB, only known placeholders, and carrying
+ * at most 64 KiB, only known placeholders, and carrying
  * data-status="{{status}}". When `confine` is not NULL (an absolute path
  * with symbolic links resolved), every page taken from `dir` must lie
  * inside that folder after resolving symbolic links (a tenant's folder
@@ -71,6 +71,20 @@ struct page_vars {
  * then b holds nothing and the caller has no page to send. */
 enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v,
                            struct dynbuf *b) DYNBUF_CHECKED;
+
+/* The most bytes one rendered page may have: a page is its template (at
+ * most 64 KiB) with each placeholder replaced, and a shop whose values
+ * would make a page larger is refused (config.c), so that no tenant makes
+ * every page cost megabytes. */
+#define RENDER_PAGE_MAX (256 * 1024)
+
+/* The retry link of a page, "?ID_PARAM=ID", into buf (cut to len, always
+ * NUL-terminated when len > 0). Can't fail. */
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id);
+
+/* The length in bytes render_html(t, w, v) gives (its escaping included).
+ * Pure; can't fail (SIZE_MAX on overflow). */
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v);
 
 /* {"id": id, "status": status, "final": final} and a newline into b.
  * DYNBUF_OK, or b's failure (DYNBUF_NO_MEMORY when jansson runs out). */

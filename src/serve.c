@@ -213,7 +213,7 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
     } else {
         const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
         char retry[STATE_ID_MAX + 40];
-        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
+        render_retry_url(retry, sizeof retry, r->shop ? r->shop->id_param : "id", r->id);
         struct page_vars v = {
             .id = r->id,
             .shop_name = r->shop ? r->shop->name : "",

@@ -343,18 +343,20 @@ def test_caps_on_held_requests(tmpdir):
 
 
 def _big_page_kembali(tmpdir):
-    """kembali whose succeeded page is 250 KB (a shop's own template, near
-    the 256 KiB cap): on a Unix socket, more than the sender's buffer
+    """kembali whose succeeded page is 258 KB (a shop's own 27 KB template,
+    under the 64 KiB cap, repeating its 200-character name; under the 256
+    KiB a page may be): on a Unix socket, more than the sender's buffer
     (net.core.wmem_default, 208 KiB) can hold."""
     import os
     tpl = os.path.join(tmpdir, "big-tpl", "id")
     os.makedirs(tpl)
-    filler = "<p>" + "x" * 1000 + "</p>\n"
+    filler = "<p>{{shop_name}}</p>\n"
     with open(os.path.join(tpl, "succeeded.html"), "w") as f:
-        f.write('<!doctype html><html data-status="{{status}}"><body>' + filler * 250 + "</body></html>\n")
+        f.write('<!doctype html><html data-status="{{status}}"><body>' + filler * 1240 + "</body></html>\n")
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
     k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"), templates_dir=os.path.join(tmpdir, "big-tpl"))],
+        sb, [harness.make_shop("toko-a", k.key_path("a"), templates_dir=os.path.join(tmpdir, "big-tpl"),
+                               name="x" * 200)],
         schedule_ms=kit.FAST), keys={"a": kit.KEY}, name="big")
     k.start()
     sb.put_tx("t1", "succeeded")
@@ -362,7 +364,7 @@ def _big_page_kembali(tmpdir):
 
 
 def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
-    """A 250 KB answer goes out in pieces as the client reads (whole, in
+    """A 258 KB answer goes out in pieces as the client reads (whole, in
     order); a client that reads nothing is disconnected about 2 s after the
     socket stopped taking its answer, and nobody else waits meanwhile."""
     sb, k = _big_page_kembali(tmpdir)

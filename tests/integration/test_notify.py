@@ -323,15 +323,15 @@ def test_notify_secret_file_rules(tmpdir):
     keys, shops = os.path.join(tmpdir, "keys"), os.path.join(tmpdir, "shops")
     os.makedirs(keys)
     os.makedirs(shops)
-    harness.write_secret(os.path.join(keys, "a"), kit.KEY)
-    harness.write_secret(os.path.join(keys, "b"), kit.KEY2)
+    for name, key in (("toko-a", kit.KEY), ("toko-b", kit.KEY2), ("toko-c", kit.KEY2)):
+        harness.write_secret(os.path.join(keys, name), key)  # a tenant's key: keys_dir/NAME
     harness.write_secret(os.path.join(keys, "toko-a.notify"), "whsec_tenant_a")
     harness.write_secret(os.path.join(keys, "toko-b.notify"), "whsec_tenant_b")
-    harness.write_config_file(os.path.join(shops, "toko-a.json"), harness.make_shop("toko-a", os.path.join(keys, "a")))
+    harness.write_config_file(os.path.join(shops, "toko-a.json"), harness.make_shop("toko-a"))
     # toko-b's file names toko-a's notify secret: skipped
     harness.write_config_file(os.path.join(shops, "toko-b.json"), harness.make_shop(
-        "toko-b", os.path.join(keys, "b"), notify_secret_file=os.path.join(keys, "toko-a.notify")))
-    harness.write_config_file(os.path.join(shops, "toko-c.json"), harness.make_shop("toko-c", os.path.join(keys, "b")))
+        "toko-b", notify_secret_file=os.path.join(keys, "toko-a.notify")))
+    harness.write_config_file(os.path.join(shops, "toko-c.json"), harness.make_shop("toko-c"))
     t = harness.Kembali(tmpdir, name="tenants", config=harness.make_config(sb, [], keys_dir=keys, shops_dir=shops))
     t.start()
     line = t.wait_log(30, event="shop_file_skipped", file=os.path.join(shops, "toko-b.json"))

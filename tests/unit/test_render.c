@@ -322,15 +322,26 @@ static void test_refuses_bad_files(void **state)
     assert_null(templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err));
     assert_non_null(strstr(err, "invalid.html"));
 
-    /* too large */
-    f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs("<html data-status=\"{{status}}\">", f);
-    for (int i = 0; i < 300 * 1024; i++)
-        fputc('x', f);
-    fclose(f);
-    assert_null(templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err));
-    assert_non_null(strstr(err, "invalid.html"));
+    /* 64 KiB is the most a page may be (a tenant must not make every page
+     * cost megabytes): exactly that loads, one byte more is refused by name */
+    static const char head[] = "<html data-status=\"{{status}}\">";
+    for (long extra = 0; extra <= 1; extra++) {
+        f = fopen(path, "wb");
+        assert_non_null(f);
+        fputs(head, f);
+        for (long i = 0; i < 64 * 1024 - (long)(sizeof head - 1) + extra; i++)
+            fputc('x', f);
+        fclose(f);
+        struct templates *t = templates_load(dir, TEMPLATES, "id", NULL, err, sizeof err);
+        if (extra == 0) {
+            assert_non_null(t);
+            assert_int_equal(t->len[W_INVALID], 64 * 1024);
+            templates_free(t);
+        } else {
+            assert_null(t);
+            assert_non_null(strstr(err, "invalid.html: larger than 64 KiB"));
+        }
+    }
 
     /* a directory where a page should be: unreadable, not "missing" */
     remove(path);
@@ -370,6 +381,42 @@ static void check_json(const char *id, const char *status, bool final)
     dynbuf_free(&b);
 }
 
+/* render_html_len is the length render_html gives, escaping included,
+ * on every page and for every kind of value. */
+static void test_render_len_is_the_rendered_length(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "id", "<html data-status=\"{{status}}\">{{id}} {{shop_name}}{{shop_name}} <a href=\"{{shop_url}}\">"
+                         "{{retry_url}}</a>{{status}}</html>");
+    struct templates *t = load_ok(dir, NULL, "id");
+    const struct page_vars vars[] = {
+        {.id = "T1", .shop_name = "Toko <A> & \"B\" 'C'", .shop_url = "https://x/?a=1&b=2", .retry_url = "?id=T1"},
+        {.id = NULL, .shop_name = NULL, .shop_url = NULL, .retry_url = NULL},
+        {.id = "", .shop_name = "caf\xc3\xa9", .shop_url = "&&&&", .retry_url = "'"},
+    };
+    char retry[128];
+    render_retry_url(retry, sizeof retry, "order", "T-9");
+    assert_string_equal(retry, "?order=T-9");
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        for (int w = 0; w < W_COUNT; w++) {
+            struct dynbuf b;
+            dynbuf_init(&b, 1 << 20);
+            assert_int_equal(render_html(t, (enum word)w, &vars[i], &b), DYNBUF_OK);
+            assert_int_equal(render_html_len(t, (enum word)w, &vars[i]), b.len);
+            dynbuf_free(&b);
+        }
+    templates_free(t);
+    t = load_ok(TEMPLATES, NULL, "en");
+    for (int w = 0; w < W_COUNT; w++) {
+        struct dynbuf b;
+        dynbuf_init(&b, 1 << 20);
+        assert_int_equal(render_html(t, (enum word)w, &vars[0], &b), DYNBUF_OK);
+        assert_int_equal(render_html_len(t, (enum word)w, &vars[0]), b.len);
+        dynbuf_free(&b);
+    }
+    templates_free(t);
+}
+
 static void test_render_json(void **unused)
 {
     (void)unused;
@@ -394,6 +441,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_unknown_placeholder, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_refuses_missing_data_status, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_refuses_bad_files, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_render_len_is_the_rendered_length, setup_dir, teardown_dir),
         cmocka_unit_test(test_render_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
