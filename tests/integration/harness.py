@@ -850,6 +850,7 @@ class Kembali:
         self.bin = bin or kembali_bin()
         self.args = list(args)
         self.env = env
+        self.umask = -1  # the process's umask (-1: inherited); never os.umask(): tests run side by side
         self.listen = listen
         self.config_path = os.path.join(tmpdir, name + ".json")
         self.log_path = os.path.join(tmpdir, name + ".log")
@@ -921,7 +922,7 @@ class Kembali:
         starts_before = len(self.find_log(level="info", event="start")) if os.path.exists(self.log_path) else 0
         with open(self.stderr_path, "ab") as log:
             self.proc = spawn(self.argv(), self.tmpdir, stdin=stdin, stdout=log, stderr=log,
-                              env=_merge_env(self.env))
+                              env=_merge_env(self.env), umask=self.umask)
         ctx = current_test()
         if ctx is not None:
             with ctx.lock:

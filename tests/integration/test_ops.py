@@ -204,11 +204,8 @@ def test_socket_mode_and_group(tmpdir):
             sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
             keys={"a": kit.KEY}, name=name, args=args)
         os.chmod(os.path.dirname(k.sock_path), 0o755)
-        old = os.umask(0)  # the widest umask: the mode must not come from it
-        try:
-            return k.start()
-        finally:
-            os.umask(old)
+        k.umask = 0  # the widest umask, kembali's own: the mode must not come from it
+        return k.start()
 
     sb.put_tx("t1", "succeeded")
     www = grp.getgrnam("www-data").gr_gid
