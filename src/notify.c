@@ -70,6 +70,11 @@ void notify_record(struct notify_told *t, struct state *st, const struct pace_sc
                    const char *redis_kept, int64_t now)
 {
     if (redis_kept != NULL) {
+        /* mirror what Redis knows: this host may still hold what it was
+         * told before (an expired another host's succeeded replaced) */
+        enum tx_status kept = tx_status_parse(redis_kept);
+        if (tx_status_final(kept))
+            state_tell(st, &t->shop->key, t->id, kept, redis_kept, now);
         t->result = "kept";
         t->http = 409;
         conflict_why(t, redis_kept);

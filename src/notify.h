@@ -49,7 +49,7 @@ bool notify_check(struct notify_told *t, const struct shop *shop, const struct n
 
 /* Record what t checked in st at `now` (the state's monotonic ms), unless
  * redis_kept names a final status that Redis knows and this one may not
- * replace: t->http becomes 204 (recorded; the same status told again
+ * replace (then Redis's final status is recorded here too, as a mirror): t->http becomes 204 (recorded; the same status told again
  * included), 409 when a final status already known (here, or redis_kept)
  * may not be replaced by this one (nothing changes; `sched`, the shop's
  * schedule, looks that status up for the reason), or 503 when the state

@@ -273,40 +273,27 @@ static void read_release(struct resolver *rs, struct rread *rd)
 
 static void step(struct resolver *rs, struct resolver_watch *w);
 
-/* Tell Redis (the other hosts) how a read ended, as this host's state now
- * has it. */
-static void redis_finish(struct resolver *rs, const struct rread *rd, const struct outcome *oc)
+/* Tell Redis (the other hosts) how a read ended: the very effect this
+ * host's state applied (state_finish's report, rules.h). */
+static void redis_finish(struct resolver *rs, const struct rread *rd, const struct outcome *oc,
+                         const struct rules_effect *fx)
 {
     if (rs->redis == NULL)
         return;
     struct state_redis_outcome o = {.sched = &rd->cfg->sched, .shop_id = rd->shop->id, .serial = rd->redis_serial};
     if (rd->kr.sent > 0 && rd->kr.sent > rd->ticket.started)
         o.sent_ms = rd->kr.sent - rd->ticket.started;
-    if (oc->kind == OUT_STATUS) {
+    if (fx->has_status) {
         o.word = oc->status_word;
-        o.final = tx_status_final(oc->status);
-        o.ttl_ms = oc->status == TXS_EXPIRED ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS;
-    } else if (oc->kind == OUT_NOT_FOUND) {
-        o.not_found = true;
-        o.ttl_ms = STATE_TTL_NOT_FOUND_MS;
-        o.charge = true;
+        o.final = fx->final;
     }
+    o.ttl_ms = fx->ttl_ms;
+    o.not_found = fx->not_found;
+    o.charge = fx->charge;
     o.has_client = rd->has_rclient; /* a read for it is no longer in flight */
     o.client = rd->rclient;
-    /* the waits it started, as spans (state_finish's rules, from the
-     * outcome itself: the pace and the budget are Redis's own) */
-    if (oc->kind == OUT_TX_LIMITED)
-        o.retry_ms = oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000;
-    else if (oc->kind == OUT_REJECTED)
-        o.retry_ms = PACE_EPISODE_MS + 1 - (util_mono_ms() - rd->ticket.started);
-    else if (oc->kind == OUT_KEY_LIMITED)
-        o.key_pause_ms = STATE_KEY_PAUSE_MS;
-    else if (oc->kind == OUT_UNAUTHORIZED)
-        o.key_pause_ms = STATE_UNAUTH_PAUSE_MS;
-    if (oc->rl.scope == RL_TX && oc->rl.reset_ms > o.retry_ms)
-        o.retry_ms = oc->rl.reset_ms;
-    else if (oc->rl.scope == RL_KEY && oc->rl.reset_ms > o.key_pause_ms)
-        o.key_pause_ms = oc->rl.reset_ms;
+    o.retry_ms = fx->retry_ms;
+    o.key_pause_ms = fx->key_pause_ms;
     state_redis_finish(rs->redis, rd->shop->secret, rd->ticket.id, &o);
 }
 
@@ -326,7 +313,7 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
     if (state_redis_up(rs->redis)) /* Redis counts every host's 404s: its word starts the block (on_redis_blocked) */
         rep.client_blocked = false;
-    redis_finish(rs, rd, &oc);
+    redis_finish(rs, rd, &oc, &rep.effect);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
     log_read(rd, &oc);
@@ -357,7 +344,7 @@ static bool read_go(struct resolver *rs, struct rread *rd)
                      rd->cfg->read_timeout_ms) != 0) {
         log_read(rd, &none);
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, util_mono_ms(), &rep);
-        redis_finish(rs, rd, &none);
+        redis_finish(rs, rd, &none, &rep.effect);
         return false;
     }
     atomic_fetch_add(&rs->app->m.reads_started, 1);
@@ -797,7 +784,7 @@ void resolver_stop(struct resolver *rs)
         rd->ticket.sent = rd->kr.sent;
         util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
         state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
-        redis_finish(rs, rd, &none);
+        redis_finish(rs, rd, &none, &rep.effect);
         log_read(rd, &none);
         read_release(rs, rd);
     }

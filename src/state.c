@@ -46,10 +46,10 @@
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 7 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight */
+#define ST_VERSION 8 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end */
 #define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
 #define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
-#define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
+#define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
 #define EVICT_SAMPLE 64
 
 struct st_tx {
@@ -65,6 +65,7 @@ struct st_tx {
     char status_word[STATUS_WORD_MAX + 1];
     int64_t known_until;    /* cache of a final status, or 404 memory */
     int64_t last_start;     /* start of the last read */
+    int64_t last_end;       /* when the last read's answer came back (the floor, rules_floor) */
     int64_t not_before;     /* Retry-After, stated reset, rejected episode */
     int64_t inflight_until; /* lease of the read in flight; 0 when none */
     uint64_t inflight_serial; /* serial of the last read claimed */
@@ -316,6 +317,7 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
                e->not_found ? STATE_TTL_NOT_FOUND_MS
                : e->status == TXS_EXPIRED ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS, dmg);
     clamp_time(&e->last_start, now, 0, dmg);
+    clamp_time(&e->last_end, now, 0, dmg);
     clamp_time(&e->not_before, now, SPAN_RETRY, dmg);
     clamp_time(&e->inflight_until, now, SPAN_LEASE, dmg);
     clamp_time(&e->remote_until, now, SPAN_LEASE, dmg);
@@ -1718,7 +1720,7 @@ static int64_t budget_next(const struct st_keyent *k, int budget, int64_t now)
     if (k->ring_n < budget)
         return now;
     int32_t idx = (k->ring_head - budget + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX;
-    int64_t t = k->ring[idx] + 60000 + 1;
+    int64_t t = k->ring[idx] + PLAN_BUDGET_SPAN_MS + 1;
     return t > now ? t : now;
 }
 
@@ -1967,6 +1969,7 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             f->in_flight_until = inflight;
         }
         raise_to(&f->next_read, &f->wait, pace_next_read(sched, e->reads, e->last_start, now), WAIT_PACE);
+        raise_to(&f->next_read, &f->wait, rules_floor(e->last_end), WAIT_PACE);
         raise_to(&f->next_read, &f->wait, e->not_before, WAIT_RETRY);
         raise_to(&f->next_read, &f->wait, e->remote_not_before, (enum state_wait)e->remote_why);
     }
@@ -2114,14 +2117,7 @@ static bool final_cached(const struct st_tx *e, int64_t now)
  * status, cached or not. */
 static bool status_may_replace(const struct st_tx *e, enum tx_status s, bool told, int64_t now)
 {
-    enum tx_status cur = (enum tx_status)e->status;
-    if (!tx_status_final(cur) || (!told && !final_cached(e, now)))
-        return true;
-    if (s == cur)
-        return true;
-    if (!tx_status_final(s))
-        return false;
-    return cur == TXS_EXPIRED;
+    return rules_may_replace((enum tx_status)e->status, final_cached(e, now), s, told);
 }
 
 /* Record status s (as Kasera wrote it: word) as the last known one, with
@@ -2131,12 +2127,8 @@ static void status_record(struct st_tx *e, enum tx_status s, const char *word, i
     e->status = (uint8_t)s;
     util_copy(e->status_word, sizeof e->status_word, word);
     e->not_found = 0;
-    if (s == TXS_EXPIRED)
-        e->known_until = now + STATE_TTL_EXPIRED_MS;
-    else if (tx_status_final(s))
-        e->known_until = now + STATE_TTL_FINAL_MS;
-    else
-        e->known_until = 0;
+    int64_t ttl = rules_status_ttl(s);
+    e->known_until = ttl > 0 ? now + ttl : 0;
 }
 
 /* Record what the read of ticket t found (status s, or a 404), by the
@@ -2182,10 +2174,14 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         }
         e->last_used = now;
     }
-    switch (oc->kind) {
-    case OUT_STATUS:
-        if (e == NULL)
-            break;
+    /* what the outcome does (rules.h): the same effect Redis is sent */
+    int64_t pace_start = current && e != NULL ? e->last_start : t->started;
+    struct rules_effect *fx = &report->effect;
+    rules_outcome(oc, pace_start, now, util_jitter(rules_jitter_max(STATE_KEY_PAUSE_MS)),
+                  util_jitter(rules_jitter_max(STATE_HOST_PAUSE_MS)), fx);
+    if (e != NULL && now > e->last_end)
+        e->last_end = now; /* the floor at Kasera counts from here, whatever the read found */
+    if (fx->has_status && e != NULL) {
         if (read_may_record(e, t, current, false, oc->status, now)) {
             status_record(e, oc->status, oc->status_word, now);
             if (t->serial > e->facts_serial)
@@ -2195,60 +2191,34 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
             e->unknown_seen = 1;
             report->first_unknown = true;
         }
-        break;
-    case OUT_NOT_FOUND:
+    }
+    if (fx->not_found) {
         /* charged to the client that asked, for an id kembali knows
          * nothing about (a 404 for an id with a known status is not
          * a probe), late or not: it happened at Kasera */
-        if (!client_none(&t->client) && (e == NULL || e->status == TXS_NONE))
+        if (fx->charge && !client_none(&t->client) && (e == NULL || e->status == TXS_NONE))
             report->client_blocked = client_charge(st, &t->client, tx_what(st, &t->key, t->id), now);
         if (e != NULL && read_may_record(e, t, current, true, TXS_NONE, now)) {
             e->not_found = 1;
-            e->known_until = now + STATE_TTL_NOT_FOUND_MS;
+            e->known_until = now + fx->ttl_ms;
             if (t->serial > e->facts_serial)
                 e->facts_serial = t->serial;
         }
-        break;
+    }
     /* What limits and pauses say happened at Kasera, late or not: they
      * are kept however stale the read (each only ever extends a wait). */
-    case OUT_TX_LIMITED:
-        if (e != NULL)
-            pause_until(&e->not_before, now + (oc->retry_after_ms > 0 ? oc->retry_after_ms : 1000));
-        break;
-    case OUT_KEY_LIMITED:
-        if (k != NULL) {
-            report->key_paused = k->paused_until <= now;
-            pause_until(&k->paused_until, now + STATE_KEY_PAUSE_MS + util_jitter(STATE_KEY_PAUSE_MS / 10));
-        }
-        break;
-    case OUT_UNAUTHORIZED:
-        if (k != NULL) {
-            report->key_paused = k->paused_until <= now;
-            pause_until(&k->paused_until, now + STATE_UNAUTH_PAUSE_MS);
-        }
+    if (fx->retry_ms > 0 && e != NULL)
+        pause_until(&e->not_before, now + fx->retry_ms);
+    if (fx->key_pause_ms > 0 && k != NULL) {
+        report->key_paused = k->paused_until <= now && (oc->kind == OUT_KEY_LIMITED || fx->unauthorized);
+        pause_until(&k->paused_until, now + fx->key_pause_ms);
+    }
+    if (fx->unauthorized)
         util_copy(st->h->last_401_shop, sizeof st->h->last_401_shop, shop_id);
-        break;
-    case OUT_AUTH_BLOCKED: {
-        int64_t wait = STATE_HOST_PAUSE_MS + util_jitter(STATE_HOST_PAUSE_MS / 10);
-        if (oc->retry_after_ms > wait)
-            wait = oc->retry_after_ms;
+    if (fx->host_pause_ms > 0) {
         report->host_paused = st->h->host_paused_until <= now;
-        pause_until(&st->h->host_paused_until, now + wait);
-        break;
+        pause_until(&st->h->host_paused_until, now + fx->host_pause_ms);
     }
-    case OUT_REJECTED:
-        /* no further read until the episode of that read ends */
-        if (e != NULL)
-            pause_until(&e->not_before, (current ? e->last_start : t->started) + PACE_EPISODE_MS + 1);
-        break;
-    case OUT_NO_ANSWER:
-        break;
-    }
-    /* A stated exhausted window: honoured for what it describes. */
-    if (oc->rl.scope == RL_TX && e != NULL)
-        pause_until(&e->not_before, now + oc->rl.reset_ms);
-    else if (oc->rl.scope == RL_KEY && k != NULL)
-        pause_until(&k->paused_until, now + oc->rl.reset_ms);
     util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
     st_unlock(st);
     st_bump(st); /* wake waiters in every process */

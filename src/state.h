@@ -36,17 +36,19 @@
 
 #include "classify.h"
 #include "pace.h"
+#include "rules.h"
 
 #define STATE_ID_MAX 64
 #define STATE_SHOP_MAX 64
 #define STATE_BUDGET_MAX 300         /* Kasera's per-key limit per minute */
 
-#define STATE_TTL_FINAL_MS (3600 * 1000LL) /* succeeded, failed, canceled */
-#define STATE_TTL_EXPIRED_MS (60 * 1000LL)
-#define STATE_TTL_NOT_FOUND_MS (30 * 1000LL)
-#define STATE_KEY_PAUSE_MS (60 * 1000LL)   /* after the key's 300/min is spent */
-#define STATE_UNAUTH_PAUSE_MS (300 * 1000LL)
-#define STATE_HOST_PAUSE_MS (60 * 1000LL)  /* after the failed-authentication 429 */
+/* the rules' numbers (rules.h), under the names the state's callers know */
+#define STATE_TTL_FINAL_MS RULES_TTL_FINAL_MS
+#define STATE_TTL_EXPIRED_MS RULES_TTL_EXPIRED_MS
+#define STATE_TTL_NOT_FOUND_MS RULES_TTL_NOT_FOUND_MS
+#define STATE_KEY_PAUSE_MS RULES_KEY_PAUSE_MS
+#define STATE_UNAUTH_PAUSE_MS RULES_UNAUTH_PAUSE_MS
+#define STATE_HOST_PAUSE_MS RULES_HOST_PAUSE_MS
 #define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
 #define STATE_DEFER_MAX_MS (600 * 1000LL)  /* the longest not-before another host may set (state_defer) */
 
@@ -120,6 +122,7 @@ struct state_report {
     bool stale;            /* the read ended after its lease, or after another read of it started */
     bool client_blocked;   /* this 404 started ticket->client's block (log one line) */
     char last_401_shop[STATE_SHOP_MAX + 1]; /* shop whose key last got a 401 here */
+    struct rules_effect effect; /* what the outcome did (rules.h): what another store must apply too */
 };
 
 #define STATE_KEY_SLOTS_DEFAULT 256   /* key_slots when state_opts gives none */

@@ -32,6 +32,7 @@
 #include <openssl/hmac.h>
 
 #include "log.h"
+#include "rules.h"
 #include "util.h"
 
 /* What every key name is derived from besides the secret (key_hash): fixed
@@ -48,25 +49,24 @@ static const uint8_t key_name_label[16] = "kembali-names-v1";
 #define LUA_HEAD                                                                           \
     "local t = redis.call('TIME')\n"                                                       \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
-    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser')\n" \
+    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le')\n" \
     "local s = h[1]\n"                                                                     \
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
-    "local ra, ser = tonumber(h[7]) or 0, tonumber(h[8]) or 0\n"                           \
+    "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
     "local function wait_for(waits, reads)\n"                                              \
     "  local ws = {}\n"                                                                    \
     "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
-    "  local w = ws[math.min(reads, #ws - 1) + 1] or 1100\n"                               \
-    "  if w < 1100 then w = 1100 end\n"                                                    \
+    "  local w = ws[math.min(reads, #ws - 1) + 1] or MIN_WAIT\n"                           \
+    "  if w < MIN_WAIT then w = MIN_WAIT end\n"                                            \
     "  return w\n"                                                                         \
     "end\n"
 
 /* A final status may replace what is known (state_tell's order)? */
 #define LUA_FORWARD                                                                          \
     "local function forward(old, new)\n"                                                     \
-    "  if not old or old == new or old == 'pending' then return true end\n"                  \
-    "  if old == 'expired' then return new == 'succeeded' or new == 'failed' or new == 'canceled' end\n" \
-    "  return old ~= 'succeeded' and old ~= 'failed' and old ~= 'canceled'\n"                \
+    "  if not old or not R[old] then return true end\n"                                      \
+    "  return R[old][new] == true\n"                                                         \
     "end\n"
 
 /* Publish what is known now, and keep the transaction for as long as any
@@ -78,20 +78,22 @@ static const uint8_t key_name_label[16] = "kembali-names-v1";
     "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
     "  else\n"                                                                             \
     "    local nx = now\n"                                                                 \
-    "    if n > 0 and now - ls <= 60000 then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
+    "    if n > 0 and now - ls <= EPISODE then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
+    "    if le > 0 then nx = math.max(nx, le + FLOOR) end\n"                                \
     "    nx = math.max(nx, ra, kp)\n"                                                      \
     "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
     "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
-    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu, ls + 61000) + 1000)\n" \
+    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP) + MARGIN)\n" \
     "end\n"
 
 /* KEYS: tx, key, budget, block, reservations, client's 404s, client's
  * reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5 id,
  * 6 this host's reservations, 7 host, 8 "last" for a last-chance read
  * (plan.h), 9 the client's 404s that block (with its reads in flight), 10
- * their window (ms), 11 the recheck (ms) of a client at its count. */
+ * their window (ms), 11 the recheck (ms) of a client at its count, 12 a
+ * hold's length (ms, rules_hold_ms). */
 static const char lua_claim[] =
     LUA_HEAD
     "if s and fu > now then return {'final', fu - now, s} end\n"
@@ -117,22 +119,24 @@ static const char lua_claim[] =
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
     "if ra > now then return {'wait', ra - now, 'retry'} end\n"
-    "if n > 0 and now - ls <= 60000 then\n"
+    "if n > 0 and now - ls <= EPISODE then\n"
     "  local nx = ls + wait_for(ARGV[1], n)\n"
     "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
     "else\n"
     "  n = 0\n"
     "end\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 60000)\n"
+    /* the floor at Kasera: after the previous read's answer */
+    "if le > 0 and le + FLOOR > now then return {'wait', le + FLOOR - now, 'pace'} end\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - BUDGET_SPAN)\n"
     "local used = redis.call('ZCARD', KEYS[3])\n"
     "if used >= tonumber(ARGV[2]) then\n"
     "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
-    "  return {'wait', math.max(tonumber(o[2]) + 60000 - now, 1), 'budget'}\n"
+    "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
     "end\n"
     /* every host's reserved last-chance reads, as each said at its last
-     * claim (for 40 s: a hold's length): an early read must leave room */
-    "redis.call('HSET', KEYS[5], ARGV[7], ARGV[6] .. ':' .. (now + 40000))\n"
-    "redis.call('PEXPIREAT', KEYS[5], now + 61000)\n"
+     * claim (for a hold's length, ARGV[12]): an early read must leave room */
+    "redis.call('HSET', KEYS[5], ARGV[7], ARGV[6] .. ':' .. (now + tonumber(ARGV[12])))\n"
+    "redis.call('PEXPIREAT', KEYS[5], now + math.max(KEEP, tonumber(ARGV[12])))\n"
     "local resv, all = 0, redis.call('HGETALL', KEYS[5])\n"
     "for i = 1, #all, 2 do\n"
     "  local c, e = string.match(all[i + 1], '^(%d+):(%d+)$')\n"
@@ -140,18 +144,18 @@ static const char lua_claim[] =
     "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
     "end\n"
     "if ARGV[8] ~= 'last' and used + resv >= tonumber(ARGV[2]) then\n"
-    "  return {'wait', 250, 'plan'}\n"
+    "  return {'wait', PLAN_RECHECK, 'plan'}\n"
     "end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
     "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser)\n"
-    "redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu) + 1000)\n"
+    "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu) + MARGIN)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
-    "redis.call('PEXPIREAT', KEYS[3], now + 61000)\n"
+    "redis.call('PEXPIREAT', KEYS[3], now + BUDGET_SPAN + MARGIN)\n"
     "if fly then\n" /* in flight for the client until its lease ends */
     "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"
     "  local px = redis.call('PTTL', KEYS[7])\n"
-    "  if px < 0 or now + px < lu + 1000 then redis.call('PEXPIREAT', KEYS[7], lu + 1000) end\n"
+    "  if px < 0 or now + px < lu + MARGIN then redis.call('PEXPIREAT', KEYS[7], lu + MARGIN) end\n"
     "end\n"
     "return {'go', ser}\n";
 
@@ -163,6 +167,9 @@ static const char lua_claim[] =
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
     "local known, current = s, false\n"
+    /* the floor at Kasera counts from any read's end */
+    "le = now\n"
+    "redis.call('HSET', KEYS[1], 'le', le)\n"
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
     "  current = lu > now\n" /* ended within its lease */
     "  if current then ls = ls + tonumber(ARGV[2]) end\n"
@@ -197,7 +204,7 @@ static const char lua_finish[] =
     "if kw > 0 and now + kw > kp then\n"
     "  kp = now + kw\n"
     "  redis.call('HSET', KEYS[2], 'p', kp)\n"
-    "  redis.call('PEXPIREAT', KEYS[2], kp + 1000)\n"
+    "  redis.call('PEXPIREAT', KEYS[2], kp + MARGIN)\n"
     "end\n"
     "if rw > 0 and now + rw > ra then\n"
     "  ra = now + rw\n"
@@ -231,7 +238,7 @@ static const char lua_tell[] =
     "    redis.call('HDEL', KEYS[1], 'nf')\n"
     "  else kept = s end\n"
     /* pending replaces nothing final, cached or not: only nothing, pending or an unknown word */
-    "elseif not (s == 'succeeded' or s == 'failed' or s == 'canceled' or s == 'expired') then\n"
+    "elseif not (s and R[s]) then\n"
     "  s, nf = ARGV[1], 0\n"
     "  redis.call('HSET', KEYS[1], 's', s)\n"
     "  redis.call('HDEL', KEYS[1], 'nf')\n"
@@ -241,6 +248,22 @@ static const char lua_tell[] =
 
 enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_N };
 static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell};
+
+/* A script as it is loaded: the rules' numbers and replace table
+ * (rules_lua_prelude: no number is typed in the Lua) then its body.
+ * Returns NULL when out of memory. */
+static char *script_text(const char *body)
+{
+    char prelude[2048];
+    int n = rules_lua_prelude(prelude, sizeof prelude);
+    if (n < 0)
+        return NULL;
+    size_t len = (size_t)n + strlen(body) + 1;
+    char *t = malloc(len);
+    if (t != NULL)
+        snprintf(t, len, "%s%s", prelude, body);
+    return t;
+}
 
 /* ---- types ---- */
 
@@ -292,6 +315,7 @@ struct state_redis {
     char why[160];            /* the last failure, for the log */
     uint8_t salt[16];         /* key_name_label: what key_hash() takes */
     char sha[SCRIPT_N][41];
+    char *text[SCRIPT_N];     /* each script after the rules' prelude (script_text) */
     char channel[80];
     struct state_redis_op *head, *tail; /* waiting operations, oldest first */
     struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer, ping_timer;
@@ -464,6 +488,16 @@ static bool op_send(struct rconn *rc, struct state_redis_op *op, int argc, const
         r->tail = op;
         if (r->head == op)
             arm_slow(r);
+    }
+    /* a read's end goes out now, before the answer it allows: a request
+     * that answer leads to (a notify on another host) then finds it in
+     * Redis, as it would find it in the mapped file (not from inside
+     * hiredis' own handlers: their write follows) */
+    if (op->kind == OP_FIRE && rc->busy == 0) {
+        rc->busy++;
+        redisAsyncHandleWrite(rc->ac);
+        if (--rc->busy == 0 && rc->dead)
+            free(rc);
     }
     return true;
 }
@@ -769,7 +803,7 @@ static void join(struct state_redis *r)
             ok = ok && send_join(r, rc, OP_JOIN_OTHER, 0, 2, (const char *[]){"SELECT", db});
     }
     for (int i = 0; i < SCRIPT_N && ok; i++)
-        ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", scripts[i]});
+        ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", r->text[i]});
     ok = ok && send_join(r, r->sub, OP_SUBSCRIBE, 0, 2, (const char *[]){"SUBSCRIBE", r->channel});
     if (!ok)
         went_down(r, "cannot send to Redis");
@@ -970,6 +1004,17 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    for (int i = 0; i < SCRIPT_N; i++) {
+        r->text[i] = script_text(scripts[i]);
+        if (r->text[i] == NULL) {
+            for (int j = 0; j < i; j++)
+                free(r->text[j]);
+            free(r->cfg.password);
+            free(r);
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+    }
     r->on_msg = on_msg;
     r->on_blocked = on_blocked;
     r->ctx = ctx;
@@ -1031,6 +1076,8 @@ void state_redis_free(struct state_redis *r)
         explicit_bzero(r->cfg.password, strlen(r->cfg.password));
         free(r->cfg.password);
     }
+    for (int i = 0; i < SCRIPT_N; i++)
+        free(r->text[i]);
     free(r);
 }
 
@@ -1065,7 +1112,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kres[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
-        sb[16], sl[24], sr[16], climit[16], cwin[24], crecheck[24];
+        sb[16], sl[24], sr[16], climit[16], cwin[24], crecheck[24], shold[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
@@ -1076,12 +1123,13 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
     snprintf(sr, sizeof sr, "%d", plan->reserved > 0 ? plan->reserved : 0);
+    snprintf(shold, sizeof shold, "%lld", (long long)rules_hold_ms(s));
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "7", ktx, kkey, kbud, kblk, kres, kcl, kfly,
                           waits, sb, sl, client ? "1" : "0", id, sr, plan->host.hex,
-                          plan->last_chance ? "last" : "early", climit, cwin, crecheck};
+                          plan->last_chance ? "last" : "early", climit, cwin, crecheck, shold};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -1140,8 +1188,7 @@ static bool send_tell_op(struct state_redis *r, const char *secret, const char *
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[PACE_MAX_STEPS * 12];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    snprintf(ttl, sizeof ttl, "%lld",
-             strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     if (sched != NULL) /* the others' next read, by the pace the reads made */
         waits_csv(sched, waits, sizeof waits);
     else
@@ -1318,11 +1365,18 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     struct state_redis_id k;
     key_hash(key_name_label, secret, &k);
     rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
-    snprintf(ttl, sizeof ttl, "%lld", strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     snprintf(channel, sizeof channel, "%swake", cfg->prefix);
-    const char *argv[] = {"EVAL", lua_tell, "1", ktx, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
-    if ((x = sync_cmd(c, ARGC(argv), argv, err, errlen)) == NULL)
+    char *text = script_text(lua_tell);
+    if (text == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    const char *argv[] = {"EVAL", text, "1", ktx, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
+    x = sync_cmd(c, ARGC(argv), argv, err, errlen);
+    free(text);
+    if (x == NULL)
         goto out;
     rc = 0;
 out:

@@ -195,7 +195,8 @@ static void test_pace_counts_from_send(void **unused)
     /* never sent (no connection): counted from the claim */
     assert_true(claim(st, &k, "T2", T0, &t, NULL));
     finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 5000);
-    assert_int_equal(lookup(st, &k, "T2", T0 + 5000).next_read, T0 + 5000);
+    /* (and the floor at Kasera: 1.1 s after its answer) */
+    assert_int_equal(lookup(st, &k, "T2", T0 + 5000).next_read, T0 + 5000 + RULES_FLOOR_MS);
 
     /* a stale ticket (its lease ran out and another reader claimed): T3's
      * stale reader reports a late send, T4's none; the same pace follows */
@@ -633,12 +634,42 @@ static void test_no_answer_pace_goes_on(void **unused)
     assert_false(r.host_paused);
     f = lookup(st, &k, "T1", T0 + 5000);
     assert_int_equal(f.status, TXS_NONE);
-    assert_int_equal(f.next_read, T0 + 5000); /* the 1.5 s have passed */
-    assert_int_equal(f.wait, WAIT_NONE);
-    assert_true(claim(st, &k, "T1", T0 + 5000, &t, NULL));
-    finish(st, &t, "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 5100);
-    f = lookup(st, &k, "T1", T0 + 5100);
-    assert_int_equal(f.next_read, T0 + 5000 + 2000); /* the third wait */
+    /* the 1.5 s have passed; the floor counts from the read's end */
+    assert_int_equal(f.next_read, T0 + 5000 + RULES_FLOOR_MS);
+    assert_int_equal(f.wait, WAIT_PACE);
+    assert_true(claim(st, &k, "T1", T0 + 6100, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 6200);
+    f = lookup(st, &k, "T1", T0 + 6200);
+    assert_int_equal(f.next_read, T0 + 6100 + 2000); /* the third wait */
+    state_free(st);
+}
+
+/* The floor at Kasera (interface.md): a read never starts less than
+ * RULES_FLOOR_MS after the previous read's answer came back, whatever the
+ * schedule's wait from its start says. A slow first read (2 s) moves the
+ * second read from 1.5 s to 3.1 s; a fast one leaves the schedule alone. */
+static void test_floor_after_a_slow_read(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    struct state_fact f;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 2000);
+    f = lookup(st, &k, "T1", T0 + 2000);
+    assert_int_equal(f.next_read, T0 + 2000 + RULES_FLOOR_MS);
+    assert_int_equal(f.wait, WAIT_PACE);
+    assert_false(claim(st, &k, "T1", T0 + 2000 + RULES_FLOOR_MS - 1, &t, &f));
+    assert_true(claim(st, &k, "T1", T0 + 2000 + RULES_FLOOR_MS, &t, NULL));
+    /* answered in 10 ms: the schedule's 2 s from the start rule again */
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 3110);
+    f = lookup(st, &k, "T1", T0 + 3110);
+    assert_int_equal(f.next_read, T0 + 3100 + 2000);
+    /* a read without answer (a timeout) ends too: the floor counts from there */
+    assert_true(claim(st, &k, "T1", T0 + 5100, &t, NULL));
+    finish(st, &t, "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 8500);
+    assert_int_equal(lookup(st, &k, "T1", T0 + 8500).next_read, T0 + 8500 + RULES_FLOOR_MS);
     state_free(st);
 }
 
@@ -653,10 +684,10 @@ static void test_rl_tx_window(void **unused)
     assert_true(claim(st, &k, "T1", T0, &t, NULL));
     struct outcome o = oc_status(TXS_PENDING, NULL);
     o.rl.scope = RL_TX;
-    o.rl.reset_ms = 1000;
+    o.rl.reset_ms = 2000; /* (past the floor's 1.1 s) */
     finish(st, &t, "toko-a", o, T0 + 800);
     f = lookup(st, &k, "T1", T0 + 800);
-    assert_int_equal(f.next_read, T0 + 1800);
+    assert_int_equal(f.next_read, T0 + 2800);
     assert_int_equal(f.wait, WAIT_RETRY);
     /* RateLimit-Remaining: 0 on a 200 must not slow down other transactions */
     f = lookup(st, &k, "T2", T0 + 800);
@@ -1105,9 +1136,9 @@ static void test_late_pending_never_clears_a_final(void **unused)
     assert_int_equal(lookup(st, &k, "T2", late).status, TXS_EXPIRED);
     /* while a current read's pending, after the cache, does (Kasera's word now) */
     struct state_ticket t3;
-    assert_true(claim(st, &k, "T2", late + 1, &t3, NULL));
-    finish(st, &t3, "toko-a", oc_status(TXS_PENDING, NULL), late + 100);
-    assert_int_equal(lookup(st, &k, "T2", late + 100).status, TXS_PENDING);
+    assert_true(claim(st, &k, "T2", late + RULES_FLOOR_MS, &t3, NULL));
+    finish(st, &t3, "toko-a", oc_status(TXS_PENDING, NULL), late + RULES_FLOOR_MS + 100);
+    assert_int_equal(lookup(st, &k, "T2", late + RULES_FLOOR_MS + 100).status, TXS_PENDING);
 
     /* a read that outlived its lease, with nothing newer: its pending is
      * recorded (the id exists), but it is reported stale */
@@ -2474,6 +2505,7 @@ int main(void)
         cmocka_unit_test(test_auth_blocked_long_retry_after),
         cmocka_unit_test(test_rejected),
         cmocka_unit_test(test_no_answer_pace_goes_on),
+        cmocka_unit_test(test_floor_after_a_slow_read),
         cmocka_unit_test(test_rl_tx_window),
         cmocka_unit_test(test_rl_key_window),
         cmocka_unit_test(test_budget),

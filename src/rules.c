@@ -1,0 +1,133 @@
+/* rules.c - see rules.h. */
+#include "rules.h"
+
+#include <stdio.h>
+
+#include "plan.h"
+
+int64_t rules_jitter_max(int64_t pause_ms)
+{
+    return pause_ms / 10;
+}
+
+static int64_t clamp_jitter(int64_t j, int64_t pause_ms)
+{
+    int64_t max = rules_jitter_max(pause_ms);
+    return j < 0 ? 0 : j > max ? max : j;
+}
+
+int64_t rules_status_ttl(enum tx_status s)
+{
+    if (s == TXS_EXPIRED)
+        return RULES_TTL_EXPIRED_MS;
+    return tx_status_final(s) ? RULES_TTL_FINAL_MS : 0;
+}
+
+static void extend(int64_t *span, int64_t v)
+{
+    if (v > *span)
+        *span = v;
+}
+
+void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, int64_t key_jitter,
+                   int64_t host_jitter, struct rules_effect *out)
+{
+    *out = (struct rules_effect){.status = TXS_NONE};
+    switch (oc->kind) {
+    case OUT_STATUS:
+        out->has_status = true;
+        out->status = oc->status;
+        out->final = tx_status_final(oc->status);
+        out->ttl_ms = rules_status_ttl(oc->status);
+        break;
+    case OUT_NOT_FOUND:
+        out->not_found = true;
+        out->charge = true;
+        out->ttl_ms = RULES_TTL_NOT_FOUND_MS;
+        break;
+    case OUT_TX_LIMITED:
+        out->retry_ms = oc->retry_after_ms > 0 ? oc->retry_after_ms : RULES_RETRY_DEFAULT_MS;
+        break;
+    case OUT_KEY_LIMITED:
+        out->key_pause_ms = RULES_KEY_PAUSE_MS + clamp_jitter(key_jitter, RULES_KEY_PAUSE_MS);
+        break;
+    case OUT_UNAUTHORIZED:
+        out->key_pause_ms = RULES_UNAUTH_PAUSE_MS;
+        out->unauthorized = true;
+        break;
+    case OUT_AUTH_BLOCKED:
+        out->host_pause_ms = RULES_HOST_PAUSE_MS + clamp_jitter(host_jitter, RULES_HOST_PAUSE_MS);
+        extend(&out->host_pause_ms, oc->retry_after_ms);
+        break;
+    case OUT_REJECTED:
+        /* no further read until the episode of that read ends */
+        out->rejected = true;
+        extend(&out->retry_ms, pace_start + PACE_EPISODE_MS + 1 - now);
+        break;
+    case OUT_NO_ANSWER:
+        break;
+    }
+    /* a stated exhausted window: honoured for what it describes */
+    if (oc->rl.scope == RL_TX)
+        extend(&out->retry_ms, oc->rl.reset_ms);
+    else if (oc->rl.scope == RL_KEY)
+        extend(&out->key_pause_ms, oc->rl.reset_ms);
+}
+
+bool rules_may_replace(enum tx_status cur, bool cached, enum tx_status s, bool told)
+{
+    if (!tx_status_final(cur) || (!told && !cached))
+        return true;
+    if (s == cur)
+        return true;
+    if (!tx_status_final(s))
+        return false;
+    return cur == TXS_EXPIRED;
+}
+
+int64_t rules_hold_ms(const struct pace_schedule *s)
+{
+    return pace_hold_ms(s);
+}
+
+int64_t rules_floor(int64_t last_end)
+{
+    return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;
+}
+
+int rules_lua_prelude(char *buf, size_t len)
+{
+    size_t off = 0;
+    int n = snprintf(buf, len,
+                     "local MIN_WAIT, EPISODE, FLOOR, PLAN_RECHECK, BUDGET_SPAN = %d, %d, %lld, %d, %d\n"
+                     "local MARGIN = %lld\n" /* Redis keeps a key this much longer than it matters */
+                     "local KEEP = EPISODE + MARGIN\n"
+                     "local R = {}\n",
+                     PACE_MIN_WAIT_MS, PACE_EPISODE_MS, (long long)RULES_FLOOR_MS, RULES_PLAN_RECHECK_MS,
+                     PLAN_BUDGET_SPAN_MS, (long long)RULES_KEEP_MARGIN_MS);
+    if (n < 0 || (size_t)n >= len)
+        return -1;
+    off = (size_t)n;
+    /* the replace table of final statuses, told (rules_may_replace) */
+    for (int c = TXS_PENDING; c <= TXS_EXPIRED; c++) {
+        if (!tx_status_final((enum tx_status)c))
+            continue;
+        n = snprintf(buf + off, len - off, "R['%s'] = {", tx_status_word((enum tx_status)c));
+        if (n < 0 || (size_t)n >= len - off)
+            return -1;
+        off += (size_t)n;
+        for (int s = TXS_PENDING; s <= TXS_EXPIRED; s++) {
+            if (!rules_may_replace((enum tx_status)c, true, (enum tx_status)s, true))
+                continue;
+            n = snprintf(buf + off, len - off, "['%s'] = true, ", tx_status_word((enum tx_status)s));
+            if (n < 0 || (size_t)n >= len - off)
+                return -1;
+            off += (size_t)n;
+        }
+        n = snprintf(buf + off, len - off, "}\n");
+        if (n < 0 || (size_t)n >= len - off)
+            return -1;
+        off += (size_t)n;
+    }
+    return (int)off;
+}

@@ -1,0 +1,86 @@
+/* rules.h - interface.md's "Reads of the payment API" as one pure module.
+ *
+ * What a read's outcome does (the status and its cache, a 404's memory and
+ * its charge, the transaction's wait, a key or host pause with its jitter,
+ * a rejected episode), which status may replace which, a hold's length and
+ * the floor at Kasera. Both stores apply these effects: the mapped file
+ * (state.c) directly, Redis (state_redis.c) by passing the same numbers to
+ * its scripts, whose constants are generated from this file's
+ * (rules_lua_prelude). Nothing here reads a clock or draws a random
+ * number: the caller passes `now` and the jitter it drew. */
+#ifndef KEMBALI_RULES_H
+#define KEMBALI_RULES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "classify.h"
+#include "pace.h"
+
+#define RULES_TTL_FINAL_MS (3600 * 1000LL)   /* succeeded, failed, canceled */
+#define RULES_TTL_EXPIRED_MS (60 * 1000LL)
+#define RULES_TTL_NOT_FOUND_MS (30 * 1000LL)
+#define RULES_KEY_PAUSE_MS (60 * 1000LL)     /* after the key's 300/min is spent */
+#define RULES_UNAUTH_PAUSE_MS (300 * 1000LL) /* after a 401 */
+#define RULES_HOST_PAUSE_MS (60 * 1000LL)    /* after the failed-authentication 429 */
+#define RULES_RETRY_DEFAULT_MS 1000          /* a per-transaction 429 whose Retry-After is unreadable */
+#define RULES_FLOOR_MS PACE_MIN_WAIT_MS      /* after the previous read's answer (the floor at Kasera) */
+#define RULES_KEEP_MARGIN_MS 1000           /* Redis keeps a key this much longer than it matters */
+#define RULES_PLAN_RECHECK_MS 250            /* a read the budget's plan withheld looks again after this */
+
+/* The longest jitter drawn for a pause of `pause_ms` (a tenth of it): the
+ * caller draws the jitter in [0, this] and passes it to rules_outcome(). */
+int64_t rules_jitter_max(int64_t pause_ms);
+
+/* What one outcome does. Spans are from `now` (the read's end). */
+struct rules_effect {
+    bool has_status;          /* a status to record (as rules_may_replace allows) */
+    enum tx_status status;
+    bool final;               /* answered without reading while its cache runs */
+    int64_t ttl_ms;           /* the cache of the status (0: none, pending) */
+    bool not_found;           /* a 404 to remember for ttl_ms */
+    bool charge;              /* a 404: charged to the client that asked */
+    int64_t retry_ms;         /* no read of the transaction before now + this (0: none) */
+    int64_t key_pause_ms;     /* no read with the key before now + this (0: none) */
+    int64_t host_pause_ms;    /* no read with any key before now + this (0: none) */
+    bool unauthorized;        /* the key got a 401 (the host remembers the shop) */
+    bool rejected;            /* no further read in this episode (retry_ms says until when) */
+};
+
+/* The effect of `oc`, a read whose pace counts from `pace_start` (the
+ * read's start, or when its request went out) ending at `now`;
+ * `key_jitter` and `host_jitter` are drawn by the caller in
+ * [0, rules_jitter_max(pause)] for RULES_KEY_PAUSE_MS and
+ * RULES_HOST_PAUSE_MS. Stated exhausted windows (oc->rl) extend the wait
+ * they describe. This function can't fail. */
+void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, int64_t key_jitter,
+                   int64_t host_jitter, struct rules_effect *out);
+
+/* The cache of status s once read or told (0: not cached). Can't fail. */
+int64_t rules_status_ttl(enum tx_status s);
+
+/* May status `s` replace `cur` (the last known status)? `cached`: cur's
+ * cache still runs; `told`: s was told by the shop (a read's answer
+ * replaces a final status whose cache ran out, a told one never does).
+ * What is known never moves backwards: a final status is never replaced by
+ * pending or an unknown word; expired may become another final status;
+ * succeeded, failed and canceled only by themselves. Can't fail. */
+bool rules_may_replace(enum tx_status cur, bool cached, enum tx_status s, bool told);
+
+/* How long a held HTML request is held under `s`: the schedule's sum plus
+ * PACE_GRACE_MS. Can't fail. */
+int64_t rules_hold_ms(const struct pace_schedule *s);
+
+/* The earliest start of the next read by the floor at Kasera: RULES_FLOOR_MS
+ * after the previous read's answer came back (`last_end`, 0: none). Can't
+ * fail. */
+int64_t rules_floor(int64_t last_end);
+
+/* Write the Lua prelude that gives Redis's scripts this module's numbers
+ * and its replace table (a table R of words: R[cur][new] is true when a
+ * told status may replace a final one) into buf; returns its length, or
+ * -1 when buf is too small. Can't fail otherwise. */
+int rules_lua_prelude(char *buf, size_t len);
+
+#endif
