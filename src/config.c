@@ -1480,7 +1480,7 @@ struct config *config_reload(const char *path, const struct config *prev, char *
                 cfail(&e, path, "schedule_ms", "%s", why);
         }
     }
-    c->read_timeout_ms = 5000;
+    c->read_timeout_ms = STATE_READ_TIMEOUT_DEFAULT_MS;
     opt_long(&e, path, root, "read_timeout_ms", 100, 30000, &c->read_timeout_ms, NULL);
     long slots = 16384;
     opt_long(&e, path, root, "state_slots", 16, 4194304, &slots, NULL);

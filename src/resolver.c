@@ -17,6 +17,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "coord.h"
 #include "kasera.h"
 #include "log.h"
 #include "state_redis.h"
@@ -41,14 +42,10 @@ struct resolver_watch {
 
 struct rread {
     struct kasera_read kr;
-    struct state_ticket ticket;
+    struct coord_read cr;             /* the claim, here and at Redis (its shop: the key) */
     struct state_redis_op *claiming;  /* asking Redis for it (not reading yet), or NULL */
-    uint64_t redis_serial;            /* Redis's claim (0: a read Redis did not grant) */
-    struct state_redis_id rclient;    /* who asked, as Redis knows clients */
-    bool has_rclient;
     struct config *cfg;               /* a reference: the key and base URL */
     struct resolver *rs;
-    const struct shop *shop;
     struct resolver_watch *w;         /* NULL once the watch is gone */
     struct rread *prev, *next;        /* all reads in flight */
 };
@@ -165,11 +162,11 @@ static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
  * back with the line's stamp, so that ts minus ms is the read's start. */
 static void log_read(const struct rread *rd, const struct outcome *oc)
 {
-    long long ms = (long long)(util_mono_ms() - rd->ticket.started);
+    long long ms = (long long)(util_mono_ms() - rd->cr.ticket.started);
     struct log_line l;
     log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? "info" : "warn", "read");
-    log_str(&l, "shop", rd->shop->id);
-    log_str(&l, "id", rd->ticket.id);
+    log_str(&l, "shop", rd->cr.shop->id);
+    log_str(&l, "id", rd->cr.ticket.id);
     log_int(&l, "http", rd->kr.http);
     log_str(&l, "outcome", classify_outcome_name(oc->kind));
     if (oc->kind == OUT_STATUS)
@@ -186,7 +183,7 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
         log_str(&l, "error", rd->kr.error);
     log_int(&l, "ms", ms);
     if (rd->kr.sent > 0) /* when the request went out (after connecting): the pace counts from there */
-        log_int(&l, "sent_ms", (long long)(rd->kr.sent - rd->ticket.started));
+        log_int(&l, "sent_ms", (long long)(rd->kr.sent - rd->cr.ticket.started));
     log_int(&l, "new_connection", rd->kr.connects > 0);
     log_end(&l);
 }
@@ -216,26 +213,26 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
     struct log_line l;
     if (oc->kind == OUT_UNAUTHORIZED && rep->key_paused) {
         log_begin(&l, "error", "key_rejected");
-        log_str(&l, "shop", rd->shop->id);
+        log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "msg", "Kasera answered 401: the shop's secret key is wrong or revoked; "
                            "no read with it for 5 minutes (fix the key and reload)");
         log_end(&l);
     } else if (oc->kind == OUT_KEY_LIMITED && rep->key_paused) {
         log_begin(&l, "warn", "key_paused");
-        log_str(&l, "shop", rd->shop->id);
+        log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "msg", "the key's requests per minute are spent; no read with it for about 60 s");
         log_end(&l);
     } else if (oc->kind == OUT_AUTH_BLOCKED && rep->host_paused) {
         log_begin(&l, "error", "host_blocked");
-        log_str(&l, "shop", rd->shop->id);
+        log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "last_401_shop", rep->last_401_shop[0] ? rep->last_401_shop : NULL);
         log_str(&l, "msg", "Kasera is blocking this host after failed authentications; "
                            "no read with any key for about 60 s");
         log_end(&l);
     } else if (oc->kind == OUT_REJECTED) {
         log_begin(&l, "warn", "read_rejected");
-        log_str(&l, "shop", rd->shop->id);
-        log_str(&l, "id", rd->ticket.id);
+        log_str(&l, "shop", rd->cr.shop->id);
+        log_str(&l, "id", rd->cr.ticket.id);
         log_str(&l, "error_code", oc->error_code);
         log_str(&l, "request_id", oc->request_id[0] ? oc->request_id : NULL);
         log_str(&l, "msg", strncmp(oc->error_code, "unverified_", 11) == 0
@@ -244,11 +241,11 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
         log_end(&l);
     }
     if (rep->client_blocked)
-        log_client_blocked(rd->shop->id, rd->ticket.id);
+        log_client_blocked(rd->cr.shop->id, rd->cr.ticket.id);
     if (rep->first_unknown) {
         log_begin(&l, "warn", "unknown_status");
-        log_str(&l, "shop", rd->shop->id);
-        log_str(&l, "id", rd->ticket.id);
+        log_str(&l, "shop", rd->cr.shop->id);
+        log_str(&l, "id", rd->cr.ticket.id);
         log_str(&l, "status", oc->status_word);
         log_str(&l, "msg", "a status kembali does not know; treated like pending");
         log_end(&l);
@@ -273,30 +270,6 @@ static void read_release(struct resolver *rs, struct rread *rd)
 
 static void step(struct resolver *rs, struct resolver_watch *w);
 
-/* Tell Redis (the other hosts) how a read ended: the very effect this
- * host's state applied (state_finish's report, rules.h). */
-static void redis_finish(struct resolver *rs, const struct rread *rd, const struct outcome *oc,
-                         const struct rules_effect *fx)
-{
-    if (rs->redis == NULL)
-        return;
-    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .shop_id = rd->shop->id, .serial = rd->redis_serial};
-    if (rd->kr.sent > 0 && rd->kr.sent > rd->ticket.started)
-        o.sent_ms = rd->kr.sent - rd->ticket.started;
-    if (fx->has_status) {
-        o.word = oc->status_word;
-        o.final = fx->final;
-    }
-    o.ttl_ms = fx->ttl_ms;
-    o.not_found = fx->not_found;
-    o.charge = fx->charge;
-    o.has_client = rd->has_rclient; /* a read for it is no longer in flight */
-    o.client = rd->rclient;
-    o.retry_ms = fx->retry_ms;
-    o.key_pause_ms = fx->key_pause_ms;
-    state_redis_finish(rs->redis, rd->shop->secret, rd->ticket.id, &o);
-}
-
 /* The API client's callback: a read ended. Record it, then decide again
  * for its transaction (its waiters may be answered now). */
 static void on_read_done(void *ctx, struct kasera_read *kr)
@@ -309,11 +282,7 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
     classify_response(&resp, util_wall_s(), &oc);
-    rd->ticket.sent = rd->kr.sent;
-    state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
-    if (state_redis_up(rs->redis)) /* Redis counts every host's 404s: its word starts the block (on_redis_blocked) */
-        rep.client_blocked = false;
-    redis_finish(rs, rd, &oc, &rep.effect);
+    coord_finish(rs->app->state, rs->redis, &rd->cr, &oc, rd->kr.sent, util_mono_ms(), &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
     log_read(rd, &oc);
@@ -340,11 +309,10 @@ static bool read_go(struct resolver *rs, struct rread *rd)
 {
     struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
     struct state_report rep;
-    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, rd->ticket.id, rd->shop->secret,
+    if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, rd->cr.ticket.id, rd->cr.shop->secret,
                      rd->cfg->read_timeout_ms) != 0) {
         log_read(rd, &none);
-        state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, util_mono_ms(), &rep);
-        redis_finish(rs, rd, &none, &rep.effect);
+        coord_finish(rs->app->state, rs->redis, &rd->cr, &none, 0, util_mono_ms(), &rep);
         return false;
     }
     atomic_fetch_add(&rs->app->m.reads_started, 1);
@@ -367,20 +335,16 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
         state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
         return false;
     }
-    rd->ticket = *t; /* its client: the lead's, who a 404 is charged to (hold_step) */
-    rd->rclient = lead->rclient;
-    rd->has_rclient = lead->has_rclient;
+    rd->cr.ticket = *t; /* its client: the lead's, who a 404 is charged to (hold_step) */
+    rd->cr.rclient = lead->rclient;
+    rd->cr.has_rclient = lead->has_rclient;
     rd->cfg = config_ref(lead->cfg);
-    rd->shop = lead->shop;
+    rd->cr.shop = lead->shop;
+    rd->cr.sched = &rd->cfg->sched;
     rd->kr.user = rd;
     rd->rs = rs;
     read_link(rs, w, rd);
-    struct state_redis_plan plan = {.last_chance = t->undo.last_chance, .host = rs->host};
-    if (rs->redis != NULL)
-        plan.reserved = state_key_reserved(rs->app->state, &t->key, util_mono_ms());
-    rd->claiming = state_redis_claim(rs->redis, rd->shop->secret, t->id, &rd->cfg->sched, rd->shop->read_budget,
-                                     t->lease_until - t->started, rd->has_rclient ? &rd->rclient : NULL, &plan,
-                                     on_claimed, rd);
+    rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, &rs->host, util_mono_ms(), on_claimed, rd);
     if (rd->claiming != NULL)
         return true; /* Redis decides: on_claimed */
     if (!read_go(rs, rd)) {
@@ -417,11 +381,10 @@ static void on_claimed(void *data, const struct state_redis_claim *c)
     struct rread *rd = data;
     struct resolver *rs = rd->rs;
     struct resolver_watch *w = rd->w;
-    struct state *st = rs->app->state;
     int64_t now = util_mono_ms();
     rd->claiming = NULL;
-    if (c->v == STATE_REDIS_GO) {
-        rd->redis_serial = c->serial;
+    enum coord_next next = coord_claimed(rs->app->state, &rd->cr, c, now);
+    if (next == COORD_READ) {
         if (read_go(rs, rd))
             return;
         read_release(rs, rd);
@@ -429,41 +392,12 @@ static void on_claimed(void *data, const struct state_redis_claim *c)
             step(rs, w);
         return;
     }
-    state_unclaim(st, &rd->ticket, now);
     /* no read was made for anybody: JSON waiters still want theirs */
     if (w != NULL)
         for (struct resolver_waiter *r = w->waiters; r; r = r->next)
             r->h.wants_read = false;
-    const struct state_key *k = &rd->ticket.key;
-    const char *id = rd->ticket.id;
-    switch (c->v) {
-    case STATE_REDIS_FINAL: {
-        enum tx_status s = tx_status_parse(c->word);
-        if (tx_status_final(s))
-            state_tell(st, k, id, s, c->word, now);
-        break;
-    }
-    case STATE_REDIS_NOT_FOUND:
-        state_learn_not_found(st, k, id, now + c->ms, now);
-        break;
-    case STATE_REDIS_BUSY:
-        state_defer(st, k, id, now + c->ms, true, WAIT_PACE, now);
-        break;
-    case STATE_REDIS_WAIT:
-        state_defer(st, k, id, now + c->ms, false, c->why, now);
-        break;
-    case STATE_REDIS_BLOCKED:
-        /* the client that led the claim is blocked (counted on another
-         * host) and nobody knows the id: its requests get no read (here
-         * from now on too); the others of the transaction decide again */
-        state_client_block(st, &rd->ticket.client, now + c->ms, now);
-        if (w != NULL)
-            answer_client(rs, w, &rd->rclient, now);
-        break;
-    case STATE_REDIS_GO:
-    case STATE_REDIS_DOWN:
-        break; /* down: decide again, on this host's state alone */
-    }
+    if (next == COORD_BLOCKED && w != NULL) /* its requests get no read; the others decide again */
+        answer_client(rs, w, &rd->cr.rclient, now);
     read_release(rs, rd);
     if (w != NULL)
         step(rs, w);
@@ -603,26 +537,7 @@ static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
     while (dirty) {
         struct resolver_watch *w = dirty;
         dirty = w->dnext;
-        enum tx_status s = tx_status_parse(m->word);
-        switch (m->kind) {
-        case STATE_REDIS_MSG_FINAL:
-            if (tx_status_final(s))
-                state_tell(st, &w->key, w->id, s, m->word, now);
-            break;
-        case STATE_REDIS_MSG_STATUS:
-            if (s == TXS_PENDING)
-                state_tell(st, &w->key, w->id, s, m->word, now);
-            state_defer(st, &w->key, w->id, now + m->ms, false, WAIT_PACE, now);
-            break;
-        case STATE_REDIS_MSG_NEXT:
-            state_defer(st, &w->key, w->id, now + m->ms, false, WAIT_PACE, now);
-            break;
-        case STATE_REDIS_MSG_NOT_FOUND:
-            state_learn_not_found(st, &w->key, w->id, now + m->ms, now);
-            break;
-        case STATE_REDIS_MSG_BLOCK:
-            break;
-        }
+        coord_mirror(st, &w->key, w->id, m, now);
         step(rs, w);
     }
 }
@@ -776,15 +691,13 @@ void resolver_stop(struct resolver *rs)
         struct outcome none = {.kind = OUT_NO_ANSWER, .retry_after_ms = -1};
         struct state_report rep;
         if (rd->claiming != NULL) { /* not read yet: give the claim back */
-            state_unclaim(rs->app->state, &rd->ticket, now);
+            coord_abandon(rs->app->state, &rd->cr, now);
             read_release(rs, rd);
             continue;
         }
         kasera_abort(rs->api, &rd->kr);
-        rd->ticket.sent = rd->kr.sent;
         util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
-        state_finish(rs->app->state, &rd->ticket, rd->shop->id, &none, now, &rep);
-        redis_finish(rs, rd, &none, &rep.effect);
+        coord_finish(rs->app->state, rs->redis, &rd->cr, &none, rd->kr.sent, now, &rep);
         log_read(rd, &none);
         read_release(rs, rd);
     }
@@ -802,7 +715,7 @@ void resolver_free(struct resolver *rs)
         watch_drop(rs, rs->all);
     while (rs->reads) {
         if (rs->reads->claiming != NULL)
-            state_unclaim(rs->app->state, &rs->reads->ticket, util_mono_ms());
+            coord_abandon(rs->app->state, &rs->reads->cr, util_mono_ms());
         else
             kasera_abort(rs->api, &rs->reads->kr);
         read_release(rs, rs->reads);

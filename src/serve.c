@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "coord.h"
 #include "dynbuf.h"
 #include "log.h"
 #include "metrics.h"
@@ -297,12 +298,8 @@ static void notify_answer(struct serve_req *r, struct notify_told *t)
 static void notify_here(struct serve_req *r, struct notify_told *t)
 {
     notify_record(t, r->s->app->state, &r->cfg->sched, NULL, util_mono_ms());
-    if (t->http != 204 || r->s->app->redis == NULL)
-        return;
-    struct state_fact f; /* every host's: what this state now holds for it */
-    state_lookup(r->s->app->state, &r->shop->key, t->id, &r->cfg->sched, r->shop->read_budget, util_mono_ms(), &f);
-    if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
-        state_redis_tell(r->s->app->redis, r->shop->secret, t->id, f.status_word, f.final, &r->cfg->sched);
+    if (t->http == 204)
+        coord_told_here(r->s->app->state, r->s->app->redis, r->shop, t->id, &r->cfg->sched, util_mono_ms());
 }
 
 /* Take n off s's list of admin POSTs waiting for Redis. */
@@ -318,7 +315,7 @@ static void notify_unlink(struct serve *s, struct serve_notify *n)
 }
 
 /* Redis's word on a told status (state_redis_tell_ask): a final status it
- * knows stays (409, nothing recorded here either); recorded there, it is
+ * knows stays (409; that status is mirrored here); recorded there, it is
  * recorded here; no answer: decided here. */
 static void on_told(void *data, const struct state_redis_told *rt)
 {
@@ -326,10 +323,13 @@ static void on_told(void *data, const struct state_redis_told *rt)
     struct serve *s = n->r.s;
     n->op = NULL;
     notify_unlink(s, n);
-    if (rt->down)
+    if (rt->down) {
         notify_here(&n->r, &n->t);
-    else
+    } else {
+        if (rt->kept) /* what Redis knows stays: this host may still hold an older told status */
+            coord_mirror_final(s->app->state, &n->r.shop->key, n->t.id, rt->word, util_mono_ms());
         notify_record(&n->t, s->app->state, &n->r.cfg->sched, rt->kept ? rt->word : NULL, util_mono_ms());
+    }
     notify_answer(&n->r, &n->t);
     config_unref(n->r.cfg);
     free(n);

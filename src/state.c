@@ -293,7 +293,7 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
-        h->read_timeout_ms = 5000;
+        h->read_timeout_ms = STATE_READ_TIMEOUT_DEFAULT_MS;
         dmg[DMG_HEADER]++;
     }
 }
@@ -827,7 +827,7 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->key_nbuckets = l->knb;
     h->client_slots = l->cln;
     h->tx_per_key = l->per_key;
-    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
+    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : STATE_READ_TIMEOUT_DEFAULT_MS;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
     h->key_buckets_off = l->off_kb;

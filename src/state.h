@@ -50,6 +50,7 @@
 #define STATE_UNAUTH_PAUSE_MS RULES_UNAUTH_PAUSE_MS
 #define STATE_HOST_PAUSE_MS RULES_HOST_PAUSE_MS
 #define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
+#define STATE_READ_TIMEOUT_DEFAULT_MS 5000 /* read_timeout_ms when none is configured */
 #define STATE_DEFER_MAX_MS (600 * 1000LL)  /* the longest not-before another host may set (state_defer) */
 
 struct state;
@@ -135,7 +136,7 @@ struct state_opts {
     int tx_per_key;           /* most of them one key's entries may take (<= 0: the default,
                                * state_per_key_default); see state_open for a shared file */
     int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
-    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default 5000) */
+    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default STATE_READ_TIMEOUT_DEFAULT_MS) */
     int client_slots;         /* clients whose 404s are counted at once (default 4096) */
     bool greedy;              /* this process does not plan a scarce budget (plan.h): first come,
                                * first served, for comparison only */

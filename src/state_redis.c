@@ -1259,7 +1259,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
-    snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < 60000 ? o->sent_ms : 0));
+    snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < PACE_EPISODE_MS ? o->sent_ms : 0));
     snprintf(ttl, sizeof ttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
     snprintf(nfttl, sizeof nfttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
     snprintf(rw, sizeof rw, "%lld", (long long)(o->retry_ms > 0 ? o->retry_ms : 0));

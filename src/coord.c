@@ -1,0 +1,128 @@
+/* coord.c - see coord.h. */
+#include "coord.h"
+
+#include <string.h>
+
+struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
+                                 const struct state_redis_id *host, int64_t now, state_redis_claim_fn *fn,
+                                 void *data)
+{
+    if (redis == NULL)
+        return NULL;
+    const struct state_ticket *t = &cr->ticket;
+    struct state_redis_plan plan = {.last_chance = t->undo.last_chance, .host = *host};
+    plan.reserved = state_key_reserved(st, &t->key, now);
+    return state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
+                             t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, fn, data);
+}
+
+void coord_mirror_final(struct state *st, const struct state_key *key, const char *id, const char *word,
+                        int64_t now)
+{
+    enum tx_status s = tx_status_parse(word);
+    if (tx_status_final(s))
+        state_tell(st, key, id, s, word, now);
+}
+
+enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const struct state_redis_claim *c,
+                              int64_t now)
+{
+    if (c->v == STATE_REDIS_GO) {
+        cr->redis_serial = c->serial;
+        return COORD_READ;
+    }
+    state_unclaim(st, &cr->ticket, now);
+    const struct state_key *k = &cr->ticket.key;
+    const char *id = cr->ticket.id;
+    switch (c->v) {
+    case STATE_REDIS_FINAL:
+        coord_mirror_final(st, k, id, c->word, now);
+        break;
+    case STATE_REDIS_NOT_FOUND:
+        state_learn_not_found(st, k, id, now + c->ms, now);
+        break;
+    case STATE_REDIS_BUSY:
+        state_defer(st, k, id, now + c->ms, true, WAIT_PACE, now);
+        break;
+    case STATE_REDIS_WAIT:
+        state_defer(st, k, id, now + c->ms, false, c->why, now);
+        break;
+    case STATE_REDIS_BLOCKED:
+        /* the client that led the claim is blocked (counted on another
+         * host) and nobody knows the id: its requests get no read (here
+         * from now on too) */
+        state_client_block(st, &cr->ticket.client, now + c->ms, now);
+        return COORD_BLOCKED;
+    case STATE_REDIS_GO:
+    case STATE_REDIS_DOWN:
+        break; /* down: decide again, on this host's state alone */
+    }
+    return COORD_AGAIN;
+}
+
+void coord_finish(struct state *st, struct state_redis *redis, struct coord_read *cr, const struct outcome *oc,
+                  int64_t sent, int64_t now, struct state_report *report)
+{
+    cr->ticket.sent = sent;
+    state_finish(st, &cr->ticket, cr->shop->id, oc, now, report);
+    if (redis == NULL)
+        return;
+    if (state_redis_up(redis)) /* Redis counts every host's 404s: its word starts the block */
+        report->client_blocked = false;
+    const struct rules_effect *fx = &report->effect;
+    struct state_redis_outcome o = {.sched = cr->sched, .shop_id = cr->shop->id, .serial = cr->redis_serial};
+    if (sent > cr->ticket.started)
+        o.sent_ms = sent - cr->ticket.started;
+    if (fx->has_status) {
+        o.word = oc->status_word;
+        o.final = fx->final;
+    }
+    o.ttl_ms = fx->ttl_ms;
+    o.not_found = fx->not_found;
+    o.charge = fx->charge;
+    o.has_client = cr->has_rclient; /* a read for it is no longer in flight */
+    o.client = cr->rclient;
+    o.retry_ms = fx->retry_ms;
+    o.key_pause_ms = fx->key_pause_ms;
+    state_redis_finish(redis, cr->shop->secret, cr->ticket.id, &o);
+}
+
+void coord_abandon(struct state *st, const struct coord_read *cr, int64_t now)
+{
+    state_unclaim(st, &cr->ticket, now);
+}
+
+void coord_mirror(struct state *st, const struct state_key *key, const char *id, const struct state_redis_msg *m,
+                  int64_t now)
+{
+    enum tx_status s = tx_status_parse(m->word);
+    switch (m->kind) {
+    case STATE_REDIS_MSG_FINAL:
+        coord_mirror_final(st, key, id, m->word, now);
+        break;
+    case STATE_REDIS_MSG_STATUS:
+        if (s == TXS_PENDING)
+            state_tell(st, key, id, s, m->word, now);
+        state_defer(st, key, id, now + m->ms, false, WAIT_PACE, now);
+        break;
+    case STATE_REDIS_MSG_NEXT:
+        state_defer(st, key, id, now + m->ms, false, WAIT_PACE, now);
+        break;
+    case STATE_REDIS_MSG_NOT_FOUND:
+        state_learn_not_found(st, key, id, now + m->ms, now);
+        break;
+    case STATE_REDIS_MSG_BLOCK:
+        break;
+    }
+}
+
+void coord_told_here(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                     const struct pace_schedule *sched, int64_t now)
+{
+    if (redis == NULL)
+        return;
+    struct state_fact f; /* every host's: what this state now holds for it */
+    state_lookup(st, &shop->key, id, sched, shop->read_budget, now, &f);
+    if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
+        state_redis_tell(redis, shop->secret, id, f.status_word, f.final, sched);
+}

@@ -1,0 +1,96 @@
+/* coord.h - the two stores kept as one: this host's state (state.h) and,
+ * across hosts, Redis (state_redis.h).
+ *
+ * Every move between them is here, so that the resolver holds requests
+ * and the front answers them, and neither decides what goes where:
+ *
+ *   coord_ask()      a read claimed here is asked of Redis too
+ *   coord_claimed()  Redis's answer: read, or give our claim back and
+ *                    mirror what Redis says (a final status, a 404, a read
+ *                    in flight elsewhere, a wait, a blocked client)
+ *   coord_finish()   a read's end: recorded here, and the very effect this
+ *                    state applied (rules.h) sent to Redis
+ *   coord_abandon()  a claim never read (stopping): given back here
+ *   coord_mirror()   another host's published news, mirrored here
+ *   coord_told()     a status the shop told: Redis's word mirrored here, or
+ *                    this state's word sent to Redis
+ *
+ * With no Redis (NULL) or Redis down, each is this host's state alone.
+ * No call blocks; none reads a clock (the caller passes `now`). */
+#ifndef KEMBALI_COORD_H
+#define KEMBALI_COORD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "classify.h"
+#include "config.h"
+#include "state.h"
+#include "state_redis.h"
+
+/* One read as both stores know it. */
+struct coord_read {
+    struct state_ticket ticket;     /* this host's claim */
+    uint64_t redis_serial;          /* Redis's claim (0: a read Redis did not grant) */
+    struct state_redis_id rclient;  /* who asked, as Redis knows clients */
+    bool has_rclient;
+    const struct shop *shop;        /* the shop the read is made for (its secret, budget) */
+    const struct pace_schedule *sched;
+};
+
+/* Ask Redis for the read cr->ticket claimed here (the plan's reservations
+ * of this host and whether it is a last-chance read go with it: `host` is
+ * this host's name in Redis). Returns the operation (fn is called once
+ * with Redis's answer), or NULL when Redis is not used or down: read on
+ * this host's claim alone. */
+struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
+                                 const struct state_redis_id *host, int64_t now, state_redis_claim_fn *fn,
+                                 void *data);
+
+/* What coord_claimed() asks of the caller. */
+enum coord_next {
+    COORD_READ,     /* Redis granted it (cr->redis_serial is set): make the read */
+    COORD_AGAIN,    /* given back and mirrored: decide again */
+    COORD_BLOCKED,  /* given back: cr's client is blocked (another host counted it): answer
+                     * its requests now, then decide again for the others */
+};
+
+/* Redis answered the claim of cr (c->v; down: decide on this host's state
+ * alone). Unless granted, our claim is given back (state_unclaim) and
+ * what Redis says is mirrored here. Can't fail. */
+enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const struct state_redis_claim *c,
+                              int64_t now);
+
+/* The read of cr ended with `oc` at `now` (`sent`: when its request went
+ * out, 0: never): state_finish() here, then the same effect to Redis
+ * (report->effect). With Redis up, a client's block is Redis's to start
+ * (report->client_blocked is then false: its word comes as on_blocked).
+ * Can't fail. */
+void coord_finish(struct state *st, struct state_redis *redis, struct coord_read *cr, const struct outcome *oc,
+                  int64_t sent, int64_t now, struct state_report *report);
+
+/* The claim of cr was never asked of Redis's answer or never read
+ * (stopping, or freed while Redis was deciding): give it back here. */
+void coord_abandon(struct state *st, const struct coord_read *cr, int64_t now);
+
+/* Another host published `m` about (key, id) (the key as this state knows
+ * it): mirror it here (a final status, a pending status and the next
+ * read's time, a next read's time, a 404). A client's block is not
+ * mirrored (Redis refuses that client's claims itself). Can't fail. */
+void coord_mirror(struct state *st, const struct state_key *key, const char *id, const struct state_redis_msg *m,
+                  int64_t now);
+
+/* Redis's final status `word` for (key, id) stays (a told status it may
+ * not replace): mirror it here, where what this host was told before may
+ * still stand. Can't fail. */
+void coord_mirror_final(struct state *st, const struct state_key *key, const char *id, const char *word,
+                        int64_t now);
+
+/* The shop told this host a status for (shop, id) and it was recorded
+ * here (Redis did not answer or is not used): send Redis what this state
+ * now holds for it (while Redis is down, a final status waits for the
+ * write-back). Can't fail. */
+void coord_told_here(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                     const struct pace_schedule *sched, int64_t now);
+
+#endif
