@@ -18,6 +18,7 @@
 
 struct resolver;
 struct state_redis;
+struct coord_keys;
 
 struct app_metrics {
     atomic_long requests[W_COUNT];  /* answers by status word */
@@ -39,6 +40,7 @@ struct app {
     struct state *state;
     struct resolver *resolver;
     struct state_redis *redis;      /* with `redis`: made and freed by the resolver (loop thread only) */
+    struct coord_keys *keys;        /* with `redis`: the keys used with it (coord.h), the resolver's */
     struct app_metrics m;
     atomic_bool stopping;
     int listen_fd;

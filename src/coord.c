@@ -60,13 +60,14 @@ enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const str
     return COORD_AGAIN;
 }
 
-void coord_finish(struct state *st, struct state_redis *redis, struct coord_read *cr, const struct outcome *oc,
-                  int64_t sent, int64_t now, struct state_report *report)
+void coord_finish(struct state *st, struct state_redis *redis, struct coord_keys *ks, struct coord_read *cr,
+                  const struct outcome *oc, int64_t sent, int64_t now, struct state_report *report)
 {
     cr->ticket.sent = sent;
     state_finish(st, &cr->ticket, cr->shop->id, oc, now, report);
     if (redis == NULL)
         return;
+    coord_keys_learn(ks, redis, cr->shop, now);
     if (state_redis_up(redis)) /* Redis counts every host's 404s: its word starts the block */
         report->client_blocked = false;
     const struct rules_effect *fx = &report->effect;
@@ -116,13 +117,53 @@ void coord_mirror(struct state *st, const struct state_key *key, const char *id,
     }
 }
 
-void coord_told_here(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
-                     const struct pace_schedule *sched, int64_t now)
+void coord_told_here(struct state *st, struct state_redis *redis, struct coord_keys *ks, const struct shop *shop,
+                     const char *id, const struct pace_schedule *sched, int64_t now)
 {
     if (redis == NULL)
         return;
+    coord_keys_learn(ks, redis, shop, now);
     struct state_fact f; /* every host's: what this state now holds for it */
     state_lookup(st, &shop->key, id, sched, shop->read_budget, now, &f);
     if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
         state_redis_tell(redis, shop->secret, id, f.status_word, f.final, sched);
+}
+
+void coord_keys_learn(struct coord_keys *ks, struct state_redis *redis, const struct shop *shop, int64_t now)
+{
+    struct state_redis_id rk;
+    if (ks == NULL || !state_redis_key_id(redis, shop->secret, &rk))
+        return;
+    int slot = 0;
+    for (int i = 0; i < COORD_KEYS; i++) {
+        if (ks->e[i].used != 0 && strcmp(ks->e[i].rkey.hex, rk.hex) == 0) {
+            ks->e[i].used = now > 0 ? now : 1;
+            return;
+        }
+        if (ks->e[i].used < ks->e[slot].used)
+            slot = i; /* a free one (0) or the least recently used */
+    }
+    ks->e[slot].rkey = rk;
+    ks->e[slot].key = shop->key;
+    ks->e[slot].used = now > 0 ? now : 1;
+}
+
+const struct state_key *coord_keys_find(const struct coord_keys *ks, const struct state_redis_id *rkey)
+{
+    if (ks == NULL)
+        return NULL;
+    for (int i = 0; i < COORD_KEYS; i++)
+        if (ks->e[i].used != 0 && strcmp(ks->e[i].rkey.hex, rkey->hex) == 0)
+            return &ks->e[i].key;
+    return NULL;
+}
+
+void coord_mirror_unwatched(struct state *st, const struct coord_keys *ks, const struct state_redis_msg *m,
+                            int64_t now)
+{
+    if (m->kind != STATE_REDIS_MSG_FINAL)
+        return;
+    const struct state_key *key = coord_keys_find(ks, &m->key);
+    if (key != NULL && state_known(st, key, m->id, now)) /* nothing known here: nothing to mirror */
+        coord_mirror_final(st, key, m->id, m->word, now);
 }

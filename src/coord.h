@@ -12,8 +12,11 @@
  *                    state applied (rules.h) sent to Redis
  *   coord_abandon()  a claim never read (stopping): given back here
  *   coord_mirror()   another host's published news, mirrored here
- *   coord_told()     a status the shop told: Redis's word mirrored here, or
- *                    this state's word sent to Redis
+ *   coord_told_here() a status the shop told, recorded here: sent to Redis
+ *   coord_mirror_final() Redis's final status mirrored here
+ *   coord_keys_*()   which of this host's keys a published name is, so that
+ *                    news of an id nobody holds a request for still
+ *                    reaches what this host knows of it
  *
  * With no Redis (NULL) or Redis down, each is this host's state alone.
  * No call blocks; none reads a clock (the caller passes `now`). */
@@ -61,13 +64,15 @@ enum coord_next {
 enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const struct state_redis_claim *c,
                               int64_t now);
 
+struct coord_keys;
+
 /* The read of cr ended with `oc` at `now` (`sent`: when its request went
  * out, 0: never): state_finish() here, then the same effect to Redis
- * (report->effect). With Redis up, a client's block is Redis's to start
- * (report->client_blocked is then false: its word comes as on_blocked).
- * Can't fail. */
-void coord_finish(struct state *st, struct state_redis *redis, struct coord_read *cr, const struct outcome *oc,
-                  int64_t sent, int64_t now, struct state_report *report);
+ * (report->effect), and its key is learnt (ks, coord_keys_learn). With
+ * Redis up, a client's block is Redis's to start (report->client_blocked
+ * is then false: its word comes as on_blocked). Can't fail. */
+void coord_finish(struct state *st, struct state_redis *redis, struct coord_keys *ks, struct coord_read *cr,
+                  const struct outcome *oc, int64_t sent, int64_t now, struct state_report *report);
 
 /* The claim of cr was never asked of Redis's answer or never read
  * (stopping, or freed while Redis was deciding): give it back here. */
@@ -89,8 +94,36 @@ void coord_mirror_final(struct state *st, const struct state_key *key, const cha
 /* The shop told this host a status for (shop, id) and it was recorded
  * here (Redis did not answer or is not used): send Redis what this state
  * now holds for it (while Redis is down, a final status waits for the
- * write-back). Can't fail. */
-void coord_told_here(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
-                     const struct pace_schedule *sched, int64_t now);
+ * write-back), and learn its key (ks). Can't fail. */
+void coord_told_here(struct state *st, struct state_redis *redis, struct coord_keys *ks, const struct shop *shop,
+                     const char *id, const struct pace_schedule *sched, int64_t now);
+
+/* The keys this host used with Redis lately: Redis's name of each
+ * (state_redis_key_id) and this state's (state_key_id), at most COORD_KEYS,
+ * the least recently used forgotten first. A name is derived from its
+ * secret for good, so an entry is never wrong, only perhaps unused. */
+#define COORD_KEYS 256
+struct coord_keys {
+    struct {
+        struct state_redis_id rkey;
+        struct state_key key;
+        int64_t used;          /* 0: a free entry */
+    } e[COORD_KEYS];
+};
+
+/* Remember shop's key (a read or a told status of it is recorded here). No
+ * Redis: nothing. Can't fail. */
+void coord_keys_learn(struct coord_keys *ks, struct state_redis *redis, const struct shop *shop, int64_t now);
+
+/* This state's key whose name in Redis is `rkey`, or NULL when it is not
+ * one this host used lately. Can't fail. */
+const struct state_key *coord_keys_find(const struct coord_keys *ks, const struct state_redis_id *rkey);
+
+/* Another host published a final status (m) of an id no request here
+ * waits for: when this host's state knows the id under one of its keys
+ * (ks), mirror it, so that what it answers from its cache (an expired a
+ * late payment replaced) is what Redis holds. Can't fail. */
+void coord_mirror_unwatched(struct state *st, const struct coord_keys *ks, const struct state_redis_msg *m,
+                            int64_t now);
 
 #endif

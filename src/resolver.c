@@ -282,7 +282,7 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
     classify_response(&resp, util_wall_s(), &oc);
-    coord_finish(rs->app->state, rs->redis, &rd->cr, &oc, rd->kr.sent, util_mono_ms(), &rep);
+    coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &oc, rd->kr.sent, util_mono_ms(), &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
     log_read(rd, &oc);
@@ -312,7 +312,7 @@ static bool read_go(struct resolver *rs, struct rread *rd)
     if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, rd->cr.ticket.id, rd->cr.shop->secret,
                      rd->cfg->read_timeout_ms) != 0) {
         log_read(rd, &none);
-        coord_finish(rs->app->state, rs->redis, &rd->cr, &none, 0, util_mono_ms(), &rep);
+        coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &none, 0, util_mono_ms(), &rep);
         return false;
     }
     atomic_fetch_add(&rs->app->m.reads_started, 1);
@@ -534,6 +534,8 @@ static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
         dirty = w;
     }
     int64_t now = util_mono_ms();
+    if (dirty == NULL) /* nobody waits here: what this host knows of it may still answer */
+        coord_mirror_unwatched(st, rs->app->keys, m, now);
     while (dirty) {
         struct resolver_watch *w = dirty;
         dirty = w->dnext;
@@ -603,6 +605,12 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
         state_redis_hex(hk.b, 8, rs->host.hex);
         rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
         a->redis = rs->redis;
+        a->keys = calloc(1, sizeof *a->keys);
+        if (a->keys == NULL && rs->redis != NULL) {
+            snprintf(err, errlen, "out of memory");
+            config_unref(cfg);
+            goto fail;
+        }
     }
     bool redis_failed = cfg->redis.on && rs->redis == NULL;
     config_unref(cfg);
@@ -697,7 +705,7 @@ void resolver_stop(struct resolver *rs)
         }
         kasera_abort(rs->api, &rd->kr);
         util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
-        coord_finish(rs->app->state, rs->redis, &rd->cr, &none, rd->kr.sent, now, &rep);
+        coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &none, rd->kr.sent, now, &rep);
         log_read(rd, &none);
         read_release(rs, rd);
     }
@@ -722,6 +730,8 @@ void resolver_free(struct resolver *rs)
     }
     state_redis_free(rs->redis);
     rs->app->redis = NULL;
+    free(rs->app->keys);
+    rs->app->keys = NULL;
     if (rs->wake_fd >= 0) {
         loop_io_set(rs->loop, &rs->wake_io, 0);
         close(rs->wake_fd);

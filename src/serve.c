@@ -299,7 +299,8 @@ static void notify_here(struct serve_req *r, struct notify_told *t)
 {
     notify_record(t, r->s->app->state, &r->cfg->sched, NULL, util_mono_ms());
     if (t->http == 204)
-        coord_told_here(r->s->app->state, r->s->app->redis, r->shop, t->id, &r->cfg->sched, util_mono_ms());
+        coord_told_here(r->s->app->state, r->s->app->redis, r->s->app->keys, r->shop, t->id, &r->cfg->sched,
+                        util_mono_ms());
 }
 
 /* Take n off s's list of admin POSTs waiting for Redis. */
@@ -329,6 +330,7 @@ static void on_told(void *data, const struct state_redis_told *rt)
         if (rt->kept) /* what Redis knows stays: this host may still hold an older told status */
             coord_mirror_final(s->app->state, &n->r.shop->key, n->t.id, rt->word, util_mono_ms());
         notify_record(&n->t, s->app->state, &n->r.cfg->sched, rt->kept ? rt->word : NULL, util_mono_ms());
+        coord_keys_learn(s->app->keys, s->app->redis, n->r.shop, util_mono_ms()); /* known here now */
     }
     notify_answer(&n->r, &n->t);
     config_unref(n->r.cfg);

@@ -2283,6 +2283,17 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
     return done;
 }
 
+bool state_known(struct state *st, const struct state_key *key, const char *id, int64_t now)
+{
+    if (!valid_id(id))
+        return false;
+    st_lock(st, now);
+    const struct st_tx *e = tx_find(st, key, id);
+    bool known = e != NULL && e->status != TXS_NONE;
+    st_unlock(st);
+    return known;
+}
+
 bool state_defer(struct state *st, const struct state_key *key, const char *id, int64_t until, bool in_flight,
                  enum state_wait why, int64_t now)
 {

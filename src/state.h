@@ -386,6 +386,10 @@ enum state_told {
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 
+/* Does this state hold a status (read or told) for (key, id)? Never
+ * creates an entry. This function can't fail. */
+bool state_known(struct state *st, const struct state_key *key, const char *id, int64_t now);
+
 /* Another host's state says that no read of (key, id) may start here
  * before `until` (this process's monotonic ms, like every time here):
  *   - in_flight: because a read of it is in flight on another host, until

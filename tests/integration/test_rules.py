@@ -161,6 +161,15 @@ def ep_told_pending_then_read(sb, ks, id):
                     status(get(ks[1], "id=%s" % id))]
 
 
+def ep_late_payment(sb, ks, id):
+    """Told expired on one process, then succeeded (a late payment) on the
+    other, nobody waiting: both answer succeeded from then on."""
+    codes = [notify(ks[0], id, "expired").status, notify(ks[1], id, "succeeded").status]
+    # the other host hears of it within 50 ms (interface.md): asked after 200 ms
+    time.sleep(0.2)
+    return codes + [status(get(ks[0], "id=%s" % id)), status(get(ks[1], "id=%s" % id))]
+
+
 def ep_outlives_lease(sb, ks, id):
     """A read that outlives its timeout (read_timeout_ms 3000, its lease
     4 s): it ends as a read without answer at 3 s; the next read keeps the
@@ -207,6 +216,7 @@ FAST_TABLE = [
     ("nf", ep_404, [0], ["not_found"] * 2, SLACK),
     ("5xx", ep_5xx, [0, 1.1], ["succeeded"] * 2, SLACK),
     ("told", ep_told, [], [204, 204, 204, 409, 409, 409, "succeeded", "succeeded"], SLACK),
+    ("latepay", ep_late_payment, [], [204, 204, "succeeded", "succeeded"], SLACK),
     ("toldp", ep_told_pending_then_read, [0], [204, "canceled", 409, "canceled"], SLACK),
     ("lease", ep_outlives_lease, None, ["checking"] * 2, SLACK),
     ("key429", ep_key_429, [0], ["checking"] * 2, SLACK),
