@@ -1,8 +1,11 @@
 /* coord.h - the two stores kept as one: this host's state (state.h) and,
  * across hosts, Redis (state_redis.h).
  *
- * Every move between them is here, so that the resolver holds requests
- * and the front answers them, and neither decides what goes where:
+ * The moves between them are here, so that the resolver holds requests
+ * and the front answers them, and neither decides what goes where (two
+ * remain outside: the POST notify's question to Redis, serve.c's
+ * state_redis_tell_ask(), whose answer is mirrored here, and --notify's
+ * blocking tell in notify.c):
  *
  *   coord_ask()      a read claimed here is asked of Redis too
  *   coord_claimed()  Redis's answer: read, or give our claim back and
