@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "stream.h"
 #include "util.h"
 
 #ifndef KEMBALI_TEMPLATES_DIR
@@ -513,11 +514,11 @@ void config_redis_address(const struct config_redis *r, char *buf, size_t len)
 static const char *const top_keys[] = {
     "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "keys_dir", "shop_templates_root",
     "schedule_ms", "read_timeout_ms", "state_slots", "state_slots_per_key", "max_held", "max_held_per_shop",
-    "read_planning", "redis", "redis_password_file", "redis_prefix", "redis_hosts",
+    "read_planning", "redis", "redis_password_file", "redis_prefix", "redis_hosts", "first_paint_ms",
 };
 static const char *const shop_keys[] = {
     "id", "name", "hosts", "secret_key_file", "secret_key_env", "shop_url", "locale",
-    "read_budget_per_minute", "cors_origins", "templates_dir", "id_param", "notify_secret_file",
+    "read_budget_per_minute", "cors_origins", "templates_dir", "id_param", "notify_secret_file", "progressive",
 };
 
 static void check_keys(struct cerr *e, const char *file, const char *where, json_t *obj,
@@ -749,6 +750,13 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
                 s->origins[s->norigins++] = d;
         }
     }
+
+    s->progressive = true;
+    json_t *pg = json_object_get(o, "progressive");
+    if (pg != NULL && !json_is_boolean(pg))
+        cfail(e, file, P("progressive"), "must be true (a browser sees a waiting page at once) or false (one answer)");
+    else if (pg != NULL)
+        s->progressive = json_is_true(pg);
 
     const char *ip = opt_str(e, file, where, o, "id_param");
     if (ip != NULL && (strlen(ip) > 32 || !config_valid_id(ip)))
@@ -1179,6 +1187,9 @@ struct config *config_reload(const char *path, const struct config *prev, char *
     }
     c->read_timeout_ms = 5000;
     opt_long(&e, path, root, "read_timeout_ms", 100, 30000, &c->read_timeout_ms, NULL);
+    c->first_paint_ms = STREAM_FIRST_PAINT_MS_DEFAULT;
+    opt_long(&e, path, root, "first_paint_ms", STREAM_FIRST_PAINT_MS_MIN, STREAM_FIRST_PAINT_MS_MAX,
+             &c->first_paint_ms, NULL);
     long slots = 16384;
     opt_long(&e, path, root, "state_slots", 16, 4194304, &slots, NULL);
     c->state_slots = (int)slots;

@@ -56,6 +56,7 @@ struct shop {
     char *origins[CONFIG_MAX_ORIGINS];
     int norigins;
     char id_param[33];
+    bool progressive;              /* a browser's navigation may get the streamed page (stream.h) */
     const struct templates *tpl;   /* owned by the config */
     char *source;                  /* the file in shops_dir it came from; NULL: inline */
 };
@@ -76,6 +77,7 @@ struct config {
     char *templates_dir;
     struct pace_schedule sched;
     long read_timeout_ms;
+    long first_paint_ms;           /* the streamed page's top goes out by then at the latest (stream.h) */
     int state_slots;
     int state_slots_per_key;       /* 0: not given, the default (state_per_key_default) */
     bool read_planning;            /* plan a scarce budget (plan.h); false: first come, first served */

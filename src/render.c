@@ -107,7 +107,10 @@ void html_escape(struct buf *b, const char *s)
     buf_put(b, run, (size_t)(s - run));
 }
 
-static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url"};
+static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url", "more", "card"};
+enum { PH_STATUS, PH_MORE = 5, PH_CARD = 6 }; /* more and card: the waiting page's own */
+
+static const char card_open[] = "<!--card-->", card_close[] = "<!--/card-->";
 
 /* Index of the placeholder starting at p ("{{name}}"), its length in *len;
  * -1 when p does not start a known placeholder. */
@@ -203,8 +206,8 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
 
 /* Check a page and find its placeholders (*slots, *nslots: the caller
  * frees *slots). False with a reason in err. */
-static bool check_page(const char *path, const char *p, size_t n, struct templates_slot **slots, size_t *nslots,
-                       char *err, size_t errlen)
+static bool check_page(const char *path, const char *p, size_t n, bool waiting, struct templates_slot **slots,
+                       size_t *nslots, char *err, size_t errlen)
 {
     *slots = NULL;
     *nslots = 0;
@@ -214,6 +217,10 @@ static bool check_page(const char *path, const char *p, size_t n, struct templat
         if (p[i] != '{' || p[i + 1] != '{')
             continue;
         int ph = placeholder_at(p + i, n - i, &len);
+        if (ph >= PH_MORE && !waiting) {
+            snprintf(err, errlen, "%s: {{more}} and {{card}} belong in waiting.html only", path);
+            return false;
+        }
         if (ph < 0) {
             snprintf(err, errlen, "%s: unknown placeholder near \"%.20s\" (known: {{status}} {{id}} "
                      "{{shop_name}} {{shop_url}} {{retry_url}})", path, p + i);
@@ -235,6 +242,66 @@ static bool check_page(const char *path, const char *p, size_t n, struct templat
         snprintf(err, errlen, "%s: the <html> tag must carry data-status=\"{{status}}\"", path);
         return false;
     }
+    if (waiting) { /* the top, {{more}}, then the result with its data-status and {{card}} */
+        size_t more = SIZE_MAX, card = SIZE_MAX, nmore = 0, ncard = 0;
+        for (size_t i = 0; i < *nslots; i++) {
+            if ((*slots)[i].ph == PH_MORE)
+                more = (*slots)[i].at, nmore++;
+            else if ((*slots)[i].ph == PH_CARD)
+                card = (*slots)[i].at, ncard++;
+        }
+        const char *st = nmore == 1 ? strstr(p + more, "data-status=\"{{status}}\"") : NULL;
+        if (nmore != 1 || ncard != 1 || card < more || st == NULL || (size_t)(st - p) > card) {
+            snprintf(err, errlen, "%s: needs one {{more}} (where the top ends), then an element carrying "
+                     "data-status=\"{{status}}\" around one {{card}} (the result)", path);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Where page w's result card lies (between <!--card--> and <!--/card-->):
+ * false when the page has no such pair. */
+static bool find_card(struct templates *t, int w)
+{
+    const char *a = strstr(t->page[w], card_open);
+    const char *b = a ? strstr(a, card_close) : NULL;
+    if (b == NULL)
+        return false;
+    t->card_at[w] = (size_t)(a - t->page[w]) + sizeof card_open - 1;
+    t->card_end[w] = (size_t)(b - t->page[w]);
+    return true;
+}
+
+/* Load dir/<locale>/waiting.html (or fallback's) into t: the streamed
+ * page. Missing everywhere: t does not stream (false, no error). */
+static bool load_waiting(struct templates *t, const char *dir, const char *fallback, const char *confine,
+                         char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    bool missing = false;
+    int pn = snprintf(path, sizeof path, "%s/%s/waiting.html", dir, t->locale);
+    if (pn < 0 || (size_t)pn >= sizeof path) {
+        snprintf(err, errlen, "%.200s...: the path is too long", dir);
+        return false;
+    }
+    t->wait = read_file(path, confine, &t->wait_len, err, errlen, &missing);
+    if (t->wait == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
+        pn = snprintf(path, sizeof path, "%s/%s/waiting.html", fallback, t->locale);
+        if (pn < 0 || (size_t)pn >= sizeof path) {
+            snprintf(err, errlen, "%.200s...: the path is too long", fallback);
+            return false;
+        }
+        t->wait = read_file(path, NULL, &t->wait_len, err, errlen, &missing);
+    }
+    if (t->wait == NULL)
+        return missing; /* an old templates folder: single answers only */
+    if (!check_page(path, t->wait, t->wait_len, true, &t->wait_slots, &t->nwait_slots, err, errlen))
+        return false;
+    bool cards = true;
+    for (int w = W_SUCCEEDED; w <= W_NOT_FOUND; w++) /* the words a held request can end with */
+        cards = find_card(t, w) && cards;
+    t->streams = cards;
     return true;
 }
 
@@ -274,10 +341,14 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
             t->page[w] = read_file(path, NULL, &t->len[w], err, errlen, &missing);
         }
         if (t->page[w] == NULL ||
-            !check_page(path, t->page[w], t->len[w], &t->slots[w], &t->nslots[w], err, errlen)) {
+            !check_page(path, t->page[w], t->len[w], false, &t->slots[w], &t->nslots[w], err, errlen)) {
             templates_free(t);
             return NULL;
         }
+    }
+    if (!load_waiting(t, dir, fallback, confine, err, errlen)) {
+        templates_free(t);
+        return NULL;
     }
     return t;
 }
@@ -296,22 +367,70 @@ void templates_free(struct templates *t)
         free(t->page[w]);
         free(t->slots[w]);
     }
+    free(t->wait);
+    free(t->wait_slots);
     free(t->dir);
     free(t);
 }
 
+/* Bytes [from, to) of page p (slots sl[0..n)), every placeholder in it
+ * replaced: {{card}} by word w's card, {{more}} by nothing, the others by
+ * vals[] through html_escape(). */
+static void render_span(const struct templates *t, enum word w, const char *p, const struct templates_slot *sl,
+                        size_t n, size_t from, size_t to, const char *const *vals, struct buf *b)
+{
+    size_t run = from;
+    for (size_t i = 0; i < n; i++) {
+        if (sl[i].at < from || sl[i].at >= to)
+            continue;
+        buf_put(b, p + run, sl[i].at - run);
+        if (sl[i].ph == PH_CARD)
+            render_span(t, w, t->page[w], t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], vals, b);
+        else if (sl[i].ph != PH_MORE)
+            html_escape(b, vals[sl[i].ph] ? vals[sl[i].ph] : "");
+        run = sl[i].at + sl[i].len;
+    }
+    buf_put(b, p + run, to - run);
+}
+
 void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
 {
-    const char *p = t->page[w];
-    size_t run = 0;
-    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
-    for (size_t i = 0; i < t->nslots[w]; i++) {
-        const struct templates_slot *sl = &t->slots[w][i];
-        buf_put(b, p + run, sl->at - run);
-        html_escape(b, vals[sl->ph] ? vals[sl->ph] : "");
-        run = sl->at + sl->len;
-    }
-    buf_put(b, p + run, t->len[w] - run);
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
+    render_span(t, w, t->page[w], t->slots[w], t->nslots[w], 0, t->len[w], vals, b);
+}
+
+bool templates_stream(const struct templates *t)
+{
+    return t->streams;
+}
+
+/* Where {{more}} ends the waiting page's top. */
+static size_t more_at(const struct templates *t, size_t *after)
+{
+    for (size_t i = 0; i < t->nwait_slots; i++)
+        if (t->wait_slots[i].ph == PH_MORE) {
+            *after = t->wait_slots[i].at + t->wait_slots[i].len;
+            return t->wait_slots[i].at;
+        }
+    *after = t->wait_len;
+    return t->wait_len; /* cannot happen: check_page() wants one */
+}
+
+void render_wait_top(const struct templates *t, const struct page_vars *v, struct buf *b)
+{
+    size_t after, at = more_at(t, &after);
+    const char *vals[] = {word_name(W_CHECKING), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
+    render_span(t, W_CHECKING, t->wait, t->wait_slots, t->nwait_slots, 0, at, vals, b);
+}
+
+void render_wait_result(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+{
+    size_t after;
+    more_at(t, &after);
+    if (w < W_SUCCEEDED || w > W_NOT_FOUND)
+        w = W_CHECKING; /* no card of its own: never happens for a held request */
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
+    render_span(t, w, t->wait, t->wait_slots, t->nwait_slots, after, t->wait_len, vals, b);
 }
 
 void render_json(const char *id, const char *status, bool final, struct buf *b)

@@ -51,6 +51,13 @@ struct templates {
     size_t len[W_COUNT];
     struct templates_slot *slots[W_COUNT];
     size_t nslots[W_COUNT];
+    /* the streamed page: waiting.html, and where each word's card lies */
+    char *wait;             /* NULL: none found, single answers only */
+    size_t wait_len;
+    struct templates_slot *wait_slots;
+    size_t nwait_slots;
+    size_t card_at[W_COUNT], card_end[W_COUNT];
+    bool streams;           /* waiting.html and every card a held request can end with */
 };
 
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
@@ -78,6 +85,27 @@ struct page_vars {
 
 /* Render page `w` into b. This function can't fail (see struct buf). */
 void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
+
+/* The streamed page (interface.md, "What a browser sees while it waits").
+ * One source per word: waiting.html holds the page around the result, and
+ * each word's page marks its card, <!--card--> ... <!--/card-->, which the
+ * result reuses. waiting.html is a whole page with {{more}} where its top
+ * ends (the first part sent) and, after it, an element carrying
+ * data-status="{{status}}" around {{card}}. templates_load() reads it from
+ * dir/<locale>/waiting.html (or fallback's); without it, or when a word's
+ * page has no card, templates_stream() is false and requests get the
+ * single page. */
+bool templates_stream(const struct templates *t);
+
+/* The top of the streamed page into b ({{status}} is "checking"), up to
+ * {{more}}. Only when templates_stream(t). This function can't fail (see
+ * struct buf). */
+void render_wait_top(const struct templates *t, const struct page_vars *v, struct buf *b);
+
+/* The rest of the streamed page for word w into b: from {{more}} to the
+ * end, with {{status}} w and {{card}} w's card (rendered with v). Only
+ * when templates_stream(t). This function can't fail (see struct buf). */
+void render_wait_result(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
 
 /* {"id": id, "status": status, "final": final} into b. */
 void render_json(const char *id, const char *status, bool final, struct buf *b);

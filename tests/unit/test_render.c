@@ -333,6 +333,128 @@ static void test_refuses_bad_files(void **state)
     assert_non_null(strstr(err, "/nonexistent/kembali"));
 }
 
+/* ---- the streamed page ---- */
+
+/* The last data-status="..." value in s, into out. */
+static void last_status(const char *s, char *out, size_t cap)
+{
+    const char *last = NULL;
+    for (const char *p = s; (p = strstr(p, "data-status=\"")) != NULL; p++)
+        last = p + 13;
+    assert_non_null(last);
+    size_t n = strcspn(last, "\"");
+    assert_true(n < cap);
+    memcpy(out, last, n);
+    out[n] = '\0';
+}
+
+static void check_stream_locale(const char *locale)
+{
+    struct templates *t = load_ok(TEMPLATES, NULL, locale);
+    assert_true(templates_stream(t));
+    struct page_vars v = {.id = "TX<1>", .shop_name = "Toko <A> & \"B\"", .shop_url = "https://a.example/",
+                          .retry_url = "?id=TX"};
+    struct buf top = {0};
+    render_wait_top(t, &v, &top);
+    assert_false(top.oom);
+    assert_non_null(strstr(top.p, "role=\"status\""));
+    assert_non_null(strstr(top.p, "TX&lt;1&gt;"));       /* the reference, escaped */
+    assert_non_null(strstr(top.p, "Toko &lt;A&gt; &amp; &quot;B&quot;"));
+    assert_null(strstr(top.p, "{{"));
+    assert_null(strstr(top.p, "<script"));
+    assert_null(strstr(top.p, "</html>"));                /* more to come */
+    assert_non_null(strstr(top.p, "prefers-reduced-motion"));
+    char w0[32];
+    last_status(top.p, w0, sizeof w0);
+    assert_string_equal(w0, "checking");
+    for (int w = W_SUCCEEDED; w <= W_NOT_FOUND; w++) {
+        struct buf res = {0}, single = {0};
+        render_wait_result(t, (enum word)w, &v, &res);
+        render_html(t, (enum word)w, &v, &single);
+        assert_false(res.oom);
+        assert_null(strstr(res.p, "{{"));
+        assert_null(strstr(res.p, "TX<1>"));
+        assert_non_null(strstr(res.p, "</html>"));
+        /* the word's own card, byte for byte as on its single page */
+        const char *a = strstr(single.p, "<!--card-->"), *b = strstr(single.p, "<!--/card-->");
+        assert_true(a != NULL && b != NULL && b > a);
+        a += strlen("<!--card-->");
+        char *card = strndup(a, (size_t)(b - a));
+        assert_non_null(card);
+        assert_non_null(strstr(res.p, card));
+        free(card);
+        /* the last data-status of the whole page is its final word */
+        struct buf page = {0};
+        buf_put(&page, top.p, top.len);
+        buf_put(&page, res.p, res.len);
+        char last[32];
+        last_status(page.p, last, sizeof last);
+        assert_string_equal(last, all_words[w]);
+        assert_non_null(strstr(res.p, "role=\"alert\""));
+        buf_free(&page);
+        buf_free(&res);
+        buf_free(&single);
+    }
+    buf_free(&top);
+    templates_free(t);
+}
+
+static void test_stream_default_templates(void **unused)
+{
+    (void)unused;
+    check_stream_locale("id");
+    check_stream_locale("en");
+}
+
+static void test_stream_custom(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "en", "<html data-status=\"{{status}}\">x<!--card-->C {{shop_name}} {{status}}<!--/card-->y</html>");
+    write_file(dir, "en", "waiting.html",
+               "<html data-status=\"{{status}}\">T {{id}}{{more}}<p data-status=\"{{status}}\">{{card}}</p></html>");
+    struct templates *t = load_ok(dir, NULL, "en");
+    assert_true(templates_stream(t));
+    struct page_vars v = {.id = "a&b", .shop_name = "<S>"};
+    struct buf b = {0};
+    render_wait_top(t, &v, &b);
+    assert_string_equal(b.p, "<html data-status=\"checking\">T a&amp;b");
+    buf_free(&b);
+    render_wait_result(t, W_FAILED, &v, &b);
+    assert_string_equal(b.p, "<p data-status=\"failed\">C &lt;S&gt; failed</p></html>");
+    buf_free(&b);
+    render_html(t, W_FAILED, &v, &b); /* the single page is unchanged, markers and all */
+    assert_string_equal(b.p, "<html data-status=\"failed\">x<!--card-->C &lt;S&gt; failed<!--/card-->y</html>");
+    buf_free(&b);
+    templates_free(t);
+
+    /* a word's page without its card: single answers only */
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\">no card</html>");
+    t = load_ok(dir, NULL, "en");
+    assert_false(templates_stream(t));
+    templates_free(t);
+
+    /* {{card}} and {{more}} belong in waiting.html only */
+    char err[1024] = "";
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\">{{card}}</html>");
+    assert_null(templates_load(dir, NULL, "en", NULL, err, sizeof err));
+    assert_non_null(strstr(err, "expired.html"));
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\"><!--card-->c<!--/card--></html>");
+
+    /* the top must end before the result, which carries its word */
+    static const char *const bad[] = {
+        "<html data-status=\"{{status}}\">{{card}}{{more}}<p data-status=\"{{status}}\"></p></html>",
+        "<html data-status=\"{{status}}\">{{more}}<p>{{card}}</p></html>",
+        "<html data-status=\"{{status}}\"><p data-status=\"{{status}}\">{{card}}</p></html>",
+        "<html data-status=\"{{status}}\">{{more}}{{more}}<p data-status=\"{{status}}\">{{card}}</p></html>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(dir, "en", "waiting.html", bad[i]);
+        err[0] = '\0';
+        assert_null(templates_load(dir, NULL, "en", NULL, err, sizeof err));
+        assert_non_null(strstr(err, "waiting.html"));
+    }
+}
+
 /* ---- JSON ---- */
 
 static void check_json(const char *id, const char *status, bool final)
@@ -384,6 +506,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_missing_data_status, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_refuses_bad_files, setup_dir, teardown_dir),
         cmocka_unit_test(test_render_json),
+        cmocka_unit_test(test_stream_default_templates),
+        cmocka_unit_test_setup_teardown(test_stream_custom, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
