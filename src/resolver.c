@@ -527,6 +527,9 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 rs->answer(rs->ctx, r, f);
             }
         }
+        for (struct resolver_waiter *r = w->waiters; r; r = r->next)
+            if (r->note != NULL)
+                r->note(r, f);
         if (!started)
             continue; /* the read could not start: decide again (no read in flight now) */
         if (w->waiters == NULL && w->reading == NULL) {

@@ -38,6 +38,11 @@ struct resolver_waiter {
     struct state_client client;  /* who asked (REMOTE_ADDR): a 404 its read gets is charged there */
     struct state_redis_id rclient; /* the same, as Redis knows clients (has_rclient) */
     bool has_rclient;
+    /* optional (NULL: none): called after each look at the transaction
+     * that leaves w held, with the fact it was decided from (the streamed
+     * page learns there that a read came back undecided). It must neither
+     * answer nor drop w (arm a timer instead). */
+    void (*note)(struct resolver_waiter *w, const struct state_fact *f);
     /* private */
     bool registered;             /* state_hold() counted it */
     struct resolver_watch *w;

@@ -13,6 +13,7 @@
 #include "pace.h"
 #include "render.h"
 #include "request.h"
+#include "stream.h"
 #include "util.h"
 
 /* Requests held for one shop (by id: shops come and go with reloads). */
@@ -58,6 +59,11 @@ struct serve_req {
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
     struct serve_notify *telling; /* an admin POST waiting for Redis (not held) */
+    /* the streamed page (stream.h): held requests only */
+    bool stream;                /* may get it (a browser's navigation, its shop and templates allow it) */
+    bool undecided;             /* its transaction is known undecided */
+    struct stream_clock sc;     /* sc.painted != 0: the top went out, the result ends the answer */
+    struct loop_timer st;       /* its next part */
 };
 
 /* An admin POST ?format=notify waiting for Redis's word on its status. */
@@ -107,9 +113,10 @@ static void put_num_line(struct buf *out, const char *name, unsigned long long n
     buf_put(out, "\r\n", 2);
 }
 
-/* The headers every answer carries, then the body; one buffer. */
-static void build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
-                           long retry_after, const char *extra, const struct buf *body, struct buf *out)
+/* The headers every answer carries (without Content-Length and the blank
+ * line). */
+static void put_headers(const struct serve_req *r, int http, const char *word, const char *ctype,
+                        long retry_after, const char *extra, struct buf *out)
 {
     buf_puts(out, "Status: ");
     put_num(out, (unsigned)http);
@@ -134,6 +141,13 @@ static void build_response(const struct serve_req *r, int http, const char *word
     }
     if (extra != NULL)
         buf_puts(out, extra);
+}
+
+/* The headers every answer carries, then the body; one buffer. */
+static void build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
+                           long retry_after, const char *extra, const struct buf *body, struct buf *out)
+{
+    put_headers(r, http, word, ctype, retry_after, extra, out);
     if (http != 204) /* a 204 has no body and no Content-Length */
         put_num_line(out, "Content-Length: ", body->len);
     buf_puts(out, "\r\n");
@@ -158,6 +172,8 @@ static void log_request(const struct serve_req *r, int http, const char *word)
     log_int(&l, "ms", ms);
     if (r->held)
         log_str(&l, "held", "yes");
+    if (r->sc.painted != 0)
+        log_int(&l, "streamed_ms", (long long)(r->sc.painted - r->arrived)); /* when its top went out */
     if (word == NULL)
         log_str(&l, "gone", "yes"); /* the client left before its answer */
     log_end(&l);
@@ -176,6 +192,18 @@ static void send_out(struct serve_req *r, struct buf *out)
     r->fr = NULL;
 }
 
+/* The values r's page shows (retry: room for its "check again" URL). */
+static void page_vars_of(const struct serve_req *r, char *retry, size_t cap, struct page_vars *v)
+{
+    snprintf(retry, cap, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
+    *v = (struct page_vars){
+        .id = r->id,
+        .shop_name = r->shop ? r->shop->name : "",
+        .shop_url = r->shop ? r->shop->shop_url : "",
+        .retry_url = retry,
+    };
+}
+
 /* Render and send `ans` with HTTP status `http` and optional extra header
  * lines; count and log it. */
 static void respond(struct serve_req *r, const struct answer *ans, int http, const char *extra)
@@ -189,13 +217,8 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
     } else {
         const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
         char retry[STATE_ID_MAX + 40];
-        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
-        struct page_vars v = {
-            .id = r->id,
-            .shop_name = r->shop ? r->shop->name : "",
-            .shop_url = r->shop ? r->shop->shop_url : "",
-            .retry_url = retry,
-        };
+        struct page_vars v;
+        page_vars_of(r, retry, sizeof retry, &v);
         render_html(t, ans->word, &v, &body);
         build_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body, &out);
     }
@@ -401,10 +424,29 @@ static bool respond_notify(struct serve_req *r, const char *query, const char *s
  * its memory. */
 static void held_free(struct serve_req *r)
 {
+    loop_timer_stop(r->s->loop, &r->st);
     if (r->counted != NULL)
         r->counted->held--;
     config_unref(r->cfg);
     free(r);
+}
+
+/* The end of a streamed page: the result part for ans, which ends the
+ * answer; counted and logged with its final word. */
+static void respond_stream_end(struct serve_req *r, const struct answer *ans)
+{
+    struct buf out = {0};
+    char retry[STATE_ID_MAX + 40];
+    struct page_vars v;
+    page_vars_of(r, retry, sizeof retry, &v);
+    render_wait_result(r->shop->tpl, ans->word, &v, &out);
+    atomic_fetch_add(&r->s->app->m.requests[ans->word], 1);
+    log_request(r, 200, word_name(ans->word)); /* the status line went out with the top */
+    if (out.oom) /* the page cannot be finished: end the answer, the browser shows what it has */
+        out.len = 0;
+    front_reply(r->s->front, r->fr, out.p, out.len);
+    r->fr = NULL;
+    buf_free(&out);
 }
 
 /* The resolver's callback: r's answer is due. */
@@ -414,8 +456,62 @@ static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_f
     struct answer ans;
     (void)ctx;
     request_answer(f, util_mono_ms(), &ans);
-    respond_word(r, &ans);
+    if (r->sc.painted != 0)
+        respond_stream_end(r, &ans);
+    else
+        respond_word(r, &ans);
     held_free(r);
+}
+
+/* The resolver looked at r's transaction and still holds r: a read that
+ * came back undecided paints its top now (from the loop, never inside the
+ * resolver's step). */
+static void on_note(struct resolver_waiter *w, const struct state_fact *f)
+{
+    struct serve_req *r = (struct serve_req *)((char *)w - offsetof(struct serve_req, rw));
+    if (r->undecided || r->sc.painted != 0 || !stream_undecided(f, false))
+        return;
+    r->undecided = true;
+    loop_timer_at(r->s->loop, &r->st, util_mono_ms());
+}
+
+/* r's streamed page: its top or a comment is due (stream_step). */
+static void on_stream_timer(struct loop *l, struct loop_timer *t)
+{
+    static const char comment[] = "<!-- checking -->\n";
+    struct serve_req *r = t->data;
+    int64_t now = util_mono_ms(), wake;
+    enum stream_do d = stream_step(&r->sc, r->undecided, r->cfg->first_paint_ms, now, &wake);
+    int rc = 0;
+    if (d == STREAM_PAINT) {
+        struct buf out = {0};
+        char retry[STATE_ID_MAX + 40];
+        struct page_vars v;
+        page_vars_of(r, retry, sizeof retry, &v);
+        put_headers(r, 200, word_name(W_CHECKING), "text/html; charset=utf-8", -1, "X-Accel-Buffering: no\r\n",
+                    &out);
+        buf_puts(&out, "\r\n");
+        render_wait_top(r->shop->tpl, &v, &out);
+        if (out.oom) { /* no memory for the top: the single answer, as without streaming */
+            buf_free(&out);
+            r->stream = false;
+            return;
+        }
+        rc = front_reply_part(r->s->front, r->fr, out.p, out.len);
+        buf_free(&out);
+        r->sc.painted = r->sc.last_sent = now;
+    } else if (d == STREAM_COMMENT) {
+        rc = front_reply_part(r->s->front, r->fr, comment, sizeof comment - 1);
+        r->sc.last_sent = now;
+    }
+    if (rc != 0) { /* the connection failed: r is ours to forget */
+        r->fr = NULL;
+        log_request(r, 0, NULL);
+        resolver_drop(r->s->rs, &r->rw);
+        held_free(r);
+        return;
+    }
+    loop_timer_at(l, t, wake);
 }
 
 /* The front's callback: a held request's client went away. */
@@ -536,6 +632,15 @@ static void hold(struct serve_req *tmp)
                                                 : pace_hold_ms(&r->cfg->sched)),
               .json = r->json},
     };
+    loop_timer_init(&r->st, on_stream_timer, r);
+    if (r->stream) {
+        int64_t wake;
+        r->sc = (struct stream_clock){.arrived = r->arrived};
+        r->rw.note = on_note;
+        /* armed before the resolver may answer (and free r) */
+        stream_step(&r->sc, r->undecided, r->cfg->first_paint_ms, r->arrived, &wake);
+        loop_timer_at(r->s->loop, &r->st, r->undecided ? r->arrived : wake);
+    }
     front_req_set_user(r->fr, r);
     resolver_hold(r->s->rs, &r->rw); /* may answer at once */
 }
@@ -544,10 +649,11 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_COUNT };
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_DEST,
+           P_COUNT };
     static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
                                                "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN",
-                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE"};
+                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE", "HTTP_SEC_FETCH_DEST"};
     const char *p[P_COUNT];
     front_params(fr, names, P_COUNT, p);
     const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
@@ -623,6 +729,8 @@ static void on_request(void *ctx, struct front_req *fr)
         config_unref(r.cfg);
         return;
     }
+    r.stream = stream_wanted(r.json, r.head, p[P_DEST], r.shop->progressive, templates_stream(r.shop->tpl));
+    r.undecided = stream_undecided(&f, true); /* its read, if any, is another request's */
     hold(&r);
 }
 

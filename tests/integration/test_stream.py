@@ -1,0 +1,314 @@
+"""The streamed page (interface.md, "What a browser sees while it waits"):
+a browser's navigation whose answer is not known yet gets the waiting top
+at once and the result later, in the same answer; everybody else gets the
+single answer as before. FastCGI straight to kembali here, then through a
+real nginx (defaults, and gzip on)."""
+
+import os
+import re
+import signal
+import socket
+import struct
+import time
+
+import harness
+import kit
+from harness import assert_eq, assert_in, assert_between
+
+DOC = {"HTTP_SEC_FETCH_DEST": "document"}
+
+
+def stream_fcgi(addr, query, extra=None, timeout=60, sock=None, request_id=1, keep_conn=False, on_first=None):
+    """Send one request and read its answer record by record: returns
+    (parts, t0) with parts a list of (seconds since sent, STDOUT bytes)
+    and the END_REQUEST as (t, None). With `sock`, that (kept) connection;
+    on_first() is called once the first STDOUT record is in."""
+    s = sock or harness.fcgi_connect(addr)
+    s.settimeout(timeout)
+    params = harness.cgi_params(query, extra=extra)
+    t0 = time.monotonic()
+    s.sendall(harness.fcgi_request_bytes(params, request_id=request_id, keep_conn=keep_conn))
+    buf = b""
+    parts = []
+
+    def need(n):
+        nonlocal buf
+        while len(buf) < n:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise AssertionError("connection closed before END_REQUEST; got %r" % parts[:3])
+            buf += chunk
+        out, buf = buf[:n], buf[n:]
+        return out
+
+    while True:
+        _, rtype, rid, clen, plen, _ = struct.unpack(">BBHHBB", need(8))
+        content = need(clen + plen)[:clen]
+        if rid != request_id:
+            continue
+        now = time.monotonic() - t0
+        if rtype == 6 and clen:  # FCGI_STDOUT
+            parts.append((now, content))
+            if on_first is not None and len(parts) == 1:
+                on_first()
+        elif rtype == 3:  # FCGI_END_REQUEST
+            parts.append((now, None))
+            break
+    if sock is None:
+        s.close()
+    return parts, t0
+
+
+def head_and_body(data):
+    head, _, body = data.partition(b"\r\n\r\n")
+    headers = {}
+    for line in head.decode().split("\r\n"):
+        n, _, v = line.partition(":")
+        headers[n.strip().lower()] = v.strip()
+    return headers, body
+
+
+def last_status(body):
+    return re.findall(rb'data-status="([a-z_]+)"', body)[-1].decode()
+
+
+def test_streamed_page_in_two_parts(tmpdir):
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t1", 2, "succeeded")  # reads at 0, 1.1, 2.2 s: the third says succeeded
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC)
+    first_t, first = parts[0]
+    headers, top = head_and_body(first)
+    assert_eq(headers.get("status"), "200 OK")
+    assert_eq(headers.get("kembali-status"), "checking")
+    assert_eq(headers.get("x-accel-buffering"), "no")
+    assert "content-length" not in headers, headers
+    assert_in("frame-ancestors 'none'", headers.get("content-security-policy", ""))
+    assert_in("default-src 'none'", headers.get("content-security-policy", ""))
+    assert_in(b'role="status"', top)
+    assert_in(b"t1", top)
+    assert b"</html>" not in top
+    whole = b"".join(p for _, p in parts if p is not None)
+    _, body = head_and_body(whole)
+    assert_eq(last_status(body), "succeeded")
+    assert body.rstrip().endswith(b"</html>")
+    assert_in(b"<h1>Pembayaran berhasil</h1>", body)
+    # kembali's own clock: the top went out when the first read came back
+    # pending, the page ended with the read that found it succeeded
+    line = k.wait_log(30, event="request", id="t1")
+    assert_eq(line.get("word"), "succeeded")
+    assert_eq(line.get("http"), "200")
+    assert_between(int(line["streamed_ms"]), 0, 500, "top sent when the first read came back")
+    assert_between(int(line["ms"]), 2200 - 3, 2200 + 600, "result with the third read")
+    assert parts[-1][0] - first_t >= 1.5, "the top came well before the end: %r" % [(t, len(p or b"")) for t, p in parts]
+    assert_eq(len(sb.reads("t1")), 3, "reads unchanged")
+
+
+def test_no_sec_fetch_dest_gets_the_single_answer(tmpdir):
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t1", 1, "failed")
+    for extra in (None, {"HTTP_SEC_FETCH_DEST": "empty"}):
+        sb.put_tx("t1", "failed", responses=[{"http": 200, "body": {"id": "t1", "status": "pending"}}])
+        parts, _ = stream_fcgi(k.addr, "id=t1&n=%s" % bool(extra), extra)
+        data = [p for _, p in parts if p is not None]
+        headers, body = head_and_body(b"".join(data))
+        assert_eq(headers.get("kembali-status"), "failed")
+        assert_eq(headers.get("content-length"), str(len(body)))
+        assert "x-accel-buffering" not in headers
+        assert "streamed_ms" not in k.wait_log(30, event="request", id="t1", word="failed")
+        harness.wait_for(lambda: len(k.find_log(event="request", id="t1")) >= (2 if extra else 1), 30)
+    for l in k.find_log(event="request", id="t1"):
+        assert "streamed_ms" not in l, l
+
+
+def test_known_answers_stay_single(tmpdir):
+    """A final status found by the first read, a cached one, a 404 and an
+    invalid id: one answer, with Content-Length, nothing streamed."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-ok", "succeeded")
+    for q, word in (("id=t-ok", "succeeded"), ("id=t-ok", "succeeded"), ("id=nope", "not_found"),
+                    ("id=bad%20id", "invalid")):
+        parts, _ = stream_fcgi(k.addr, q, DOC)
+        headers, body = head_and_body(b"".join(p for _, p in parts if p is not None))
+        assert_eq(headers.get("kembali-status"), word)
+        assert_eq(headers.get("content-length"), str(len(body)))
+    for l in k.find_log(event="request"):
+        assert "streamed_ms" not in l, l
+
+
+def test_progressive_false_turns_it_off(tmpdir):
+    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), progressive=False)])
+    kit.pending_then(sb, "t1", 1, "canceled")
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC)
+    headers, body = head_and_body(b"".join(p for _, p in parts if p is not None))
+    assert_eq(headers.get("kembali-status"), "canceled")
+    assert_eq(headers.get("content-length"), str(len(body)))
+    assert "streamed_ms" not in k.wait_log(30, event="request", id="t1")
+
+
+def test_first_paint_ms_bounds_a_slow_first_read(tmpdir):
+    """The first read takes 2.5 s: the top goes out at first_paint_ms
+    (600 here), before anything is known."""
+    sb, k = kit.start(tmpdir, top={"first_paint_ms": 600})
+    sb.put_tx("t1", "succeeded", responses=[{"http": 200, "delay_ms": 2500,
+                                             "body": {"id": "t1", "status": "succeeded"}}])
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC)
+    headers, _ = head_and_body(parts[0][1])
+    assert_eq(headers.get("kembali-status"), "checking")
+    line = k.wait_log(30, event="request", id="t1")
+    assert_eq(line.get("word"), "succeeded")
+    assert_between(int(line["streamed_ms"]), 600, 600 + 150, "painted at first_paint_ms")
+    assert_between(int(line["ms"]), 2500, 3500)
+
+
+def test_another_read_in_flight_paints_at_once(tmpdir):
+    """A second tab while the first one's read is under way: its top at once."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "succeeded", responses=[{"http": 200, "delay_ms": 2000,
+                                             "body": {"id": "t1", "status": "pending"}}])
+    s1 = harness.fcgi_send(k.addr, harness.cgi_params("id=t1", extra=DOC))
+    harness.wait_for(lambda: sb.reads("t1"), 30)
+    parts, _ = stream_fcgi(k.addr, "id=t1&tab=2", DOC)
+    harness.fcgi_receive(s1)
+    lines = k.find_log(event="request", id="t1")
+    assert_eq(len(lines), 2)
+    second = [l for l in lines if int(l["streamed_ms"]) < 900]
+    assert second, "the second tab painted before first_paint_ms: %r" % lines
+
+
+def test_sigterm_finishes_a_streamed_page(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "pending")
+    # SIGTERM once the top is in: the page is finished with what is known
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC, timeout=10, on_first=lambda: k.proc.send_signal(signal.SIGTERM))
+    assert len([p for _, p in parts if p is not None]) >= 2, "the top, then the rest"
+    headers, body = head_and_body(b"".join(p for _, p in parts if p is not None))
+    assert_eq(headers.get("kembali-status"), "checking")
+    assert_eq(last_status(body), "checking")
+    assert body.rstrip().endswith(b"</html>")
+    assert_eq(body.count(b"<html"), 1)
+    assert_eq(k.proc.wait(10), 0)
+    assert "streamed_ms" in k.wait_log(10, event="request", id="t1")
+
+
+def test_kept_connection_carries_a_stream_then_more(tmpdir):
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t1", 1, "failed")
+    sb.put_tx("t2", "succeeded")
+    s = harness.fcgi_connect(k.addr)
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC, sock=s, request_id=3, keep_conn=True)
+    assert len([p for p in parts if p[1] is not None]) >= 2, "in parts"
+    assert_eq(last_status(b"".join(p for _, p in parts if p is not None)), "failed")
+    parts, _ = stream_fcgi(k.addr, "id=t2", DOC, sock=s, request_id=4, keep_conn=True)
+    headers, _ = head_and_body(b"".join(p for _, p in parts if p is not None))
+    assert_eq(headers.get("kembali-status"), "succeeded")
+    s.close()
+
+
+@harness.timeout(90)
+def test_comment_every_20_seconds(tmpdir):
+    sb, k = kit.start(tmpdir, schedule=[0, 12000, 12000])
+    sb.put_tx("t1", "pending")
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC, timeout=80)
+    comments = [(t, p) for t, p in parts[1:] if p is not None and p.startswith(b"<!--")]
+    assert_eq(len(comments), 1, "one comment in a 25.5 s wait: %r" % [(t, p[:40]) for t, p in parts if p])
+    assert_between(comments[0][0] - parts[0][0], 19.5, 21.5, "20 s after the top")
+    assert_eq(last_status(b"".join(p for _, p in parts if p is not None)), "checking")
+
+
+def test_cgi_mode_streams(tmpdir):
+    """Started as a CGI program, kembali writes the top to standard output
+    before the result."""
+    sb, k = kit.start(tmpdir)
+    kit.pending_then(sb, "t-cgi", 2, "expired")
+    env = dict(os.environ)
+    env.update(harness.cgi_params("id=t-cgi", extra=DOC))
+    env["KEMBALI_CONFIG"] = k.config_path
+    import subprocess
+    p = subprocess.Popen([k.bin], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         env=env)
+    t0 = time.monotonic()
+    first = os.read(p.stdout.fileno(), 65536)
+    t_first = time.monotonic() - t0
+    rest = p.stdout.read()
+    t_end = time.monotonic() - t0
+    assert_eq(p.wait(10), 0)
+    headers, body = head_and_body(first + rest)
+    assert_eq(headers.get("kembali-status"), "checking")
+    assert_eq(last_status(body), "expired")
+    assert t_end - t_first >= 1.5, (t_first, t_end)
+
+
+# ---- through nginx ----
+
+def http_stream(port, path, headers=None, timeout=60):
+    """GET over a raw socket: (seconds to the first body byte, seconds to
+    the end, headers, raw body as sent)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    h = {"Host": "shop.test", "Sec-Fetch-Dest": "document", "Connection": "close"}
+    h.update(headers or {})
+    t0 = time.monotonic()
+    s.sendall(("GET %s HTTP/1.1\r\n" % path + "".join("%s: %s\r\n" % kv for kv in h.items()) + "\r\n").encode())
+    data = b""
+    first = None
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if first is None and b"\r\n\r\n" in data and len(data) > data.index(b"\r\n\r\n") + 4:
+            first = time.monotonic() - t0
+    end = time.monotonic() - t0
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    hd = {}
+    for line in head.decode().split("\r\n")[1:]:
+        n, _, v = line.partition(":")
+        hd[n.strip().lower()] = v.strip()
+    return first, end, hd, body
+
+
+def dechunk(body):
+    out = b""
+    while body:
+        size, _, body = body.partition(b"\r\n")
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            break
+        out += body[:n]
+        body = body[n + 2:]
+    return out
+
+
+def check_nginx_stream(tmpdir, gzip):
+    sb, k = kit.start(tmpdir)
+    ng = harness.Nginx(tmpdir, k, server_extra="gzip on; gzip_types text/html; gzip_min_length 0;" if gzip else "")
+    kit.pending_then(sb, "t1", 2, "succeeded")
+    first, end, hd, body = http_stream(ng.port, "/kembali?id=t1", {"Accept-Encoding": "gzip"} if gzip else None)
+    assert_eq(hd.get("kembali-status"), "checking")
+    assert "x-accel-buffering" not in hd, "nginx takes it for itself"
+    if hd.get("transfer-encoding") == "chunked":
+        body = dechunk(body)
+    if gzip:
+        assert_eq(hd.get("content-encoding"), "gzip")
+        import zlib
+        body = zlib.decompress(body, 16 + zlib.MAX_WBITS)
+    assert_eq(last_status(body), "succeeded")
+    line = k.wait_log(30, event="request", id="t1")
+    painted, ended = int(line["streamed_ms"]) / 1000, int(line["ms"]) / 1000
+    # the first part reached the client near when kembali wrote it, long
+    # before the end (kembali's log gives when it wrote)
+    assert first is not None and first < end - 1.5, (first, end)
+    assert first - painted < 0.5, (first, painted)
+    assert_between(ended - painted, 1.5, 3.0)
+
+
+def test_nginx_defaults_pass_the_top_at_once(tmpdir):
+    check_nginx_stream(tmpdir, gzip=False)
+
+
+def test_nginx_gzip_passes_the_top_at_once(tmpdir):
+    check_nginx_stream(tmpdir, gzip=True)
+
+
+if __name__ == "__main__":
+    harness.run(globals())
