@@ -310,5 +310,65 @@ def test_nginx_gzip_passes_the_top_at_once(tmpdir):
     check_nginx_stream(tmpdir, gzip=True)
 
 
+@harness.timeout(120)
+def test_chromium_sees_the_waiting_top_then_the_result(tmpdir):
+    """Through nginx in a real Chromium at a phone's size: the waiting top
+    alone (a screenshot while the answer is still open), then the result
+    (a screenshot), the waiting message hidden by CSS, and the live region's
+    text read from the accessibility tree. The PNGs stay in the test's
+    tmpdir (kept when it fails)."""
+    import cdp
+    sb, k = kit.start(tmpdir, schedule=[0, 1500, 1500, 1500, 1500])
+    ng = harness.Nginx(tmpdir, k)
+    kit.pending_then(sb, "ref-1001", 3, "succeeded")  # the result 4.5 s after the first read
+    br = cdp.Chromium()
+    try:
+        br.navigate(ng.url("/kembali?id=ref-1001"))
+        br.wait_js("!!document.querySelector('.waiting')")
+        assert br.js("!document.querySelector('.result')"), "the result is not there yet"
+        assert_eq(br.js("document.readyState"), "loading", "the answer is still open")
+        br.wait_js("document.fonts.status === 'loaded'")
+        waiting = br.screenshot(os.path.join(tmpdir, "waiting.png"))
+        print("# screenshot of the waiting top: %s" % waiting)
+        assert_eq(br.js("getComputedStyle(document.querySelector('.waiting')).display"), "block")
+        assert_eq(br.js("document.querySelector('.waiting').getAttribute('role')"), "status")
+        assert_eq(br.js("document.documentElement.dataset.status"), "checking")
+        br.wait_js("document.readyState === 'complete'", timeout=30)
+        done = br.screenshot(os.path.join(tmpdir, "result.png"))
+        print("# screenshot of the result: %s" % done)
+        assert_eq(br.js("getComputedStyle(document.querySelector('.waiting')).display"), "none",
+                  "the waiting message is hidden once the result is in")
+        assert_eq(br.js("[...document.querySelectorAll('[data-status]')].pop().dataset.status"), "succeeded")
+        assert_eq(br.js("document.scripts.length"), 0)
+        nodes = br.ax_tree()
+        live = [n for n in nodes if not n.get("ignored") and (n.get("role") or {}).get("value") in ("alert", "status")]
+        assert_eq([(n.get("role") or {}).get("value") for n in live], ["alert"],
+                  "one live region left in the tree: the result (the waiting status is hidden)")
+        by_id = {n["nodeId"]: n for n in nodes}
+
+        def text(n):
+            out = []
+            if (n.get("role") or {}).get("value") in ("StaticText", "text"):
+                out.append((n.get("name") or {}).get("value", ""))
+            for c in n.get("childIds", []):
+                if c in by_id:
+                    out.append(text(by_id[c]))
+            return " ".join(x for x in out if x)
+
+        said = text(live[0])
+        print("# the live region says: %s" % said)
+        assert_in("Pembayaran berhasil", said)
+        assert_in("ref-1001", said)
+    finally:
+        br.close()
+        keep = os.environ.get("KEMBALI_SCREENSHOTS")  # a folder to copy them to, to look at them
+        if keep:
+            import shutil
+            for name in ("waiting.png", "result.png"):
+                if os.path.exists(os.path.join(tmpdir, name)):
+                    shutil.copy(os.path.join(tmpdir, name), keep)
+    assert_eq(k.wait_log(30, event="request", id="ref-1001").get("word"), "succeeded")
+
+
 if __name__ == "__main__":
     harness.run(globals())
