@@ -43,9 +43,10 @@ import held  # noqa: E402
 import hosts  # noqa: E402
 import flash  # noqa: E402
 import slowpeers  # noqa: E402
+import streamed  # noqa: E402
 import throughput  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed")
 
 
 def raise_nofile():
@@ -223,6 +224,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="throughput: wrk threads")
     ap.add_argument("--connections", type=int, default=32, help="throughput: wrk connections")
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts: " + ", ".join(PARTS))
+    ap.add_argument("--buyers", type=int, default=1000, help="streamed: concurrent buyers (each its own transaction)")
     ap.add_argument("--long", action="store_true", help="also poll a JSON answer for 60 s")
     ap.add_argument("--keep", action="store_true", help="keep the folder of logs and configurations")
     a = ap.parse_args()
@@ -257,6 +259,9 @@ def main():
             print_flash(*flash.run(tmp))
         if "hosts" in parts:
             print_hosts(hosts.run(tmp))
+        if "streamed" in parts:
+            streamed.print_table([streamed.run_case(tmp, a.buyers, mode, shops=max(1, a.buyers // 20))
+                                  for mode in (True, False)])
         if a.long:
             polling(k, sb)
         print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))
