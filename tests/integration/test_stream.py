@@ -370,5 +370,44 @@ def test_chromium_sees_the_waiting_top_then_the_result(tmpdir):
     assert_eq(k.wait_log(30, event="request", id="ref-1001").get("word"), "succeeded")
 
 
+def test_a_stream_reader_that_stops_is_cut_off(tmpdir):
+    """A client that stops reading a streamed page is disconnected about
+    2 s after the socket stopped taking it, as with any answer: its request
+    is dropped (gone=yes) long before its deadline, and others are served.
+    kembali gets a TCP listening socket with a small SO_SNDBUF (which its
+    connections inherit, autotuning off), the top is big (a shop's own
+    waiting.html of 40 KB) and the client reads nothing."""
+    tpl = os.path.join(tmpdir, "tpl", "id")
+    os.makedirs(tpl)
+    for w in ("succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop"):
+        with open(os.path.join(tpl, w + ".html"), "w") as f:
+            f.write('<html data-status="{{status}}"><!--card-->%s<!--/card--></html>\n' % w)
+    with open(os.path.join(tpl, "waiting.html"), "w") as f:
+        f.write('<html data-status="{{status}}">' + ("<p>" + "w" * 1000 + "</p>\n") * 40 +
+                '{{more}}<div data-status="{{status}}">{{card}}</div></html>\n')
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(64)
+    ls.set_inheritable(True)
+    sb, ks = kit.start_many(tmpdir, 1, schedule=[0, 5000, 5000], listen=ls,
+                            shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                                                               templates_dir=os.path.join(tmpdir, "tpl"))])
+    k = ks[0]
+    sb.put_tx("t1", "pending")
+    sb.put_tx("t2", "succeeded")
+    stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    stuck.connect(ls.getsockname())
+    stuck.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1", extra=DOC)))
+    line = k.wait_log(15, event="request", id="t1")
+    assert_eq(line.get("gone"), "yes", "the stuck reader's request was dropped")
+    assert "streamed_ms" in line, line
+    assert_between(int(line["ms"]) - int(line["streamed_ms"]), 1900, 4000, "cut off 2 s after it stopped reading")
+    parts, _ = stream_fcgi(k.addr, "id=t2", DOC)
+    assert_eq(head_and_body(parts[0][1])[0].get("kembali-status"), "succeeded")
+    stuck.close()
+
+
 if __name__ == "__main__":
     harness.run(globals())
