@@ -21,6 +21,10 @@ then measures:
   - several hosts (tests/bench/hosts.py): three hosts on one Redis against
     three processes on one state_dir: cross-host wake latency, Redis round
     trips and CPU per cached answer and per held request, reads for 30 tabs;
+  - the streamed page (tests/bench/streamed.py): --buyers concurrent
+    browsers behind nginx on transactions that succeed at random times,
+    streamed and as single answers: first byte, read to end of page, reads
+    per transaction, RSS per request;
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
 Figures, not pass/fail: the tests assert behaviour, this prints numbers.
 A part that cannot run here (no wrk, nginx or php-fpm) says "skipped: why"."""
