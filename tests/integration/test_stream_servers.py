@@ -9,7 +9,6 @@ import os
 import pwd
 import shutil
 import signal
-import subprocess
 
 import harness
 import kit
