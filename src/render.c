@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +14,7 @@
 
 #include "util.h"
 
-#define TEMPLATE_MAX (256 * 1024)
+#define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
 static const char *const words[W_COUNT] = {
     "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
@@ -39,76 +38,36 @@ int word_http(enum word w)
     }
 }
 
-void buf_put(struct buf *b, const char *s, size_t n)
+/* What html_escape writes for c, or NULL when c stays as it is. */
+static const char *html_rep(char c)
 {
-    if (b->oom || n == 0)
-        return;
-    if (n > SIZE_MAX / 2 - b->len) {
-        b->oom = true;
-        return;
+    switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '"': return "&quot;";
+    case '\'': return "&#39;";
+    default: return NULL;
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
 }
 
-void buf_puts(struct buf *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-void buf_printf(struct buf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    buf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-void buf_free(struct buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-void html_escape(struct buf *b, const char *s)
+enum dynbuf_rc html_escape(struct dynbuf *b, const char *s)
 {
     const char *run = s;
     for (; *s; s++) {
-        const char *rep;
-        switch (*s) {
-        case '&': rep = "&amp;"; break;
-        case '<': rep = "&lt;"; break;
-        case '>': rep = "&gt;"; break;
-        case '"': rep = "&quot;"; break;
-        case '\'': rep = "&#39;"; break;
-        default: continue;
-        }
-        buf_put(b, run, (size_t)(s - run));
-        buf_puts(b, rep);
+        const char *rep = html_rep(*s);
+        if (rep == NULL)
+            continue;
+        if (dynbuf_add(b, run, (size_t)(s - run)) != DYNBUF_OK || dynbuf_adds(b, rep) != DYNBUF_OK)
+            return dynbuf_error(b);
         run = s + 1;
     }
-    buf_put(b, run, (size_t)(s - run));
+    return dynbuf_add(b, run, (size_t)(s - run));
 }
 
 static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url", "more", "card"};
-enum { PH_STATUS, PH_MORE = 5, PH_CARD = 6 }; /* more and card: the waiting page's own */
+enum { PH_STATUS, PH_MORE = 5, PH_CARD = 6, PH_COUNT = 7 }; /* more and card: the waiting page's own */
+_Static_assert(sizeof placeholders / sizeof placeholders[0] == PH_COUNT, "one PH_ per placeholder");
 
 static const char card_open[] = "<!--card-->", card_close[] = "<!--/card-->";
 
@@ -128,7 +87,7 @@ static int placeholder_at(const char *p, size_t avail, size_t *len)
     return -1;
 }
 
-/* The bytes of the page at `path` (a regular file under TEMPLATE_MAX,
+/* The bytes of the page at `path` (a regular file of at most TEMPLATE_MAX bytes,
  * without NUL bytes), or NULL with a reason in err; *missing tells ENOENT.
  * With `confine`, the file must resolve inside that folder and is opened by
  * its resolved name without following a link swapped in since. */
@@ -164,7 +123,7 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
         return NULL;
     }
     if (st.st_size > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: larger than 256 KiB", path);
+        snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         close(fd);
         return NULL;
     }
@@ -190,7 +149,10 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
     }
     close(fd);
     if (bad || n > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: %s", path, bad ? "read error" : "larger than 256 KiB");
+        if (bad)
+            snprintf(err, errlen, "%s: read error", path);
+        else
+            snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         free(data);
         return NULL;
     }
@@ -375,28 +337,83 @@ void templates_free(struct templates *t)
 
 /* Bytes [from, to) of page p (slots sl[0..n)), every placeholder in it
  * replaced: {{card}} by word w's card, {{more}} by nothing, the others by
- * vals[] through html_escape(). */
-static void render_span(const struct templates *t, enum word w, const char *p, const struct templates_slot *sl,
-                        size_t n, size_t from, size_t to, const char *const *vals, struct buf *b)
+ * vals[] through html_escape(). DYNBUF_OK, or b's failure. */
+static enum dynbuf_rc render_span(const struct templates *t, enum word w, const char *p,
+                                  const struct templates_slot *sl, size_t n, size_t from, size_t to,
+                                  const char *const *vals, struct dynbuf *b)
 {
     size_t run = from;
     for (size_t i = 0; i < n; i++) {
         if (sl[i].at < from || sl[i].at >= to)
             continue;
-        buf_put(b, p + run, sl[i].at - run);
-        if (sl[i].ph == PH_CARD)
-            render_span(t, w, t->page[w], t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], vals, b);
-        else if (sl[i].ph != PH_MORE)
-            html_escape(b, vals[sl[i].ph] ? vals[sl[i].ph] : "");
+        enum dynbuf_rc rc = dynbuf_add(b, p + run, sl[i].at - run);
+        if (rc == DYNBUF_OK && sl[i].ph == PH_CARD)
+            rc = render_span(t, w, t->page[w], t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], vals, b);
+        else if (rc == DYNBUF_OK && sl[i].ph != PH_MORE)
+            rc = html_escape(b, vals[sl[i].ph] ? vals[sl[i].ph] : "");
+        if (rc != DYNBUF_OK)
+            return rc;
         run = sl[i].at + sl[i].len;
     }
-    buf_put(b, p + run, to - run);
+    return dynbuf_add(b, p + run, to - run);
 }
 
-void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+/* The length of s once html_escape has escaped it. Can't fail. */
+static size_t escaped_len(const char *s)
 {
-    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
-    render_span(t, w, t->page[w], t->slots[w], t->nslots[w], 0, t->len[w], vals, b);
+    size_t n = 0;
+    for (; *s; s++) {
+        const char *rep = html_rep(*s);
+        n += rep ? strlen(rep) : 1;
+    }
+    return n;
+}
+
+/* The length render_span() gives for the same span, with lens[] the
+ * escaped lengths of its vals[] (0 for {{more}}). SIZE_MAX on overflow.
+ * Can't fail. */
+static size_t span_len(const struct templates *t, enum word w, const struct templates_slot *sl, size_t n,
+                       size_t from, size_t to, const size_t *lens)
+{
+    size_t total = to - from;
+    for (size_t i = 0; i < n; i++) {
+        if (sl[i].at < from || sl[i].at >= to)
+            continue;
+        size_t add = sl[i].ph == PH_CARD
+                         ? span_len(t, w, t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], lens)
+                         : lens[sl[i].ph];
+        if (add > SIZE_MAX - total)
+            return SIZE_MAX;
+        total = total - sl[i].len + add;
+    }
+    return total;
+}
+
+/* The values of word w's placeholders, by placeholder (none for {{more}}
+ * and {{card}}), and with lens their escaped lengths. Can't fail. */
+static void page_vals(enum word w, const struct page_vars *v, const char *vals[PH_COUNT], size_t lens[PH_COUNT])
+{
+    const char *vs[PH_COUNT] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
+    for (size_t i = 0; i < PH_COUNT; i++) {
+        vals[i] = vs[i];
+        if (lens != NULL)
+            lens[i] = escaped_len(vs[i] ? vs[i] : "");
+    }
+}
+
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v, struct dynbuf *b)
+{
+    const char *vals[PH_COUNT];
+    page_vals(w, v, vals, NULL);
+    return render_span(t, w, t->page[w], t->slots[w], t->nslots[w], 0, t->len[w], vals, b);
+}
+
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    const char *vals[PH_COUNT];
+    size_t lens[PH_COUNT];
+    page_vals(w, v, vals, lens);
+    return span_len(t, w, t->slots[w], t->nslots[w], 0, t->len[w], lens);
 }
 
 bool templates_stream(const struct templates *t)
@@ -416,33 +433,59 @@ static size_t more_at(const struct templates *t, size_t *after)
     return t->wait_len; /* cannot happen: check_page() wants one */
 }
 
-void render_wait_top(const struct templates *t, const struct page_vars *v, struct buf *b)
+/* The word whose card ends a streamed page answered with w: its own, or
+ * checking's for a word without one (never for a held request). */
+static enum word result_word(enum word w)
 {
-    size_t after, at = more_at(t, &after);
-    const char *vals[] = {word_name(W_CHECKING), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
-    render_span(t, W_CHECKING, t->wait, t->wait_slots, t->nwait_slots, 0, at, vals, b);
+    return w >= W_SUCCEEDED && w <= W_NOT_FOUND ? w : W_CHECKING;
 }
 
-void render_wait_result(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+enum dynbuf_rc render_wait_top(const struct templates *t, const struct page_vars *v, struct dynbuf *b)
+{
+    size_t after, at = more_at(t, &after);
+    const char *vals[PH_COUNT];
+    page_vals(W_CHECKING, v, vals, NULL);
+    return render_span(t, W_CHECKING, t->wait, t->wait_slots, t->nwait_slots, 0, at, vals, b);
+}
+
+enum dynbuf_rc render_wait_result(const struct templates *t, enum word w, const struct page_vars *v,
+                                  struct dynbuf *b)
 {
     size_t after;
     more_at(t, &after);
-    if (w < W_SUCCEEDED || w > W_NOT_FOUND)
-        w = W_CHECKING; /* no card of its own: never happens for a held request */
-    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
-    render_span(t, w, t->wait, t->wait_slots, t->nwait_slots, after, t->wait_len, vals, b);
+    w = result_word(w);
+    const char *vals[PH_COUNT];
+    page_vals(w, v, vals, NULL);
+    return render_span(t, w, t->wait, t->wait_slots, t->nwait_slots, after, t->wait_len, vals, b);
 }
 
-void render_json(const char *id, const char *status, bool final, struct buf *b)
+size_t render_stream_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    size_t after, at = more_at(t, &after);
+    const char *vals[PH_COUNT];
+    size_t lens[PH_COUNT];
+    page_vals(W_CHECKING, v, vals, lens);
+    size_t top = span_len(t, W_CHECKING, t->wait_slots, t->nwait_slots, 0, at, lens);
+    w = result_word(w);
+    page_vals(w, v, vals, lens);
+    size_t rest = span_len(t, w, t->wait_slots, t->nwait_slots, after, t->wait_len, lens);
+    return rest > SIZE_MAX - top ? SIZE_MAX : top + rest;
+}
+
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+{
+    if (len > 0)
+        snprintf(buf, len, "?%s=%s", id_param, id);
+}
+
+enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b)
 {
     json_t *o = json_pack("{s:s, s:s, s:b}", "id", id, "status", status, "final", final);
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    if (s != NULL) {
-        buf_puts(b, s);
-        buf_puts(b, "\n");
-    } else {
-        b->oom = true;
-    }
+    enum dynbuf_rc rc = DYNBUF_NO_MEMORY;
+    if (s != NULL)
+        rc = dynbuf_adds(b, s) != DYNBUF_OK ? dynbuf_error(b) : dynbuf_adds(b, "\n");
     free(s);
     json_decref(o);
+    return rc;
 }
