@@ -1127,6 +1127,48 @@ static void test_rendered_page_cap(void **unused)
     expect_error(load_one_shop(shop), g_cfg, "shops[0].templates_dir", "the failed page would be");
 }
 
+/* The streamed page (its waiting top and the result card for each word,
+ * together) is a page too: a shop whose values make it larger than
+ * RENDER_PAGE_MAX is refused, though each single page fits; with
+ * `progressive` false it never gets one, and loads. */
+static void test_streamed_page_cap(void **unused)
+{
+    (void)unused;
+    make_dir("tpl_wait");
+    make_dir("tpl_wait/id");
+    /* 500 {{shop_url}} in the top and 500 in the failed card: a 300-byte
+     * shop_url makes a 150 KB single page, a 300 KB streamed one */
+    static char page[16 * 1024], wait[16 * 1024];
+    strcpy(page, "<html data-status=\"{{status}}\"><!--card-->");
+    strcpy(wait, "<html data-status=\"{{status}}\">");
+    for (int i = 0; i < 500; i++) {
+        strcat(page, "{{shop_url}}");
+        strcat(wait, "{{shop_url}}");
+    }
+    strcat(page, "<!--/card--></html>");
+    strcat(wait, "{{more}}<div data-status=\"{{status}}\">{{card}}</div></html>");
+    put_file("tpl_wait/id/failed.html", page);
+    put_file("tpl_wait/id/waiting.html", wait);
+    char url[400], shop[1200];
+    snprintf(url, sizeof url, "https://a.example/?");
+    while (strlen(url) < 300)
+        strcat(url, "x");
+    for (int progressive = 0; progressive <= 1; progressive++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_wait\", "
+                 "\"shop_url\": \"%s\", \"progressive\": %s", g_dir, g_dir, url, progressive ? "true" : "false");
+        struct config *c = load_one_shop(shop);
+        if (!progressive) {
+            expect_ok(c);
+            assert_false(c->shops[0].progressive);
+            assert_true(templates_stream(c->shops[0].tpl));
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].templates_dir", "the streamed failed page would be 293 KiB with this "
+                                                             "shop's name and shop_url: at most 256 KiB");
+        }
+    }
+}
+
 /* Key files others can read, or group or others can write, are refused
  * with a message naming the file; 0600 and 0640 are fine. */
 static void test_key_file_modes(void **unused)
@@ -1924,6 +1966,7 @@ int main(void)
         cmocka_unit_test(test_pick_no_fallback_with_shops_dir),
         cmocka_unit_test(test_size_caps),
         cmocka_unit_test(test_rendered_page_cap),
+        cmocka_unit_test(test_streamed_page_cap),
         cmocka_unit_test(test_key_file_modes),
         cmocka_unit_test(test_max_held),
         cmocka_unit_test(test_syntax_errors),
