@@ -84,6 +84,10 @@ def test_streamed_page_in_two_parts(tmpdir):
     assert "content-length" not in headers, headers
     assert_in("frame-ancestors 'none'", headers.get("content-security-policy", ""))
     assert_in("default-src 'none'", headers.get("content-security-policy", ""))
+    assert "script-src" not in headers.get("content-security-policy", ""), headers
+    for h, v in (("cache-control", "no-store"), ("x-content-type-options", "nosniff"),
+                 ("referrer-policy", "no-referrer"), ("x-frame-options", "DENY")):
+        assert_eq(headers.get(h), v, h)  # the same security headers as a single answer
     assert_in(b'role="status"', top)
     assert_in(b"t1", top)
     assert b"</html>" not in top
@@ -189,6 +193,36 @@ def test_sigterm_finishes_a_streamed_page(tmpdir):
     assert_eq(body.count(b"<html"), 1)
     assert_eq(k.proc.wait(10), 0)
     assert "streamed_ms" in k.wait_log(10, event="request", id="t1")
+
+
+def test_a_signed_notify_ends_a_streamed_page(tmpdir):
+    """Kasera says pending to the end; once the top is in, a forged notify
+    (401) changes nothing and the shop's signed one (204) ends the page
+    with its word, within 50 ms in kembali's own log."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t1", "pending")
+    told = {}
+
+    def tell():
+        told["forged"] = kit.notify(k, "t1", {"status": "failed"}, secret="not-the-shop's")
+        told["signed"] = kit.notify(k, "t1", {"status": "succeeded"})
+
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC, timeout=20, on_first=tell)
+    assert_eq(told["forged"].status, 401, "forged: %r" % told["forged"])
+    assert_eq(told["signed"].status, 204, "signed: %r" % told["signed"])
+    data = [p for _, p in parts if p is not None]
+    assert len(data) >= 2, "the top, then the result"
+    headers, body = head_and_body(b"".join(data))
+    assert_eq(headers.get("kembali-status"), "checking")
+    assert_eq(last_status(body), "succeeded")
+    assert body.rstrip().endswith(b"</html>")
+    line = k.wait_log(10, event="request", id="t1")
+    assert_eq(line.get("word"), "succeeded")
+    assert "streamed_ms" in line, line
+    notified = [l for l in k.find_log(event="notify", id="t1") if l.get("http") == "204"]
+    assert_eq(len(notified), 1, "one recorded notify")
+    lat = round((kit.log_time(line) - kit.log_time(notified[0])) * 1000)
+    assert lat <= 50, "the page ended %d ms after the notify" % lat
 
 
 def test_kept_connection_carries_a_stream_then_more(tmpdir):
