@@ -266,13 +266,19 @@ static int check_config(const char *path)
 }
 
 /* Did the Redis settings change (they take effect at restart)? */
+static bool pw_differs(const char *a, const char *b)
+{
+    return (a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0);
+}
+
 static bool redis_differs(const struct config_redis *a, const struct config_redis *b)
 {
-    bool pw = (a->password == NULL) != (b->password == NULL) ||
-              (a->password != NULL && strcmp(a->password, b->password) != 0);
-    return a->on != b->on || a->unix_socket != b->unix_socket || strcmp(a->host, b->host) != 0 ||
-           a->port != b->port || strcmp(a->path, b->path) != 0 || a->db != b->db || pw ||
-           strcmp(a->prefix, b->prefix) != 0 || a->hosts != b->hosts;
+    char aa[CONFIG_REDIS_SENTINELS_MAX * 300], ba[sizeof aa];
+    config_redis_address(a, aa, sizeof aa); /* host, port, path, db, the Sentinels and the master's name */
+    config_redis_address(b, ba, sizeof ba);
+    return a->on != b->on || strcmp(aa, ba) != 0 || pw_differs(a->password, b->password) ||
+           pw_differs(a->sentinel_password, b->sentinel_password) || strcmp(a->prefix, b->prefix) != 0 ||
+           a->hosts != b->hosts;
 }
 
 static void reload(struct app *a, const char *path)
@@ -295,7 +301,8 @@ static void reload(struct app *a, const char *path)
         c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
         log_msg("warn", "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");
     if (redis_differs(&c->redis, &old->redis))
-        log_msg("warn", "reload", "redis, redis_password_file, redis_prefix and redis_hosts take effect at restart");
+        log_msg("warn", "reload", "redis, redis_password_file, redis_sentinel_password_file, redis_prefix and "
+                                  "redis_hosts take effect at restart");
     config_unref(old);
     app_set_config(a, c);
     struct log_line l;
