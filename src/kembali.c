@@ -8,6 +8,7 @@
  * SIGTERM/SIGINT stop. Started with no FastCGI socket but a CGI
  * environment, it answers that one request and exits. */
 #define NO_FCGI_DEFINES 1
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcgiapp.h>
 #include <fcntl.h>
@@ -83,7 +84,8 @@ static void usage(FILE *f)
             "                   (a shop file a running kembali would skip included);\n"
             "                   with redis, try it for 1 s: no answer is a warning\n"
             "                   (kembali runs without it), a refused password or db\n"
-            "                   an error\n"
+            "                   an error; with Sentinels, each is asked for the\n"
+            "                   master (1 s each), and the master's ROLE checked\n"
             "  --version        print the version\n"
             "  --help           print this help\n"
             "\n"
@@ -238,7 +240,29 @@ static int check_config(const char *path)
          * answers); a refused password or db: the configuration is wrong */
         char addr[300], rwhy[600];
         config_redis_address(&c->redis, addr, sizeof addr);
-        int rr = state_redis_check(&c->redis, CHECK_REDIS_MS, rwhy, sizeof rwhy);
+        int rr;
+        if (c->redis.sentinel) { /* each Sentinel, then the master the first answer names, and its ROLE */
+            char ip[INET6_ADDRSTRLEN + 1], role[16] = "";
+            int port = 0, which = -1;
+            rr = state_redis_sentinel_master(&c->redis, CHECK_REDIS_MS, ip, sizeof ip, &port, &which, stdout, rwhy,
+                                             sizeof rwhy);
+            if (rr == STATE_REDIS_CHECK_REFUSED)
+                rc = 1;
+            if (which >= 0) {
+                snprintf(addr, sizeof addr, "master %s at %s:%d", c->redis.master, ip, port);
+                rr = state_redis_check_master(&c->redis, ip, port, CHECK_REDIS_MS, role, rwhy, sizeof rwhy);
+                if (rr == STATE_REDIS_CHECK_OK && strcmp(role, "master") != 0) {
+                    snprintf(rwhy, sizeof rwhy, "ROLE says %s, not master (a failover under way?)", role);
+                    rr = STATE_REDIS_CHECK_UNREACHABLE;
+                } else if (rr == STATE_REDIS_CHECK_OK) {
+                    fprintf(stdout, "kembali: redis %s: ROLE master\n", addr);
+                }
+            } else if (rr == STATE_REDIS_CHECK_REFUSED) {
+                rr = STATE_REDIS_CHECK_OK; /* each refusal is printed above */
+            }
+        } else {
+            rr = state_redis_check(&c->redis, CHECK_REDIS_MS, rwhy, sizeof rwhy);
+        }
         if (rr == STATE_REDIS_CHECK_UNREACHABLE) {
             fprintf(stdout, "kembali: warning: redis %s: %s\n", addr, rwhy);
         } else if (rr != STATE_REDIS_CHECK_OK) {

@@ -41,6 +41,7 @@
 #ifndef KEMBALI_STATE_REDIS_H
 #define KEMBALI_STATE_REDIS_H
 
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,6 +57,8 @@
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
 #define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024
+#define STATE_REDIS_SENTINEL_MS 300  /* one Sentinel: connect, authenticate and answer within this */
+#define STATE_REDIS_SENTINEL_CHECK_MS 1000 /* while up: the Sentinels are asked this often for the master */
 
 struct state_redis;
 struct state_redis_op;
@@ -109,6 +112,8 @@ struct state_redis_metrics {
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
     long written_back;        /* final statuses written back after a stay down */
+    char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
+    long master_changes;      /* with Sentinels: joins of another master than the last */
 };
 
 /* Start on loop l with the settings in cfg (copied, password included); the
