@@ -280,16 +280,25 @@ static void respond_metrics(struct serve_req *r)
                        "# TYPE kembali_redis_round_trips_total counter\nkembali_redis_round_trips_total %ld\n"
                        "# TYPE kembali_redis_pings_total counter\nkembali_redis_pings_total %ld\n"
                        "# TYPE kembali_redis_claims_total counter\nkembali_redis_claims_total %ld\n"
-                       "kembali_redis_claims_granted_total %ld\n"
-                       "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
+                       "kembali_redis_claims_granted_total %ld\n",
+                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.pings, rm.claims, rm.granted);
+        /* a second call: buf_printf writes at most 511 bytes at a time */
+        buf_printf(&b, "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
                        "# TYPE kembali_redis_written_back_total counter\nkembali_redis_written_back_total %ld\n",
-                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.pings, rm.claims, rm.granted, rm.messages, rm.written_back);
-        if (rm.master[0] != '\0') /* with Sentinels: an address and a port, nothing to escape */
+                   rm.messages, rm.written_back);
+        if (rm.master[0] != '\0') { /* with Sentinels: an address and a port, nothing to escape */
             buf_printf(&b, "# HELP kembali_redis_master The master (named by the Sentinels) last joined.\n"
                            "# TYPE kembali_redis_master gauge\nkembali_redis_master{address=\"%s\"} 1\n"
                            "# TYPE kembali_redis_master_changes_total counter\n"
                            "kembali_redis_master_changes_total %ld\n",
                        rm.master, rm.master_changes);
+            buf_printf(&b, "# HELP kembali_redis_sentinel_asks_total Questions put to one Sentinel, and those it "
+                           "did not answer.\n"
+                           "# TYPE kembali_redis_sentinel_asks_total counter\nkembali_redis_sentinel_asks_total %ld\n"
+                           "# TYPE kembali_redis_sentinel_failures_total counter\n"
+                           "kembali_redis_sentinel_failures_total %ld\n",
+                       rm.sentinel_asks, rm.sentinel_failures);
+        }
     }
     build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     buf_free(&b);

@@ -924,12 +924,15 @@ static void sentinel_try(struct state_redis *r)
         int i = r->order[r->sasking];
         r->sfail[0] = '\0';
         r->sanswered = false;
+        r->m.sentinel_asks++;
         if (!r->sip_ok[i]) {
+            r->m.sentinel_failures++;
             snprintf(r->swhy, sizeof r->swhy, "cannot resolve %s", r->cfg.sentinels[i].host);
             continue;
         }
         r->sconn = rc_open_at(r, r->sip[i], r->cfg.sentinels[i].port, false, true);
         if (r->sconn == NULL) {
+            r->m.sentinel_failures++;
             util_copy(r->swhy, sizeof r->swhy, r->why);
             continue;
         }
@@ -1016,6 +1019,7 @@ static void on_sentinel_timer(struct loop *l, struct loop_timer *t)
         sentinel_answer(r, true);
         return;
     }
+    r->m.sentinel_failures++;
     if (r->sfail[0] == '\0')
         snprintf(r->sfail, sizeof r->sfail, "no answer within %d ms", STATE_REDIS_SENTINEL_MS);
     char where[300];

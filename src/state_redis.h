@@ -114,6 +114,8 @@ struct state_redis_metrics {
     long written_back;        /* final statuses written back after a stay down */
     char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
     long master_changes;      /* with Sentinels: joins of another master than the last */
+    long sentinel_asks;       /* with Sentinels: questions put to one Sentinel */
+    long sentinel_failures;   /* ... that it did not answer (down, too slow, refused, no such master) */
 };
 
 /* Start on loop l with the settings in cfg (copied, password included); the

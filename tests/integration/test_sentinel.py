@@ -146,8 +146,17 @@ def test_a_sentinel_down_among_several(tmpdir):
     assert_eq(ks[0].get("id=d1").header("kembali-status"), "succeeded")
     assert_eq(ks[1].get("id=d1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("d1")), 1, "the second host learnt d1 through the master")
-    for k in ks:  # the good one is asked first from now on: no further failure, no leave
-        harness.wait_for(lambda: k.metrics()["kembali_redis_up"] == 1, 10)
+    for k in ks:  # the good one is asked first from now on: three checks, no further failure, no leave
+        m = k.metrics()
+        assert_eq(m["kembali_redis_sentinel_failures_total"], 2)
+        harness.wait_for(lambda: k.metrics()["kembali_redis_sentinel_asks_total"] >= m[
+            "kembali_redis_sentinel_asks_total"] + 3, 30, msg="three more questions")
+        m = k.metrics()
+        assert_eq((m["kembali_redis_up"], m["kembali_redis_sentinel_failures_total"]), (1, 2))
+        # every Redis metric is there (none cut off by a too long line)
+        assert "kembali_redis_written_back_total" in m and "kembali_redis_messages_total" in m, sorted(m)
+        text = k.get("format=metrics", extra={"KEMBALI_ADMIN": "1"}).text
+        assert "# HELP kembali_redis_master The master" in text, text
         assert_eq(len(k.find_log(event="redis_sentinel_failed")), 2)
         assert_eq(k.find_log(event="redis_left"), [])
 
