@@ -918,6 +918,28 @@ static void sentinel_send(struct state_redis *r, enum op_kind kind, int argc, co
  * can be tried; when none is left, the question ends unanswered. */
 static void sentinel_answer(struct state_redis *r, bool ok);
 
+/* The Sentinel asked (at r->sasking) failed, r->sfail says why: counted,
+ * kept for the log line of a question no Sentinel answers, and logged
+ * once until it answers again. */
+static void sentinel_one_failed(struct state_redis *r)
+{
+    int i = r->order[r->sasking];
+    r->m.sentinel_failures++;
+    char where[300];
+    snprintf(where, sizeof where, "%s:%d", r->cfg.sentinels[i].host, r->cfg.sentinels[i].port);
+    snprintf(r->swhy, sizeof r->swhy, "%s: %s", where, r->sfail);
+    if (!r->sfail_logged[i]) {
+        r->sfail_logged[i] = true;
+        struct log_line ll;
+        log_begin(&ll, "warn", "redis_sentinel_failed");
+        log_str(&ll, "sentinel", where);
+        log_str(&ll, "master", r->cfg.master);
+        log_str(&ll, "why", r->sfail);
+        log_str(&ll, "msg", "the other Sentinels are asked");
+        log_end(&ll);
+    }
+}
+
 static void sentinel_try(struct state_redis *r)
 {
     for (; r->sasking < r->cfg.nsentinels; r->sasking++) {
@@ -926,14 +948,14 @@ static void sentinel_try(struct state_redis *r)
         r->sanswered = false;
         r->m.sentinel_asks++;
         if (!r->sip_ok[i]) {
-            r->m.sentinel_failures++;
-            snprintf(r->swhy, sizeof r->swhy, "cannot resolve %s", r->cfg.sentinels[i].host);
+            snprintf(r->sfail, sizeof r->sfail, "cannot resolve %.100s", r->cfg.sentinels[i].host);
+            sentinel_one_failed(r);
             continue;
         }
         r->sconn = rc_open_at(r, r->sip[i], r->cfg.sentinels[i].port, false, true);
         if (r->sconn == NULL) {
-            r->m.sentinel_failures++;
-            util_copy(r->swhy, sizeof r->swhy, r->why);
+            util_copy(r->sfail, sizeof r->sfail, r->why);
+            sentinel_one_failed(r);
             continue;
         }
         if (r->cfg.sentinel_password != NULL)
@@ -1019,22 +1041,9 @@ static void on_sentinel_timer(struct loop *l, struct loop_timer *t)
         sentinel_answer(r, true);
         return;
     }
-    r->m.sentinel_failures++;
     if (r->sfail[0] == '\0')
         snprintf(r->sfail, sizeof r->sfail, "no answer within %d ms", STATE_REDIS_SENTINEL_MS);
-    char where[300];
-    snprintf(where, sizeof where, "%s:%d", r->cfg.sentinels[i].host, r->cfg.sentinels[i].port);
-    snprintf(r->swhy, sizeof r->swhy, "%s: %s", where, r->sfail);
-    if (!r->sfail_logged[i]) {
-        r->sfail_logged[i] = true;
-        struct log_line ll;
-        log_begin(&ll, "warn", "redis_sentinel_failed");
-        log_str(&ll, "sentinel", where);
-        log_str(&ll, "master", r->cfg.master);
-        log_str(&ll, "why", r->sfail);
-        log_str(&ll, "msg", "the next Sentinel is asked");
-        log_end(&ll);
-    }
+    sentinel_one_failed(r);
     r->sasking++;
     sentinel_try(r);
 }
