@@ -36,6 +36,13 @@
  * state_redis_budget()'s share of each budget. Final statuses read or told
  * meanwhile are written back when it answers again.
  *
+ * With Sentinels (redis-sentinel://), every join first asks them, in
+ * turn and without blocking, which server is the master, and checks that
+ * its ROLE says so (a replica named is not used); while up, the Sentinels
+ * are asked again every STATE_REDIS_SENTINEL_CHECK_MS, and a master that
+ * changed makes this process leave and join the new one at once. The
+ * metrics name the master joined (state_redis_metrics: master).
+ *
  * Everything runs on the loop's thread; no call blocks. Callbacks are never
  * called from inside the call that registers them. */
 #ifndef KEMBALI_STATE_REDIS_H
