@@ -10,6 +10,7 @@ Sentinel's own state is waited for by polling it, never by sleeping."""
 import datetime
 import os
 import re
+import subprocess
 import threading
 
 import harness
@@ -160,6 +161,12 @@ def test_a_sentinel_down_among_several(tmpdir):
     assert_eq(ks[0].get("id=d1").header("kembali-status"), "succeeded")
     assert_eq(ks[1].get("id=d1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("d1")), 1, "the second host learnt d1 through the master")
+    # kembali --notify (no loop) asks the Sentinels too, past the two that fail
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "d2", "failed"],
+                       capture_output=True, text=True, timeout=30)
+    assert_eq(p.returncode, 0, p.stderr)
+    assert_eq(ks[1].get("id=d2").header("kembali-status"), "failed")
+    assert_eq(sb.reads("d2"), [], "h1 learnt d2 from the master")
     for k in ks:  # the good one is asked first from now on: three checks, no further failure, no leave
         if k.find_log(event="redis_sentinel_failed", sentinel=good.hostport()):
             print("# %s: the good Sentinel was slower than 300 ms once (a busy machine): not checked" % k.name)
