@@ -286,12 +286,12 @@ static void respond_metrics(struct serve_req *r)
         buf_printf(&b, "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
                        "# TYPE kembali_redis_written_back_total counter\nkembali_redis_written_back_total %ld\n",
                    rm.messages, rm.written_back);
-        if (rm.master[0] != '\0') { /* with Sentinels: an address and a port, nothing to escape */
+        if (rm.sentinel && rm.master[0] != '\0') /* an address and a port, nothing to escape */
             buf_printf(&b, "# HELP kembali_redis_master The master (named by the Sentinels) last joined.\n"
-                           "# TYPE kembali_redis_master gauge\nkembali_redis_master{address=\"%s\"} 1\n"
-                           "# TYPE kembali_redis_master_changes_total counter\n"
-                           "kembali_redis_master_changes_total %ld\n",
-                       rm.master, rm.master_changes);
+                           "# TYPE kembali_redis_master gauge\nkembali_redis_master{address=\"%s\"} 1\n", rm.master);
+        if (rm.sentinel) {
+            buf_printf(&b, "# TYPE kembali_redis_master_changes_total counter\n"
+                           "kembali_redis_master_changes_total %ld\n", rm.master_changes);
             buf_printf(&b, "# HELP kembali_redis_sentinel_asks_total Questions put to one Sentinel, and those it "
                            "did not answer.\n"
                            "# TYPE kembali_redis_sentinel_asks_total counter\nkembali_redis_sentinel_asks_total %ld\n"

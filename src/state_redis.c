@@ -300,6 +300,7 @@ struct state_redis {
     struct loop_timer sentinel_timer, scheck_timer;
     char master_ip[INET6_ADDRSTRLEN]; /* the master last joined ("" : none yet) */
     int master_port;
+    char not_master[INET6_ADDRSTRLEN + 8]; /* the last address logged as not a master, until a join */
 };
 
 /* A host name looked up by a thread of its own: the loop polls `done`. The
@@ -645,6 +646,7 @@ static void joined(struct state_redis *r)
     r->m.up = true;
     r->m.joins++;
     loop_timer_stop(r->loop, &r->join_timer);
+    r->not_master[0] = '\0';
     struct log_line l;
     if (r->cfg.sentinel && (strcmp(r->master_ip, r->ip) != 0 || r->master_port != r->port)) {
         /* a new master (or the first): the metrics say which */
@@ -1094,15 +1096,19 @@ static void on_scheck_timer(struct loop *l, struct loop_timer *t)
  * the back of the order (the next question asks another first). */
 static void not_a_master(struct state_redis *r, const redisReply *x)
 {
-    char role[40] = "?";
+    char role[40] = "?", addr[sizeof r->not_master];
     if (reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING))
         snprintf(role, sizeof role, "%.30s", x->element[0]->str);
-    struct log_line l;
-    log_begin(&l, "warn", "redis_not_master");
-    log_where(r, &l);
-    log_str(&l, "role", role);
-    log_str(&l, "msg", "the address the Sentinel named is not a master: not used; the Sentinels are asked again");
-    log_end(&l);
+    snprintf(addr, sizeof addr, "%s:%d", r->ip, r->port);
+    if (strcmp(addr, r->not_master) != 0) { /* once per address, not every second */
+        util_copy(r->not_master, sizeof r->not_master, addr);
+        struct log_line l;
+        log_begin(&l, "warn", "redis_not_master");
+        log_where(r, &l);
+        log_str(&l, "role", role);
+        log_str(&l, "msg", "the address the Sentinel named is not a master: not used; the Sentinels are asked again");
+        log_end(&l);
+    }
     int k = 0;
     while (k < r->cfg.nsentinels && r->order[k] != r->snamed)
         k++;
@@ -1330,6 +1336,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->sentinel_timer, on_sentinel_timer, r);
     loop_timer_init(&r->scheck_timer, on_scheck_timer, r);
     r->port = cfg->port;
+    r->m.sentinel = cfg->sentinel;
     r->sasking = -1;
     r->snamed = r->snamed_next = -1;
     struct in6_addr a6;

@@ -119,6 +119,7 @@ struct state_redis_metrics {
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
     long written_back;        /* final statuses written back after a stay down */
+    bool sentinel;            /* the master is asked of Sentinels (the fields below) */
     char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
     long master_changes;      /* with Sentinels: joins of another master than the last */
     long sentinel_asks;       /* with Sentinels: questions put to one Sentinel */

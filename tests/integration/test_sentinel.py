@@ -8,6 +8,7 @@ does not keep a host off the master; --check-config probes the Sentinels.
 Sentinel's own state is waited for by polling it, never by sleeping."""
 
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -206,6 +207,16 @@ def test_a_sentinel_naming_a_replica_is_not_followed(tmpdir):
     sb.put_tx("r1", "succeeded")
     assert_eq(k.get("id=r1").header("kembali-status"), "succeeded")
     harness.wait_for(lambda: master.keys("kembali:*t:r1"), 10, msg="r1 is on the master")
+    # with only that Sentinel: never joined, said once (not at every second's attempt), no request fails
+    lone = harness.Kembali(tmpdir, name="lone", keys={"a": kit.KEY}, config=lambda _: dict(
+        json.load(open(k.config_path)), redis=url([wrong]), state_dir=os.path.join(tmpdir, "state-lone")))
+    os.makedirs(os.path.join(tmpdir, "state-lone"), mode=0o700)
+    lone.start()
+    lone.wait_log(30, event="redis_not_master")
+    harness.wait_for(lambda: lone.metrics()["kembali_redis_sentinel_asks_total"] >= 4, 30, msg="four questions")
+    assert_eq(len(lone.find_log(event="redis_not_master")), 1)
+    assert_eq(lone.find_log(event="redis_joined"), [])
+    assert_eq(lone.get("id=r1").header("kembali-status"), "succeeded")
 
 
 def base_config(tmpdir):
