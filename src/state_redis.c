@@ -291,7 +291,7 @@ struct state_redis {
     bool sfor_join;           /* the answer is for a join (else a check while up) */
     bool sanswered;           /* the one asked answered (sfound_*) */
     char sfail[200];          /* why the one asked failed ("" : no answer in time) */
-    char sfound_ip[INET6_ADDRSTRLEN];
+    char sfound_ip[STATE_REDIS_ADDR_MAX];
     int sfound_port;
     int snamed;               /* which Sentinel (cfg index) named the master joined or joining; -1 */
     int snamed_next;          /* which one answered the question that just ended */
@@ -1001,24 +1001,18 @@ static void sentinel_reply(struct state_redis *r, enum op_kind kind, const redis
     }
     if (kind == OP_S_AUTH)
         return;
-    struct in6_addr a6;
+    const char *bad;
     if (x->type == REDIS_REPLY_NIL) {
         char why[160];
         snprintf(why, sizeof why, "the Sentinel does not know the master \"%s\"", r->cfg.master);
         sentinel_failed(r, why);
     } else if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements != 2 || !reply_is(x->element[0], REDIS_REPLY_STRING) ||
-               !reply_is(x->element[1], REDIS_REPLY_STRING) || x->element[0]->len >= INET6_ADDRSTRLEN) {
+               !reply_is(x->element[1], REDIS_REPLY_STRING)) {
         sentinel_failed(r, "the Sentinel's answer is not an address and a port");
-    } else if (inet_pton(AF_INET, x->element[0]->str, &a6) != 1 && inet_pton(AF_INET6, x->element[0]->str, &a6) != 1) {
-        sentinel_failed(r, "the Sentinel names a host name, not an address (kembali takes addresses)");
+    } else if ((bad = state_redis_master_addr(x->element[0]->str, x->element[0]->len, x->element[1]->str,
+                                              x->element[1]->len, r->sfound_ip, &r->sfound_port)) != NULL) {
+        sentinel_failed(r, bad);
     } else {
-        long port = strtol(x->element[1]->str, NULL, 10);
-        if (port < 1 || port > 65535) {
-            sentinel_failed(r, "the Sentinel's answer has no valid port");
-            return;
-        }
-        util_copy(r->sfound_ip, sizeof r->sfound_ip, x->element[0]->str);
-        r->sfound_port = (int)port;
         r->sanswered = true;
         loop_timer_at(r->loop, &r->sentinel_timer, loop_now(r->loop));
     }
@@ -1036,9 +1030,7 @@ static void on_sentinel_timer(struct loop *l, struct loop_timer *t)
     int i = r->order[r->sasking];
     if (r->sanswered) {
         r->sfail_logged[i] = false;
-        for (int k = r->sasking; k > 0; k--) /* to the front */
-            r->order[k] = r->order[k - 1];
-        r->order[0] = i;
+        state_redis_order_move(r->order, r->cfg.nsentinels, r->sasking, true);
         r->snamed_next = i;
         sentinel_answer(r, true);
         return;
@@ -1112,10 +1104,7 @@ static void not_a_master(struct state_redis *r, const redisReply *x)
     int k = 0;
     while (k < r->cfg.nsentinels && r->order[k] != r->snamed)
         k++;
-    for (; k + 1 < r->cfg.nsentinels; k++)
-        r->order[k] = r->order[k + 1];
-    if (r->snamed >= 0)
-        r->order[r->cfg.nsentinels - 1] = r->snamed;
+    state_redis_order_move(r->order, r->cfg.nsentinels, k, false);
     char why[80];
     snprintf(why, sizeof why, "ROLE says %s, not master", role);
     went_down(r, why);

@@ -12,6 +12,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "state_redis_msg.h"
 #include "util.h"
 
 static struct timeval tv_of(int64_t ms)
@@ -200,13 +201,20 @@ static int ask_sentinel(const struct config_redis *r, int i, int timeout_ms, cha
                      r->master);
             rc = STATE_REDIS_CHECK_REFUSED;
         } else if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
-                   x->element[1]->type != REDIS_REPLY_STRING || x->element[0]->len >= iplen) {
+                   x->element[1]->type != REDIS_REPLY_STRING) {
             snprintf(why, whylen, "the answer to SENTINEL get-master-addr-by-name is not an address and a port: "
                                   "not a Sentinel?");
             rc = STATE_REDIS_CHECK_UNREACHABLE;
         } else {
-            util_copy(ip, iplen, x->element[0]->str);
-            *port = atoi(x->element[1]->str);
+            char a[STATE_REDIS_ADDR_MAX];
+            const char *bad = state_redis_master_addr(x->element[0]->str, x->element[0]->len, x->element[1]->str,
+                                                      x->element[1]->len, a, port);
+            if (bad != NULL) {
+                snprintf(why, whylen, "%s", bad);
+                rc = STATE_REDIS_CHECK_REFUSED;
+            } else {
+                util_copy(ip, iplen, a);
+            }
         }
     }
     if (x != NULL)

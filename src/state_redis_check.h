@@ -53,7 +53,8 @@ int state_redis_check(const struct config_redis *r, int timeout_ms, char *why, s
  * Returns STATE_REDIS_CHECK_OK (a master named, every Sentinel asked
  * answered), STATE_REDIS_CHECK_UNREACHABLE (one did not answer: why names
  * it; when none answered, nothing is named), or STATE_REDIS_CHECK_REFUSED
- * (a Sentinel refused the password, or does not know the master). A master
+ * (a Sentinel refused the password, does not know the master, or names a
+ * host name rather than an address). A master
  * may be named whatever the verdict (*which >= 0). Blocking; SIGPIPE as
  * state_redis_check. */
 int state_redis_sentinel_master(const struct config_redis *r, int timeout_ms, char *ip, size_t iplen, int *port,
