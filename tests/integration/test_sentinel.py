@@ -36,8 +36,13 @@ def url(sentinels):
                                        MASTER)
 
 
-def start_hosts(tmpdir, n, sentinels, master):
+def start_hosts(tmpdir, n, sentinels, master, sentinel_password=None):
+    """n hosts (kit.start_hosts) on redis-sentinel://..., with the master's
+    password and the Sentinels' when they have them."""
     top = {"redis_password_file": master.password_file()} if master.password else {}
+    if sentinel_password is not None:
+        top["redis_sentinel_password_file"] = harness.write_secret(os.path.join(tmpdir, "sentinel.pw"),
+                                                                   sentinel_password)
     return kit.start_hosts(tmpdir, n, url(sentinels), top=top)
 
 
@@ -71,13 +76,13 @@ def switch_time(sentinel, new_port):
 @harness.timeout(240)
 def test_failover_moves_every_host_to_the_new_master(tmpdir):
     master, replica = pair(tmpdir, password="m4ster-pass")
-    sen = harness.Sentinel(tmpdir, master)
-    sb, ks = start_hosts(tmpdir, 2, [sen], master)
+    sen = harness.Sentinel(tmpdir, master, password="s3ntinel-pass")
+    sb, ks = start_hosts(tmpdir, 2, [sen], master, sentinel_password="s3ntinel-pass")
     for k in ks:
         line = k.wait_log(30, event="redis_joined")
         assert_eq((line["redis"], line["port"], line["master"], line["sentinel"]),
                   ("127.0.0.1", str(master.port), MASTER, sen.hostport()))
-        assert "m4ster" not in k.log_text()
+        assert "m4ster" not in k.log_text() and "s3ntinel" not in k.log_text()
     m = ks[0].metrics()
     assert_eq(m['kembali_redis_master{address="127.0.0.1:%d"}' % master.port], 1)
 
@@ -219,6 +224,25 @@ def test_a_sentinel_naming_a_replica_is_not_followed(tmpdir):
     assert_eq(len(lone.find_log(event="redis_not_master")), 1)
     assert_eq(lone.find_log(event="redis_joined"), [])
     assert_eq(lone.get("id=r1").header("kembali-status"), "succeeded")
+
+
+def test_a_sentinel_refusing_the_password(tmpdir):
+    """A wrong redis_sentinel_password_file: the host says so once, never
+    joins, and answers on its own state."""
+    master = harness.Redis(tmpdir, name="master")
+    sen = harness.Sentinel(tmpdir, master, password="s3ntinel-pass")
+    sb, ks = start_hosts(tmpdir, 1, [sen], master, sentinel_password="wr0ng-pass")
+    k = ks[0]
+    line = k.wait_log(30, event="redis_sentinel_failed")
+    assert_eq((line["sentinel"], line["why"]), (sen.hostport(), "the password is refused "
+                                                "(redis_sentinel_password_file)"))
+    assert "no Sentinel named the master" in k.wait_log(10, event="redis_unreachable")["why"]
+    harness.wait_for(lambda: k.metrics()["kembali_redis_sentinel_failures_total"] >= 3, 30)
+    assert_eq(len(k.find_log(event="redis_sentinel_failed")), 1)
+    assert_eq(k.find_log(event="redis_joined"), [])
+    sb.put_tx("p1", "succeeded")
+    assert_eq(k.get("id=p1").header("kembali-status"), "succeeded")
+    assert "wr0ng" not in k.log_text() and "s3ntinel" not in k.log_text()
 
 
 def base_config(tmpdir):
