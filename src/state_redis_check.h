@@ -5,7 +5,9 @@
  * (hiredis' async API on the event loop). This is one short-lived,
  * blocking connection, made and closed within the call, that tells an
  * operator whether the configured Redis answers and accepts the
- * configuration's password and database. Redis being down is not a
+ * configuration's password and database (with Sentinels: what each
+ * Sentinel names, and whether that master says it is one). Redis being
+ * down is not a
  * configuration error (kembali runs without it, interface.md "Several
  * hosts"); a refused password or database is. */
 #ifndef KEMBALI_STATE_REDIS_CHECK_H
@@ -21,7 +23,8 @@
 #define STATE_REDIS_CHECK_REFUSED 2     /* the password or the database refused */
 
 /* Connect to the Redis `r` names (r->on must be true: TCP r->host:r->port
- * or the Unix socket r->path), then AUTH r->password when there is one,
+ * or the Unix socket r->path; with Sentinels the answer is UNREACHABLE:
+ * use state_redis_sentinel_master, then state_redis_check_master), then AUTH r->password when there is one,
  * SELECT r->db when it is not 0, and PING; all of it within timeout_ms
  * (connect included; a host name's lookup is not bounded by it).
  *
