@@ -702,26 +702,56 @@ static char *resolve_dir(struct cerr *e, const char *file, const char *key, cons
     return cdup(e, file, real);
 }
 
+/* The file keys_dir/NAME<suffix> of the tenant NAME (suffix "" for its key)
+ * into out (capacity outlen). `given`: the path the tenant's file names for
+ * it (NULL: left out), which must resolve to that very file. The file must
+ * not be a symbolic link, so two tenants never share one. A missing file
+ * is not this function's error (the reader says so). False with the reason
+ * in why. */
+static bool tenant_file(const struct config *c, const char *name, const char *suffix, const char *given,
+                        char *out, size_t outlen, char *why, size_t whylen)
+{
+    size_t kl = strlen(c->keys_dir);
+    int n = snprintf(out, outlen, "%s%s%s%s", c->keys_dir, kl > 0 && c->keys_dir[kl - 1] == '/' ? "" : "/", name,
+                     suffix);
+    if (n < 0 || (size_t)n >= outlen) {
+        snprintf(why, whylen, "the path of keys_dir/%s%s is too long", name, suffix);
+        return false;
+    }
+    struct stat st;
+    if (lstat(out, &st) == 0 && S_ISLNK(st.st_mode)) {
+        snprintf(why, whylen, "%.300s is a symbolic link: a tenant's file in keys_dir must be the file itself "
+                 "(two tenants must never share one)", out);
+        return false;
+    }
+    if (given != NULL) {
+        char real[PATH_MAX];
+        if (realpath(given, real) == NULL) {
+            snprintf(why, whylen, "cannot open %.300s: %s", given, strerror(errno));
+            return false;
+        }
+        if (strcmp(real, out) != 0) {
+            snprintf(why, whylen, "names %.200s, but the shop file %s.json may only use %.200s (or leave it out)",
+                     given, name, out);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* A shop's notify secret (told by the shop, signed): the first line of nf
  * (`notify_secret_file`, may be NULL), read like a key file. For a tenant
- * (a file shops_dir/NAME.json) it is keys_dir/NAME.notify, used when that
- * file exists; nf, when given, must name exactly that file. No secret:
- * s->notify_secret stays NULL (telling is off for the shop). */
+ * (the file shops_dir/NAME.json; tenant is NAME) it is keys_dir/NAME.notify
+ * (tenant_file), used when that file exists; nf, when given, must name
+ * exactly that file. No secret: s->notify_secret stays NULL (telling is
+ * off for the shop). */
 static void load_notify_secret(struct config *c, struct cerr *e, const char *file, const char *key,
-                               const char *nf, struct shop *s, bool tenant)
+                               const char *nf, struct shop *s, const char *tenant)
 {
     char want[PATH_MAX], why[600];
-    if (tenant) {
-        const char *base = strrchr(file, '/');
-        base = base ? base + 1 : file;
-        size_t bl = strlen(base);
-        int n = snprintf(want, sizeof want, "%s/%.*s.notify", c->keys_dir ? c->keys_dir : "",
-                         (int)(bl > 5 ? bl - 5 : bl), base); /* NAME.json: NAME */
-        if (c->keys_dir == NULL || n < 0 || (size_t)n >= sizeof want)
-            return;
-        char real[PATH_MAX];
-        if (nf != NULL && (realpath(nf, real) == NULL || strcmp(real, want) != 0)) {
-            cfail(e, file, key, "must be %s (a tenant's notify secret is keys_dir/NAME.notify)", want);
+    if (tenant != NULL) {
+        if (!tenant_file(c, tenant, ".notify", nf, want, sizeof want, why, sizeof why)) {
+            cfail(e, file, key, "%s", why);
             return;
         }
         struct stat st;
@@ -741,11 +771,42 @@ static void load_notify_secret(struct config *c, struct cerr *e, const char *fil
         cfail(e, file, key, "the notify secret must be 1-%d printable characters without spaces", SECRET_MAX);
 }
 
-/* Load one shop object into s. `tenant`: it comes from a file in shops_dir,
- * which a hosting control panel writes for one tenant: no secret_key_env,
- * and templates_dir only inside shop_templates_root. */
+/* A shop whose name and shop_url would make one of its pages larger than
+ * RENDER_PAGE_MAX (for the longest id a request can carry) is refused
+ * (recorded in e under `key`). */
+static void check_page_sizes(struct cerr *e, const char *file, const char *key, const struct shop *s)
+{
+    char id[STATE_ID_MAX + 1], retry[STATE_ID_MAX + 40];
+    memset(id, 'x', STATE_ID_MAX);
+    id[STATE_ID_MAX] = '\0';
+    render_retry_url(retry, sizeof retry, s->id_param, id);
+    struct page_vars v = {.id = id, .shop_name = s->name, .shop_url = s->shop_url, .retry_url = retry};
+    for (int w = 0; w < W_COUNT; w++) {
+        size_t n = render_html_len(s->tpl, (enum word)w, &v);
+        if (n > RENDER_PAGE_MAX) {
+            cfail(e, file, key, "the %s page would be %zu KiB with this shop's name and shop_url: at most %d KiB "
+                  "(fewer placeholders, or a shorter name or shop_url)", word_name((enum word)w), n / 1024,
+                  RENDER_PAGE_MAX / 1024);
+            return;
+        }
+    }
+}
+
+/* Characters (UTF-8 code points) of s. Can't fail. */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* Load one shop object into s. `tenant`: NULL for an entry of `shops`; the
+ * NAME of shops_dir/NAME.json for a file that a hosting control panel
+ * writes for one tenant: its id is NAME, its key keys_dir/NAME, no
+ * secret_key_env, and templates_dir only inside shop_templates_root. */
 static void load_shop(struct config *c, struct cerr *e, const char *file,
-                      const char *where, json_t *o, struct shop *s, bool tenant)
+                      const char *where, json_t *o, struct shop *s, const char *tenant)
 {
     char why[600];
     if (!json_is_object(o)) {
@@ -757,7 +818,12 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
 #define P(k) (snprintf(path, sizeof path, "%s%s", where, k), path)
 
     const char *id = opt_str(e, file, where, o, "id");
-    if (id == NULL)
+    if (tenant != NULL && id != NULL && strcmp(id, tenant) != 0)
+        cfail(e, file, P("id"), "\"%.80s\" is not the file's name: the file %s.json describes the shop \"%s\" "
+              "(give that id, or leave id out)", id, tenant, tenant);
+    else if (tenant != NULL)
+        util_copy(s->id, sizeof s->id, tenant);
+    else if (id == NULL)
         cfail(e, file, P("id"), "is required (1-64 characters of A-Z a-z 0-9 _ -)");
     else if (!config_valid_id(id))
         cfail(e, file, P("id"), "\"%.80s\" must be 1-64 characters of A-Z a-z 0-9 _ -", id);
@@ -765,6 +831,8 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         util_copy(s->id, sizeof s->id, id);
 
     const char *name = opt_str(e, file, where, o, "name");
+    if (name != NULL && utf8_chars(name) > CONFIG_NAME_MAX)
+        cfail(e, file, P("name"), "is %zu characters long: at most %d", utf8_chars(name), CONFIG_NAME_MAX);
     s->name = cdup(e, file, name ? name : s->id);
 
     json_t *hosts = json_object_get(o, "hosts");
@@ -793,18 +861,25 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
 
     const char *kf = opt_str(e, file, where, o, "secret_key_file");
     const char *ke = opt_str(e, file, where, o, "secret_key_env");
-    if (tenant && ke != NULL) {
+    char tkf[PATH_MAX];
+    if (tenant != NULL && ke != NULL) {
         cfail(e, file, P("secret_key_env"), "is not allowed in a shop file in shops_dir (a tenant must not "
-              "read kembali's environment): use secret_key_file inside keys_dir");
-    } else if ((kf == NULL) == (ke == NULL)) {
+              "read kembali's environment): its key is the file keys_dir/%s", tenant);
+    } else if (tenant != NULL && !tenant_file(c, tenant, "", kf, tkf, sizeof tkf, why, sizeof why)) {
+        cfail(e, file, P("secret_key_file"), "%s", why);
+    } else if (tenant == NULL && (kf == NULL) == (ke == NULL)) {
         cfail(e, file, P("secret_key_file"), "give exactly one of secret_key_file or secret_key_env");
-    } else if (kf != NULL) {
+    } else if (tenant != NULL || kf != NULL) {
+        kf = tenant != NULL ? tkf : kf;
         bool oom = false;
+        char real[PATH_MAX];
         s->secret = read_first_line(kf, c->keys_dir, SECRET_MAX, "key", &oom, why, sizeof why);
         if (oom)
             cfail_oom(e, file);
         else if (s->secret == NULL)
             cfail(e, file, P("secret_key_file"), "%s", why);
+        else if (realpath(kf, real) != NULL)
+            s->key_file = cdup(e, file, real);
     } else {
         const char *v = getenv(ke);
         if (v == NULL || *v == '\0')
@@ -862,7 +937,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && config_valid_id(ip) ? ip : "id");
 
     const char *td = opt_str(e, file, where, o, "templates_dir");
-    if (td != NULL && tenant) {
+    if (td != NULL && tenant != NULL) {
         char real[PATH_MAX];
         if (c->shop_templates_root == NULL)
             cfail(e, file, P("templates_dir"), "a shop file in shops_dir may set templates_dir only when the "
@@ -877,6 +952,8 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     } else if (!e->oom) {
         s->tpl = get_templates(c, e, file, P("templates_dir"), td ? td : c->templates_dir, s->locale, NULL);
     }
+    if (s->tpl != NULL && s->name != NULL && s->shop_url != NULL)
+        check_page_sizes(e, file, P("templates_dir"), s);
 #undef P
 }
 
@@ -897,6 +974,7 @@ static void shop_clear(struct shop *s)
     for (int i = 0; i < s->norigins; i++)
         free(s->origins[i]);
     free(s->source);
+    free(s->key_file);
     memset(s, 0, sizeof *s);
 }
 
@@ -918,26 +996,6 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Does shop s (not yet in c->shops[0..n)) share its id or a host with one
- * of them? Writes the reason into why. */
-static bool shop_collides(const struct config *c, int n, const struct shop *s, char *why, size_t whylen)
-{
-    for (int a = 0; a < n; a++) {
-        const struct shop *o = &c->shops[a];
-        if (s->id[0] && strcmp(o->id, s->id) == 0) {
-            snprintf(why, whylen, "the id \"%s\" is already used by %s", s->id, o->source ? o->source : "the main configuration");
-            return true;
-        }
-        for (int x = 0; x < o->nhosts; x++)
-            for (int y = 0; y < s->nhosts; y++)
-                if (strcmp(o->hosts[x], s->hosts[y]) == 0) {
-                    snprintf(why, whylen, "the host \"%s\" is already claimed by shop \"%s\"", s->hosts[y], o->id);
-                    return true;
-                }
-    }
-    return false;
-}
-
 /* Copy the previous version of a shop (kept after its file went bad) into
  * dst; its templates are shared by reference. False when out of memory. */
 static bool shop_copy(struct config *c, struct shop *dst, const struct shop *src)
@@ -948,10 +1006,12 @@ static bool shop_copy(struct config *c, struct shop *dst, const struct shop *src
     dst->notify_secret = NULL;
     dst->shop_url = NULL;
     dst->source = NULL;
+    dst->key_file = NULL;
     dst->nhosts = dst->norigins = 0;
     dst->tpl = NULL;
     bool ok = (dst->name = strdup(src->name)) != NULL && (dst->shop_url = strdup(src->shop_url)) != NULL &&
               (dst->source = strdup(src->source)) != NULL && (dst->secret = strdup(src->secret)) != NULL &&
+              (src->key_file == NULL || (dst->key_file = strdup(src->key_file)) != NULL) &&
               (src->notify_secret == NULL || (dst->notify_secret = strdup(src->notify_secret)) != NULL);
     for (int i = 0; ok && i < src->nhosts; i++)
         ok = (dst->hosts[dst->nhosts++] = strdup(src->hosts[i])) != NULL;
@@ -1018,9 +1078,10 @@ static json_t *read_shop_file(struct cerr *e, const char *path)
     return o;
 }
 
-/* Record file as skipped, with the reasons in fe; kept: whether its
+/* Record file as skipped, with the reasons `why` ("file: key: reason"
+ * lines); collides: the shop it collided with, or NULL; kept: whether its
  * previous version serves. False when out of memory. */
-static bool add_skip(struct config *c, const char *file, const struct cerr *fe, bool kept)
+static bool add_skip(struct config *c, const char *file, const char *why, const char *collides, bool kept)
 {
     struct config_skip *arr = realloc(c->skipped, sizeof *arr * ((size_t)c->nskipped + 1));
     if (arr == NULL)
@@ -1028,11 +1089,13 @@ static bool add_skip(struct config *c, const char *file, const struct cerr *fe, 
     c->skipped = arr;
     struct config_skip *k = &arr[c->nskipped];
     k->file = strdup(file);
-    k->why = strdup(fe->buf);
+    k->why = strdup(why);
+    k->collides = collides != NULL && *collides ? strdup(collides) : NULL;
     k->kept = kept;
-    if (k->file == NULL || k->why == NULL) {
+    if (k->file == NULL || k->why == NULL || (collides != NULL && *collides && k->collides == NULL)) {
         free(k->file);
         free(k->why);
+        free(k->collides);
         return false;
     }
     size_t l = strlen(k->why);
@@ -1042,9 +1105,218 @@ static bool add_skip(struct config *c, const char *file, const struct cerr *fe, 
     return true;
 }
 
-/* Every *.json file of dir, one shop each, in name order. A bad file is
- * skipped (c->skipped), keeping its previous version from prev when there
- * is one; only a missing folder or running out of memory fails the load. */
+/* One file of shops_dir while the folder loads. */
+struct tenant {
+    char *path;                    /* shops_dir/NAME.json */
+    struct shop shop;              /* its new version, when it loaded */
+    bool loaded;                   /* shop loaded without a problem */
+    const struct shop *old;        /* its version in prev, or NULL */
+    const struct shop *claims;     /* the version whose hosts it claims: &shop if loaded, else old, else NULL */
+    char *why;                     /* its problems, "file: key: reason" lines; NULL: none */
+    size_t whylen;
+    bool lost;                     /* `claims` collides with another shop */
+    char collides[STATE_ID_MAX + 1]; /* the first shop it collided with */
+    bool oom;
+};
+
+static void tenant_note(struct tenant *t, const char *collides, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Append a problem of t's file ("path: msg") to t->why; collides: the
+ * shop it collided with (the first one is kept), or NULL. Out of memory
+ * sets t->oom. */
+static void tenant_note(struct tenant *t, const char *collides, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (collides != NULL && t->collides[0] == '\0')
+        util_copy(t->collides, sizeof t->collides, collides);
+    size_t add = strlen(t->path) + strlen(msg) + 3;
+    if (t->whylen + add >= SHOP_ERR_MAX)
+        return; /* enough said */
+    char *w = realloc(t->why, t->whylen + add + 1);
+    if (w == NULL) {
+        t->oom = true;
+        return;
+    }
+    t->why = w;
+    t->whylen += (size_t)snprintf(w + t->whylen, add + 1, "%s: %s\n", t->path, msg);
+}
+
+/* One host claimed by a shop while shops_dir loads. */
+struct claim {
+    const char *host;
+    int who;                       /* >= 0: that tenant; < 0: the main configuration's shop -1 - who */
+    bool had;                      /* the tenant served it before this reload */
+};
+
+static int cmp_claim(const void *a, const void *b)
+{
+    const struct claim *x = a, *y = b;
+    int d = strcmp(x->host, y->host);
+    return d ? d : (x->who > y->who) - (x->who < y->who);
+}
+
+/* The claim that owns the one host of cl[a..b) (sorted by who): the main
+ * configuration's shop, else the tenant that served it before and still
+ * claims it, else the only claimant (a shop listing the host twice is one
+ * claimant); -1 when two or more tenants claim it anew (a name that sorts
+ * first must not win it: none does). Pure; can't fail. */
+static long claim_owner(const struct claim *cl, size_t a, size_t b)
+{
+    for (size_t i = a; i < b; i++)
+        if (cl[i].who < 0)
+            return (long)i;
+    for (size_t i = a; i < b; i++)
+        if (cl[i].had)
+            return (long)i;
+    return cl[a].who == cl[b - 1].who ? (long)a : -1;
+}
+
+/* The range [*a, *b) of the claims on `host` in the sorted cl. */
+static void claims_on(const struct claim *cl, size_t n, const char *host, size_t *a, size_t *b)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(cl[mid].host, host) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *a = lo;
+    while (lo < n && strcmp(cl[lo].host, host) == 0)
+        lo++;
+    *b = lo;
+}
+
+static bool shop_has_host(const struct shop *s, const char *host)
+{
+    for (int i = 0; i < s->nhosts; i++)
+        if (strcmp(s->hosts[i], host) == 0)
+            return true;
+    return false;
+}
+
+/* Does tenant shop s take the id or the key file of one of the main
+ * configuration's shops c->shops[0..ninline)? Noted in t. */
+static bool tenant_takes_inline(const struct config *c, int ninline, struct tenant *t, const struct shop *s)
+{
+    for (int j = 0; j < ninline; j++) {
+        const struct shop *o = &c->shops[j];
+        if (strcmp(o->id, s->id) == 0) {
+            tenant_note(t, o->id, "the id \"%s\" is the id of a shop of the main configuration", s->id);
+            return true;
+        }
+        if (o->key_file != NULL && s->key_file != NULL && strcmp(o->key_file, s->key_file) == 0) {
+            tenant_note(t, o->id, "secret_key_file: %s is the key file of shop \"%s\" of the main configuration",
+                        s->key_file, o->id);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Can tenant i's previous version serve again (its new one collided)? Only
+ * when nothing else claims any of its hosts nor is its id or key. */
+static bool old_fits(const struct config *c, int ninline, const struct claim *cl, size_t ncl, struct tenant *t,
+                     int i)
+{
+    if (tenant_takes_inline(c, ninline, t, t->old))
+        return false;
+    for (int h = 0; h < t->old->nhosts; h++) {
+        size_t a, b;
+        claims_on(cl, ncl, t->old->hosts[h], &a, &b);
+        for (size_t k = a; k < b; k++)
+            if (cl[k].who != i)
+                return false;
+    }
+    return true;
+}
+
+/* Decide which tenants serve (interface.md, "Tenants"): each claimed
+ * host goes to its owner (claim_owner); a tenant whose version claims a
+ * host another shop owns, or that takes the id or key file of a shop of
+ * the main configuration, is noted in t (lost, why, collides). False when
+ * out of memory. */
+static bool tenants_resolve(const struct config *c, struct tenant *t, size_t nt)
+{
+    int ninline = c->nshops;
+    size_t ncl = 0;
+    for (int j = 0; j < ninline; j++)
+        ncl += (size_t)c->shops[j].nhosts;
+    for (size_t i = 0; i < nt; i++)
+        ncl += t[i].claims ? (size_t)t[i].claims->nhosts : 0;
+    struct claim *cl = malloc(sizeof *cl * (ncl ? ncl : 1));
+    if (cl == NULL)
+        return false;
+    size_t n = 0;
+    for (int j = 0; j < ninline; j++)
+        for (int h = 0; h < c->shops[j].nhosts; h++)
+            cl[n++] = (struct claim){c->shops[j].hosts[h], -1 - j, false};
+    for (size_t i = 0; i < nt; i++)
+        for (int h = 0; t[i].claims && h < t[i].claims->nhosts; h++)
+            cl[n++] = (struct claim){t[i].claims->hosts[h], (int)i,
+                                     t[i].old != NULL && shop_has_host(t[i].old, t[i].claims->hosts[h])};
+    qsort(cl, ncl, sizeof *cl, cmp_claim);
+
+    for (size_t i = 0; i < nt; i++)
+        if (t[i].claims != NULL && tenant_takes_inline(c, ninline, &t[i], t[i].claims))
+            t[i].lost = true;
+    for (size_t a = 0; a < ncl;) {
+        size_t b = a + 1;
+        while (b < ncl && strcmp(cl[b].host, cl[a].host) == 0)
+            b++;
+        long own = claim_owner(cl, a, b);
+        for (size_t k = a; k < b; k++) {
+            if (cl[k].who < 0 || (own >= 0 && cl[k].who == cl[own].who) || (k > a && cl[k].who == cl[k - 1].who))
+                continue;
+            struct tenant *me = &t[cl[k].who];
+            me->lost = true;
+            if (own >= 0 && cl[own].who < 0) {
+                const char *id = c->shops[-1 - cl[own].who].id;
+                tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" of the main configuration",
+                            cl[k].host, id);
+            } else if (own >= 0) {
+                const char *id = t[cl[own].who].claims->id;
+                tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" (%s): a new file never "
+                            "takes over a host", cl[k].host, id, t[cl[own].who].path);
+            } else {
+                size_t o = cl[k].who == cl[a].who ? b - 1 : a; /* another claimant */
+                const char *id = t[cl[o].who].claims->id;
+                tenant_note(me, id, "hosts: the host \"%s\" is also claimed by shop \"%s\" (%s): no shop serves "
+                            "it until one of the files gives it up", cl[k].host, id, t[cl[o].who].path);
+            }
+        }
+        a = b;
+    }
+    /* a new version that collided: its previous one, if nothing else wants it */
+    for (size_t i = 0; i < nt; i++)
+        if (t[i].lost && t[i].claims == &t[i].shop && t[i].old != NULL) {
+            char *why = t[i].why;
+            size_t whylen = t[i].whylen;
+            t[i].why = NULL;
+            t[i].whylen = 0;
+            bool fits = old_fits(c, ninline, cl, ncl, &t[i], (int)i);
+            free(t[i].why); /* the old version's own collisions: the new one's say it */
+            t[i].why = why;
+            t[i].whylen = whylen;
+            t[i].claims = fits ? t[i].old : NULL;
+            t[i].lost = !fits;
+        }
+    free(cl);
+    return true;
+}
+
+/* Every *.json file of dir, one shop each, in name order: NAME.json is
+ * the shop NAME (a file of another name is skipped). A bad file, or one
+ * colliding with another shop (tenants_resolve), is skipped
+ * (c->skipped), keeping its previous version from prev when there is one
+ * that does not collide; only a missing folder or running out of memory
+ * fails the load. */
 static void load_shops_dir(struct config *c, const struct config *prev, struct cerr *e, const char *file,
                            const char *dir)
 {
@@ -1074,65 +1346,96 @@ static void load_shops_dir(struct config *c, const struct config *prev, struct c
     closedir(d);
     if (n > 0)
         qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n && !e->oom; i++) {
+    struct tenant *t = e->oom ? NULL : calloc(n ? n : 1, sizeof *t);
+    if (t == NULL)
+        cfail_oom(e, file);
+    size_t nt = 0;
+    for (size_t i = 0; t != NULL && i < n && !e->oom; i++) {
         char path[PATH_MAX];
         int pn = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (pn < 0 || (size_t)pn >= sizeof path) {
-            cfail(e, file, "shops_dir", "the path of %s is too long", names[i]);
+        char *dot = names[i] + strlen(names[i]) - 5;
+        *dot = '\0'; /* NAME */
+        if (!config_valid_id(names[i]) || pn < 0 || (size_t)pn >= sizeof path) {
+            *dot = '.';
+            char why[400];
+            snprintf(why, sizeof why, "%s/%s: not loaded: a shop file is named NAME.json, NAME (the shop's id) "
+                     "being 1-%d characters of A-Z a-z 0-9 _ -", dir, names[i], STATE_ID_MAX);
+            if (!add_skip(c, pn >= 0 && (size_t)pn < sizeof path ? path : names[i], why, NULL, false))
+                cfail_oom(e, file);
             continue;
+        }
+        struct tenant *tt = &t[nt++];
+        tt->path = strdup(path);
+        if (tt->path == NULL) {
+            cfail_oom(e, file);
+            break;
         }
         char ebuf[SHOP_ERR_MAX];
         ebuf[0] = '\0';
         struct cerr fe = {ebuf, sizeof ebuf, 0, 0, false};
-        struct shop tmp;
-        memset(&tmp, 0, sizeof tmp);
         json_t *o = read_shop_file(&fe, path);
         if (o != NULL)
-            load_shop(c, &fe, path, "", o, &tmp, true);
+            load_shop(c, &fe, path, "", o, &tt->shop, names[i]);
         json_decref(o);
-        char why[300];
-        if (fe.count == 0 && shop_collides(c, c->nshops, &tmp, why, sizeof why))
-            cfail(&fe, path, NULL, "%s", why);
         if (fe.oom) {
-            shop_clear(&tmp);
             cfail_oom(e, file);
             break;
         }
-        if (fe.count == 0) {
-            struct shop *s = add_shop(c, e, file);
-            tmp.source = s ? strdup(path) : NULL;
-            if (s == NULL || tmp.source == NULL) {
-                shop_clear(&tmp);
+        tt->loaded = fe.count == 0;
+        if (!tt->loaded) {
+            tt->why = strdup(ebuf);
+            tt->whylen = strlen(ebuf);
+            if (tt->why == NULL) {
                 cfail_oom(e, file);
                 break;
             }
-            *s = tmp;
-            continue;
         }
-        shop_clear(&tmp);
-        /* skipped: its previous version, if it had one, keeps serving */
-        const struct shop *old = NULL;
-        for (int j = 0; prev != NULL && j < prev->nshops && old == NULL; j++)
-            if (prev->shops[j].source != NULL && strcmp(prev->shops[j].source, path) == 0)
-                old = &prev->shops[j];
-        bool kept = false;
-        if (old != NULL && !shop_collides(c, c->nshops, old, why, sizeof why)) {
+        for (int j = 0; prev != NULL && j < prev->nshops && tt->old == NULL; j++)
+            if (prev->shops[j].source != NULL && strcmp(prev->shops[j].id, names[i]) == 0)
+                tt->old = &prev->shops[j];
+        tt->claims = tt->loaded ? &tt->shop : tt->old;
+    }
+    if (t != NULL && !e->oom && !tenants_resolve(c, t, nt))
+        cfail_oom(e, file);
+    for (size_t i = 0; t != NULL && i < nt && !e->oom; i++) {
+        struct tenant *tt = &t[i];
+        if (tt->oom) {
+            cfail_oom(e, file);
+            break;
+        }
+        if (tt->claims == &tt->shop && !tt->lost) {
             struct shop *s = add_shop(c, e, file);
             if (s == NULL)
                 break;
-            if (!shop_copy(c, s, old)) {
+            *s = tt->shop;
+            memset(&tt->shop, 0, sizeof tt->shop);
+            s->source = tt->path;
+            tt->path = NULL;
+            continue;
+        }
+        bool kept = tt->claims != NULL && tt->claims == tt->old && !tt->lost;
+        if (kept) {
+            struct shop *s = add_shop(c, e, file);
+            if (s == NULL)
+                break;
+            if (!shop_copy(c, s, tt->old)) {
                 shop_clear(s);
                 c->nshops--;
                 cfail_oom(e, file);
                 break;
             }
-            kept = true;
         }
-        if (!add_skip(c, path, &fe, kept)) {
+        if (!add_skip(c, tt->path, tt->why ? tt->why : "", tt->collides, kept)) {
             cfail_oom(e, file);
             break;
         }
     }
+    for (size_t i = 0; t != NULL && i < nt; i++) {
+        shop_clear(&t[i].shop);
+        free(t[i].path);
+        free(t[i].why);
+    }
+    free(t);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
@@ -1361,7 +1664,7 @@ struct config *config_reload(const char *path, const struct config *prev, char *
             struct shop *s = add_shop(c, &e, path);
             if (s == NULL)
                 break;
-            load_shop(c, &e, path, where, so, s, false);
+            load_shop(c, &e, path, where, so, s, NULL);
         }
         for (int a = 0; a < c->nshops; a++) {
             for (int b = a + 1; b < c->nshops; b++) {
@@ -1374,6 +1677,7 @@ struct config *config_reload(const char *path, const struct config *prev, char *
                                   c->shops[a].hosts[x], c->shops[a].id, c->shops[b].id);
             }
         }
+        c->has_shops_dir = sdir != NULL;
         if (sdir != NULL && e.count == 0)
             load_shops_dir(c, prev, &e, path, sdir);
         if (c->nshops == 0 && e.count == 0 && c->nskipped == 0)
@@ -1415,6 +1719,7 @@ void config_unref(struct config *c)
     for (int i = 0; i < c->nskipped; i++) {
         free(c->skipped[i].file);
         free(c->skipped[i].why);
+        free(c->skipped[i].collides);
     }
     free(c->skipped);
     free(c->keys_dir);
@@ -1461,5 +1766,5 @@ const struct shop *config_pick_shop(const struct config *c, const char *shop_par
                         return &c->shops[i];
         }
     }
-    return c->nshops == 1 ? &c->shops[0] : NULL;
+    return c->nshops == 1 && !c->has_shops_dir ? &c->shops[0] : NULL;
 }

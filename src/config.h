@@ -15,7 +15,8 @@
 #include "render.h"
 #include "state.h"
 
-#define CONFIG_MAX_HOSTS 32
+#define CONFIG_MAX_HOSTS 32            /* a shop's hosts: more are refused */
+#define CONFIG_NAME_MAX 200            /* characters of a shop's name: more are refused */
 #define CONFIG_MAX_ORIGINS 16
 #define CONFIG_MAX_HELD_DEFAULT 10000L
 #define CONFIG_MAX_HELD_MAX 1000000L
@@ -74,6 +75,7 @@ struct shop {
     char id_param[33];
     const struct templates *tpl;   /* owned by the config */
     char *source;                  /* the file in shops_dir it came from; NULL: inline */
+    char *key_file;                /* secret_key_file, resolved (NULL: secret_key_env, or not resolvable) */
 };
 
 /* A file in shops_dir that was skipped (a running kembali serves without
@@ -81,6 +83,7 @@ struct shop {
 struct config_skip {
     char *file;                    /* the shop file's path */
     char *why;                     /* every problem, "file: key: reason" lines */
+    char *collides;                /* the shop whose id, host or key the file claimed; NULL: none */
     bool kept;                     /* its previous version keeps serving */
 };
 
@@ -107,6 +110,7 @@ struct config {
     long max_held;                 /* requests held at once, after the descriptor cap */
     long max_held_per_shop;        /* <= max_held */
     long max_held_wanted;          /* what the file asked (0: not given), before the cap */
+    bool has_shops_dir;            /* shops_dir is set (a hosting box: no one-shop fallback) */
     struct config_skip *skipped;   /* bad files in shops_dir */
     int nskipped;
     struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
@@ -120,10 +124,17 @@ struct config {
  * err stays empty. Same as config_reload(path, NULL, err, errlen). */
 struct config *config_load(const char *path, char *err, size_t errlen);
 
-/* Like config_load, for a reload while `prev` serves (prev may be NULL): a
- * bad file in shops_dir whose previous version is in prev keeps that
- * version (its key and templates as they were; skip->kept is true), unless
- * its id or a host now belongs to another shop. prev is only read. */
+/* Like config_load, for a reload while `prev` serves (prev may be NULL).
+ * The file shops_dir/NAME.json is the shop NAME (interface.md, "Tenants"):
+ * its key is keys_dir/NAME; a file of another name is skipped. A host
+ * belongs to a shop of the main configuration, else to the tenant that
+ * served it in prev and still claims it, else to the one file claiming
+ * it; a file claiming a host that belongs to another shop (or that
+ * another new file claims too), or the id or key file of a shop of the
+ * main configuration, is skipped, naming that shop (skip->collides). A
+ * skipped file whose previous version is in prev keeps that version (its
+ * key and templates as they were; skip->kept is true), unless that one
+ * collides too. prev is only read. */
 struct config *config_reload(const char *path, const struct config *prev, char *err, size_t errlen);
 
 /* The most requests one process may hold when it may open `nofile`
@@ -143,7 +154,8 @@ struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
 /* The shop a request belongs to (interface.md): by KEMBALI_SHOP id, else by
- * host (port removed, case-insensitive), else the only shop; NULL if none. */
+ * host (port removed, case-insensitive), else the only shop when exactly
+ * one is configured and there is no shops_dir; NULL if none. */
 const struct shop *config_pick_shop(const struct config *c, const char *shop_param, const char *host);
 
 /* True when id is 1..64 characters of A-Z a-z 0-9 _ -. */

@@ -456,36 +456,33 @@ const char *fcgi_param(const struct fcgi_parser *p, const char *name)
 {
     if (!p->params_ready || !p->params)
         return NULL;
-    const char *s = (const char *)p->params, *end = s + p->params_len;
+    const char *s = (const char *)p->params, *end = s + p->params_len, *last = NULL;
     while (s < end) {
         const char *v = s + strlen(s) + 1;
         if (strcmp(s, name) == 0)
-            return v;
+            last = v; /* a name sent again overrides: the last value counts */
         s = v + strlen(v) + 1;
     }
-    return NULL;
+    return last;
 }
 
 void fcgi_params_get(const struct fcgi_parser *p, const char *const *names, size_t n, const char **values)
 {
-    size_t lens[FCGI_CODEC_GET_MAX], left;
+    size_t lens[FCGI_CODEC_GET_MAX];
     for (size_t i = 0; i < n; i++)
         values[i] = NULL;
     if (!p->params_ready || !p->params || n > FCGI_CODEC_GET_MAX)
         return;
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(names[i]);
-    left = n;
+    /* to the end: a name sent again overrides, the last value counts */
     const char *s = (const char *)p->params, *end = s + p->params_len;
-    while (s < end && left > 0) {
+    while (s < end) {
         size_t nl = strlen(s);
         const char *v = s + nl + 1;
         for (size_t i = 0; i < n; i++)
-            if (values[i] == NULL && lens[i] == nl && memcmp(s, names[i], nl) == 0) {
+            if (lens[i] == nl && memcmp(s, names[i], nl) == 0)
                 values[i] = v;
-                left--;
-                break;
-            }
         s = v + strlen(v) + 1;
     }
 }

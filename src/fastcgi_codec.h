@@ -120,13 +120,15 @@ enum fcgi_ev fcgi_feed(struct fcgi_parser *p, const uint8_t *in, size_t len, siz
 
 /* Between FCGI_EV_REQUEST and fcgi_request_taken():
  *
- * fcgi_param(): the first value of parameter `name`, NUL-terminated, or NULL
- * (also for every name when fcgi_params_too_large()). The pointer is valid
+ * fcgi_param(): the last value of parameter `name` (a name sent twice counts
+ * with its last value, as PHP-FPM has it, so nginx's `fastcgi_param` after
+ * `include fastcgi_params` overrides), NUL-terminated, or NULL (also for
+ * every name when fcgi_params_too_large()). The pointer is valid
  * until fcgi_request_taken() or fcgi_request_done(). */
 const char *fcgi_param(const struct fcgi_parser *p, const char *name);
 
 /* Look up n names (n <= FCGI_CODEC_GET_MAX) in one pass over the
- * parameters: values[i] is the first value of names[i] (NUL-terminated), or
+ * parameters: values[i] is the last value of names[i] (NUL-terminated), or
  * NULL; all NULL when n is larger. Same validity as fcgi_param(). This
  * function can't fail. */
 #define FCGI_CODEC_GET_MAX 16

@@ -7,8 +7,9 @@
  *                       is still read, for FCGI_ABORT_REQUEST and the close
  *   idle (kept)         between requests (FRONT_IDLE_MS)
  * and whenever bytes wait to be written, FRONT_WRITE_MS from when the socket
- * stopped taking them. A peer that half-closes after its request still gets
- * its answer; one that resets the connection or aborts loses its request.
+ * stopped taking them. A peer that closes (or half-closes) its side while a
+ * request is held, resets the connection or aborts loses its request at once
+ * (the handler's on_gone); an answer already written still goes out.
  *
  * Callbacks of the handler may answer the very connection being read: a
  * connection is never freed inside them, only marked, and freed by the
@@ -35,7 +36,9 @@
 #define FRONT_READ_CHUNK (16 * 1024)
 #define FRONT_READS_PER_EVENT 4       /* then let other connections have a turn */
 #define FRONT_ACCEPTS_PER_EVENT 64
-#define FRONT_OUT_MAX (1024 * 1024)   /* replies a peer does not read: beyond this it is closed */
+/* replies a peer does not read: beyond this it is closed; one answer of
+ * FRONT_REPLY_MAX always fits with its framing (16 bytes per 65535) */
+#define FRONT_OUT_MAX (FRONT_REPLY_MAX + 64 * 1024)
 #define FRONT_EMFILE_PAUSE_MS 100
 
 struct front_conn;
@@ -358,9 +361,15 @@ static void conn_read(struct front_conn *c)
         }
         if (n == 0) {
             c->eof = true;
-            /* a request in hand is still answered (the peer may have only
-             * shut down its side); anything else ends here */
-            if (!c->req.live && c->out_off == c->out_len)
+            /* The web server closed the connection. With a request held,
+             * that is how it aborts it (FastCGI: by closing the transport
+             * connection) when its client left: drop the request at once,
+             * so it stops counting and gives its reservation back. On TCP
+             * a close and a half-close both arrive as this read of 0 (a
+             * Unix socket's close also raises EPOLLHUP); FastCGI gives a
+             * half-close no meaning, so it ends the request too. An answer
+             * already queued still goes out. */
+            if (c->req.live || c->out_off == c->out_len)
                 conn_close(c);
             else
                 c->close_after_write = true;

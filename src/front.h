@@ -29,6 +29,9 @@
 #define FRONT_REQUEST_MS 5000
 #define FRONT_WRITE_MS 2000
 #define FRONT_IDLE_MS 60000
+/* The longest answer front_reply() takes (CGI headers and body, before the
+ * FastCGI framing): a handler builds its answers within it. */
+#define FRONT_REPLY_MAX (1024 * 1024)
 
 struct front;
 struct front_req;
@@ -70,8 +73,9 @@ void front_req_set_user(struct front_req *r, void *user);
 /* Answer r with a CGI response (headers, blank line, body): framed as
  * FastCGI records and written at once where the socket takes it, the rest
  * by the loop. r is gone when this returns (on_gone is never called for
- * it). Returns 0, or -1 when the answer could not be queued (no memory; the
- * connection is closed). */
+ * it). Returns 0, or -1 when the answer could not be queued (no memory, an
+ * answer over FRONT_REPLY_MAX, or a peer that left earlier answers unread
+ * past that; the connection is closed). */
 int front_reply(struct front *f, struct front_req *r, const void *resp, size_t len);
 
 /* Stop accepting new connections; close connections that have no whole

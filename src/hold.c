@@ -55,7 +55,8 @@ void hold_plan(const struct state_fact *f, bool ours, bool stopping, const struc
 }
 
 void hold_step(struct state *st, const struct state_key *key, const char *id,
-               const struct pace_schedule *sched, int budget, int64_t timeout_ms, bool ours, bool stopping,
+               const struct pace_schedule *sched, int budget, int64_t timeout_ms,
+               const struct state_client *client, bool ours, bool stopping,
                struct hold_waiter *w, size_t n, int64_t now, bool *answer,
                struct state_ticket *ticket, struct hold_result *out)
 {
@@ -64,7 +65,7 @@ void hold_step(struct state *st, const struct state_key *key, const char *id,
     hold_plan(&out->fact, ours, stopping, w, n, now, answer, &out->plan);
     if (!out->plan.claim)
         return;
-    if (!state_claim(st, key, id, sched, budget, timeout_ms, now, ticket, &out->fact)) {
+    if (!state_claim_client(st, key, id, sched, budget, timeout_ms, client, now, ticket, &out->fact)) {
         /* the claim saw newer facts (a read in flight, a pace, no room),
          * which allow no claim now: plan from them */
         hold_plan(&out->fact, ours, stopping, w, n, now, answer, &out->plan);

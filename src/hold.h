@@ -65,13 +65,15 @@ struct hold_result {
 
 /* Look up (key, id) in st at `now`, plan (see hold_plan), and claim a read
  * when the plan says so (a read made with `timeout_ms`: its lease, see
- * state_claim). When the claim succeeds, every kept JSON waiter gets wants_read
+ * state_claim_client, for `client`, who a 404 is charged to: NULL for
+ * nobody). When the claim succeeds, every kept JSON waiter gets wants_read
  * (the caller must make the read and state_finish() the ticket), and the
  * wake is the earliest deadline. When it fails (another process claimed it,
  * or the facts moved), the plan is made again from the fact the claim saw,
  * without claiming. answer[] as hold_plan(). This function can't fail. */
 void hold_step(struct state *st, const struct state_key *key, const char *id,
-               const struct pace_schedule *sched, int budget, int64_t timeout_ms, bool ours, bool stopping,
+               const struct pace_schedule *sched, int budget, int64_t timeout_ms,
+               const struct state_client *client, bool ours, bool stopping,
                struct hold_waiter *w, size_t n, int64_t now, bool *answer,
                struct state_ticket *ticket, struct hold_result *out);
 

@@ -26,6 +26,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "app.h"
@@ -49,11 +50,14 @@
 #define STOP_FLUSH_MS 500 /* at SIGTERM: the most we wait for answers to be taken */
 #define CHECK_REDIS_MS 1000 /* --check-config: the most we wait for the Redis */
 #define ERRBUF 8192
+#define SOCKET_MODE_DEFAULT 0660 /* --socket-mode: the web server's group may connect, nobody else */
+#define SOCKET_BACKLOG 1024
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "Usage: kembali [--config FILE] [--listen ADDRESS] [--user NAME] [--log FILE]\n"
+            "Usage: kembali [--config FILE] [--listen ADDRESS [--socket-mode MODE]\n"
+            "               [--socket-group GROUP]] [--user NAME] [--log FILE]\n"
             "               [--check-config] [--version] [--help]\n"
             "       kembali [--config FILE] --notify SHOP ID STATUS\n"
             "\n"
@@ -67,6 +71,12 @@ static void usage(FILE *f)
             "                   path; without it, serve the FastCGI socket on file\n"
             "                   descriptor 0 (spawn-fcgi, mod_fcgid, lighttpd) or from\n"
             "                   systemd socket activation\n"
+            "  --socket-mode MODE\n"
+            "                   the mode of the Unix socket --listen makes, in octal\n"
+            "                   (default 0660; as php-fpm's listen.mode)\n"
+            "  --socket-group GROUP\n"
+            "                   the group of that socket (as php-fpm's listen.group),\n"
+            "                   e.g. the web server's, so it can connect\n"
             "  --user NAME      when started as root, switch to NAME (and its group)\n"
             "                   after opening the socket and reading the keys\n"
             "  --log FILE       append the log to FILE instead of standard error;\n"
@@ -80,8 +90,9 @@ static void usage(FILE *f)
             "                   Kembali-Signature); exit 0 silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
             "                   print what is wrong (every bad file in shops_dir by\n"
-            "                   name), exit 0 if all is well, 1 if anything is wrong\n"
-            "                   (a shop file a running kembali would skip included);\n"
+            "                   name, and the shop it collided with), exit 0 if all\n"
+            "                   is well, 1 if anything is wrong (a shop file a\n"
+            "                   running kembali would skip included);\n"
             "                   with redis, try it for 1 s: no answer is a warning\n"
             "                   (kembali runs without it), a refused password or db\n"
             "                   an error; with Sentinels, each is asked for the\n"
@@ -145,15 +156,95 @@ static int is_listening_socket(int fd)
     return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &len) == 0 && v;
 }
 
-/* The listening socket: --listen, systemd's LISTEN_FDS, or fd 0. */
-static int open_listener(const char *listen_addr, char *err, size_t errlen)
+/* What --listen makes of a Unix socket path: its mode and group. */
+struct unix_perm {
+    mode_t mode;
+    gid_t gid; /* (gid_t)-1: the process's own */
+};
+
+/* --socket-mode MODE: octal digits, at most 0777. False when it is not. */
+static bool parse_socket_mode(const char *s, mode_t *out)
+{
+    if (s == NULL || *s == '\0' || strlen(s) > 4 || strspn(s, "01234567") != strlen(s))
+        return false;
+    long v = strtol(s, NULL, 8);
+    if (v > 0777)
+        return false;
+    *out = (mode_t)v;
+    return true;
+}
+
+/* --socket-group GROUP: a group name (or a number) the system knows. */
+static int parse_socket_group(const char *s, gid_t *out, char *err, size_t errlen)
+{
+    struct group *gr = getgrnam(s);
+    if (gr == NULL && *s != '\0' && strspn(s, "0123456789") == strlen(s) && strlen(s) < 10)
+        gr = getgrgid((gid_t)strtoul(s, NULL, 10));
+    if (gr == NULL) {
+        snprintf(err, errlen, "--socket-group %s: no such group", s);
+        return -1;
+    }
+    *out = gr->gr_gid;
+    return 0;
+}
+
+/* A listening Unix socket at path with perm's mode and group. A stale
+ * socket there is replaced (anything else is not). The socket is bound with
+ * no permission at all, then given its group and mode, and only then
+ * listens: nobody can connect before it has them, and no moment is it
+ * wider than asked. */
+static int listen_unix(const char *path, const struct unix_perm *perm, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path) {
+        snprintf(err, errlen, "--listen %s: a Unix socket path has at most %zu bytes", path, sizeof sa.sun_path - 1);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+        unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "--listen %s: socket: %s", path, strerror(errno));
+        return -1;
+    }
+    mode_t old = umask(0777);
+    int b = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
+    umask(old);
+    errno = e;
+    const char *step = NULL;
+    if (b != 0)
+        step = "cannot listen there";
+    else if (perm->gid != (gid_t)-1 && chown(path, (uid_t)-1, perm->gid) != 0)
+        step = "--socket-group: cannot give the socket that group";
+    else if (chmod(path, perm->mode) != 0)
+        step = "--socket-mode: cannot set the socket's mode";
+    else if (listen(fd, SOCKET_BACKLOG) != 0)
+        step = "cannot listen there";
+    if (step != NULL) {
+        snprintf(err, errlen, "--listen %s: %s (%s)", path, step, strerror(errno));
+        if (b == 0)
+            unlink(path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The listening socket: --listen (a Unix socket path gets perm), systemd's
+ * LISTEN_FDS, or fd 0. */
+static int open_listener(const char *listen_addr, const struct unix_perm *perm, char *err, size_t errlen)
 {
     if (listen_addr != NULL) {
         if (listen_addr[0] != '/' && strchr(listen_addr, ':') == NULL) {
             snprintf(err, errlen, "--listen %s: give HOST:PORT, :PORT or an absolute socket path", listen_addr);
             return -1;
         }
-        int fd = FCGX_OpenSocket(listen_addr, 1024);
+        if (listen_addr[0] == '/')
+            return listen_unix(listen_addr, perm, err, errlen);
+        int fd = FCGX_OpenSocket(listen_addr, SOCKET_BACKLOG);
         if (fd < 0)
             snprintf(err, errlen, "--listen %s: cannot listen there (%s)", listen_addr,
                      errno ? strerror(errno) : "bad address");
@@ -207,6 +298,8 @@ static void log_config_notes(const struct config *c, const char *when)
         log_str(&l, "file", c->skipped[i].file);
         log_str(&l, "at", when);
         log_str(&l, "kept", c->skipped[i].kept ? "previous" : "none");
+        if (c->skipped[i].collides != NULL)
+            log_str(&l, "collides_with", c->skipped[i].collides);
         log_str(&l, "errors", c->skipped[i].why);
         log_end(&l);
     }
@@ -374,13 +467,14 @@ int main(int argc, char **argv)
         {"user", required_argument, NULL, 'u'},   {"check-config", no_argument, NULL, 'C'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
         {"log", required_argument, NULL, 'L'},    {"notify", no_argument, NULL, 'N'},
+        {"socket-mode", required_argument, NULL, 'M'}, {"socket-group", required_argument, NULL, 'G'},
         {NULL, 0, NULL, 0},
     };
     /* before anything reads a key: no core dump, no ptrace by the same
      * user, no /proc/PID/mem (after --user the kernel keeps it so) */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     const char *config_path = getenv("KEMBALI_CONFIG");
-    const char *listen_addr = NULL, *user = NULL, *log_path = NULL;
+    const char *listen_addr = NULL, *user = NULL, *log_path = NULL, *socket_mode = NULL, *socket_group = NULL;
     bool check_only = false, notify = false;
     int o;
     while ((o = getopt_long(argc, argv, "c:l:u:CVh", opts, NULL)) != -1) {
@@ -391,6 +485,8 @@ int main(int argc, char **argv)
         case 'C': check_only = true; break;
         case 'L': log_path = optarg; break;
         case 'N': notify = true; break;
+        case 'M': socket_mode = optarg; break;
+        case 'G': socket_group = optarg; break;
         case 'V': printf("kembali %s\n", PACKAGE_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -408,6 +504,22 @@ int main(int argc, char **argv)
     }
     if (config_path == NULL || *config_path == '\0')
         config_path = KEMBALI_CONFIG_DEFAULT;
+    struct unix_perm perm = {.mode = SOCKET_MODE_DEFAULT, .gid = (gid_t)-1};
+    if ((socket_mode != NULL || socket_group != NULL) && (listen_addr == NULL || listen_addr[0] != '/')) {
+        fprintf(stderr, "kembali: %s applies only to the Unix socket --listen makes (--listen /PATH); "
+                        "a socket handed over or a TCP address has no file mode or group\n",
+                socket_mode != NULL ? "--socket-mode" : "--socket-group");
+        return 1;
+    }
+    if (socket_mode != NULL && !parse_socket_mode(socket_mode, &perm.mode)) {
+        fprintf(stderr, "kembali: --socket-mode %s: give an octal mode from 0 to 0777, such as 0660\n", socket_mode);
+        return 1;
+    }
+    char gerr[256];
+    if (socket_group != NULL && parse_socket_group(socket_group, &perm.gid, gerr, sizeof gerr) != 0) {
+        fprintf(stderr, "kembali: %s\n", gerr);
+        return 1;
+    }
     ensure_std_fds(listen_addr == NULL && !check_only);
     raise_fd_limit(); /* before loading: max_held's cap follows the limit */
     if (check_only)
@@ -441,7 +553,7 @@ int main(int argc, char **argv)
     cgi = listen_addr == NULL && getenv("LISTEN_FDS") == NULL && !is_listening_socket(0) &&
           getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
     if (!cgi) {
-        app.listen_fd = open_listener(listen_addr, err, sizeof err);
+        app.listen_fd = open_listener(listen_addr, &perm, err, sizeof err);
         if (app.listen_fd < 0) {
             fprintf(stderr, "kembali: %s\n", err);
             goto out;

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +14,7 @@
 
 #include "util.h"
 
-#define TEMPLATE_MAX (256 * 1024)
+#define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
 static const char *const words[W_COUNT] = {
     "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
@@ -39,72 +38,31 @@ int word_http(enum word w)
     }
 }
 
-void buf_put(struct buf *b, const char *s, size_t n)
+/* What html_escape writes for c, or NULL when c stays as it is. */
+static const char *html_rep(char c)
 {
-    if (b->oom || n == 0)
-        return;
-    if (n > SIZE_MAX / 2 - b->len) {
-        b->oom = true;
-        return;
+    switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '"': return "&quot;";
+    case '\'': return "&#39;";
+    default: return NULL;
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
 }
 
-void buf_puts(struct buf *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-void buf_printf(struct buf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    buf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-void buf_free(struct buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-void html_escape(struct buf *b, const char *s)
+enum dynbuf_rc html_escape(struct dynbuf *b, const char *s)
 {
     const char *run = s;
     for (; *s; s++) {
-        const char *rep;
-        switch (*s) {
-        case '&': rep = "&amp;"; break;
-        case '<': rep = "&lt;"; break;
-        case '>': rep = "&gt;"; break;
-        case '"': rep = "&quot;"; break;
-        case '\'': rep = "&#39;"; break;
-        default: continue;
-        }
-        buf_put(b, run, (size_t)(s - run));
-        buf_puts(b, rep);
+        const char *rep = html_rep(*s);
+        if (rep == NULL)
+            continue;
+        if (dynbuf_add(b, run, (size_t)(s - run)) != DYNBUF_OK || dynbuf_adds(b, rep) != DYNBUF_OK)
+            return dynbuf_error(b);
         run = s + 1;
     }
-    buf_put(b, run, (size_t)(s - run));
+    return dynbuf_add(b, run, (size_t)(s - run));
 }
 
 static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url"};
@@ -125,7 +83,7 @@ static int placeholder_at(const char *p, size_t avail, size_t *len)
     return -1;
 }
 
-/* The bytes of the page at `path` (a regular file under TEMPLATE_MAX,
+/* The bytes of the page at `path` (a regular file of at most TEMPLATE_MAX bytes,
  * without NUL bytes), or NULL with a reason in err; *missing tells ENOENT.
  * With `confine`, the file must resolve inside that folder and is opened by
  * its resolved name without following a link swapped in since. */
@@ -161,7 +119,7 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
         return NULL;
     }
     if (st.st_size > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: larger than 256 KiB", path);
+        snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         close(fd);
         return NULL;
     }
@@ -187,7 +145,10 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
     }
     close(fd);
     if (bad || n > TEMPLATE_MAX) {
-        snprintf(err, errlen, "%s: %s", path, bad ? "read error" : "larger than 256 KiB");
+        if (bad)
+            snprintf(err, errlen, "%s: read error", path);
+        else
+            snprintf(err, errlen, "%s: larger than %d KiB", path, TEMPLATE_MAX / 1024);
         free(data);
         return NULL;
     }
@@ -300,30 +261,62 @@ void templates_free(struct templates *t)
     free(t);
 }
 
-void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b)
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v, struct dynbuf *b)
 {
     const char *p = t->page[w];
     size_t run = 0;
     const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
     for (size_t i = 0; i < t->nslots[w]; i++) {
         const struct templates_slot *sl = &t->slots[w][i];
-        buf_put(b, p + run, sl->at - run);
-        html_escape(b, vals[sl->ph] ? vals[sl->ph] : "");
+        if (dynbuf_add(b, p + run, sl->at - run) != DYNBUF_OK ||
+            html_escape(b, vals[sl->ph] ? vals[sl->ph] : "") != DYNBUF_OK)
+            return dynbuf_error(b);
         run = sl->at + sl->len;
     }
-    buf_put(b, p + run, t->len[w] - run);
+    return dynbuf_add(b, p + run, t->len[w] - run);
 }
 
-void render_json(const char *id, const char *status, bool final, struct buf *b)
+/* The length of s once html_escape has escaped it. Can't fail. */
+static size_t escaped_len(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) {
+        const char *rep = html_rep(*s);
+        n += rep ? strlen(rep) : 1;
+    }
+    return n;
+}
+
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+{
+    if (len > 0)
+        snprintf(buf, len, "?%s=%s", id_param, id);
+}
+
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
+    size_t len[sizeof vals / sizeof vals[0]];
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        len[i] = escaped_len(vals[i] ? vals[i] : "");
+    size_t n = t->len[w];
+    for (size_t i = 0; i < t->nslots[w]; i++) {
+        const struct templates_slot *sl = &t->slots[w][i];
+        if (len[sl->ph] > SIZE_MAX - n)
+            return SIZE_MAX;
+        n = n - sl->len + len[sl->ph];
+    }
+    return n;
+}
+
+enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b)
 {
     json_t *o = json_pack("{s:s, s:s, s:b}", "id", id, "status", status, "final", final);
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    if (s != NULL) {
-        buf_puts(b, s);
-        buf_puts(b, "\n");
-    } else {
-        b->oom = true;
-    }
+    enum dynbuf_rc rc = DYNBUF_NO_MEMORY;
+    if (s != NULL)
+        rc = dynbuf_adds(b, s) != DYNBUF_OK ? dynbuf_error(b) : dynbuf_adds(b, "\n");
     free(s);
     json_decref(o);
+    return rc;
 }

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "dynbuf.h"
+
 enum word {
     W_SUCCEEDED, W_FAILED, W_CANCELED, W_EXPIRED, W_CHECKING,
     W_NOT_FOUND, W_INVALID, W_UNKNOWN_SHOP, W_COUNT
@@ -21,20 +23,9 @@ const char *word_name(enum word w);
 /* The HTTP status for a word (200, 404 or 400). */
 int word_http(enum word w);
 
-/* A growable output buffer. On allocation failure `oom` is set and further
- * writes are dropped; the caller answers with what it can. */
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-void buf_put(struct buf *b, const char *s, size_t n);
-void buf_puts(struct buf *b, const char *s);
-void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void buf_free(struct buf *b);
-
-/* Append s to b with & < > " ' escaped. The one HTML escaping function. */
-void html_escape(struct buf *b, const char *s);
+/* Append s to b with & < > " ' escaped. The one HTML escaping function.
+ * DYNBUF_OK, or b's failure (dynbuf.h: nothing is cut silently). */
+enum dynbuf_rc html_escape(struct dynbuf *b, const char *s) DYNBUF_CHECKED;
 
 /* Where a placeholder sits in a page, found once when the page is loaded. */
 struct templates_slot {
@@ -56,7 +47,7 @@ struct templates {
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
  * is taken from fallback/<locale>/ (fallback may be NULL). Each page is
  * checked: a regular file (a FIFO or device is refused, never waited on),
- * under 256 KiB, only known placeholders, and carrying
+ * at most 64 KiB, only known placeholders, and carrying
  * data-status="{{status}}". When `confine` is not NULL (an absolute path
  * with symbolic links resolved), every page taken from `dir` must lie
  * inside that folder after resolving symbolic links (a tenant's folder
@@ -76,10 +67,27 @@ struct page_vars {
     const char *id, *shop_name, *shop_url, *retry_url; /* NULL reads as "" */
 };
 
-/* Render page `w` into b. This function can't fail (see struct buf). */
-void render_html(const struct templates *t, enum word w, const struct page_vars *v, struct buf *b);
+/* Render page `w` into b. DYNBUF_OK, or b's failure (its ceiling, memory):
+ * then b holds nothing and the caller has no page to send. */
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v,
+                           struct dynbuf *b) DYNBUF_CHECKED;
 
-/* {"id": id, "status": status, "final": final} into b. */
-void render_json(const char *id, const char *status, bool final, struct buf *b);
+/* The most bytes one rendered page may have: a page is its template (at
+ * most 64 KiB) with each placeholder replaced, and a shop whose values
+ * would make a page larger is refused (config.c), so that no tenant makes
+ * every page cost megabytes. */
+#define RENDER_PAGE_MAX (256 * 1024)
+
+/* The retry link of a page, "?ID_PARAM=ID", into buf (cut to len, always
+ * NUL-terminated when len > 0). Can't fail. */
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id);
+
+/* The length in bytes render_html(t, w, v) gives (its escaping included).
+ * Pure; can't fail (SIZE_MAX on overflow). */
+size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v);
+
+/* {"id": id, "status": status, "final": final} and a newline into b.
+ * DYNBUF_OK, or b's failure (DYNBUF_NO_MEMORY when jansson runs out). */
+enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b) DYNBUF_CHECKED;
 
 #endif

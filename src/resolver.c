@@ -191,6 +191,26 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
     log_end(&l);
 }
 
+/* The one line when a client's block starts, here or (with Redis) by
+ * every host's count. */
+static void log_client_blocked(const char *shop_id, const char *id)
+{
+    struct log_line l;
+    log_begin(&l, "warn", "client_blocked");
+    log_str(&l, "shop", shop_id);
+    log_str(&l, "id", id);
+    log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes on this shop: for 10 minutes its "
+                       "requests there for ids nobody has paid for cost no read (checking)");
+    log_end(&l);
+}
+
+/* Redis's count of a 404 this process's read got started the block. */
+static void on_redis_blocked(void *ctx, const char *shop_id, const char *id)
+{
+    (void)ctx;
+    log_client_blocked(shop_id, id);
+}
+
 static void log_report(const struct rread *rd, const struct outcome *oc, const struct state_report *rep)
 {
     struct log_line l;
@@ -223,14 +243,8 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
                                : "Kasera refused this read; not retried in this episode");
         log_end(&l);
     }
-    if (rep->client_blocked) {
-        log_begin(&l, "warn", "client_blocked");
-        log_str(&l, "shop", rd->shop->id);
-        log_str(&l, "id", rd->ticket.id);
-        log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes: for 10 minutes its requests for "
-                           "ids nobody has paid for cost no read (checking)");
-        log_end(&l);
-    }
+    if (rep->client_blocked)
+        log_client_blocked(rd->shop->id, rd->ticket.id);
     if (rep->first_unknown) {
         log_begin(&l, "warn", "unknown_status");
         log_str(&l, "shop", rd->shop->id);
@@ -265,7 +279,7 @@ static void redis_finish(struct resolver *rs, const struct rread *rd, const stru
 {
     if (rs->redis == NULL)
         return;
-    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .serial = rd->redis_serial};
+    struct state_redis_outcome o = {.sched = &rd->cfg->sched, .shop_id = rd->shop->id, .serial = rd->redis_serial};
     if (rd->kr.sent > 0 && rd->kr.sent > rd->ticket.started)
         o.sent_ms = rd->kr.sent - rd->ticket.started;
     if (oc->kind == OUT_STATUS) {
@@ -275,9 +289,10 @@ static void redis_finish(struct resolver *rs, const struct rread *rd, const stru
     } else if (oc->kind == OUT_NOT_FOUND) {
         o.not_found = true;
         o.ttl_ms = STATE_TTL_NOT_FOUND_MS;
-        o.charge = rd->has_rclient;
-        o.client = rd->rclient;
+        o.charge = true;
     }
+    o.has_client = rd->has_rclient; /* a read for it is no longer in flight */
+    o.client = rd->rclient;
     /* the waits it started, as spans (state_finish's rules, from the
      * outcome itself: the pace and the budget are Redis's own) */
     if (oc->kind == OUT_TX_LIMITED)
@@ -309,6 +324,8 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     classify_response(&resp, util_wall_s(), &oc);
     rd->ticket.sent = rd->kr.sent;
     state_finish(rs->app->state, &rd->ticket, rd->shop->id, &oc, util_mono_ms(), &rep);
+    if (state_redis_up(rs->redis)) /* Redis counts every host's 404s: its word starts the block (on_redis_blocked) */
+        rep.client_blocked = false;
     redis_finish(rs, rd, &oc);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
@@ -363,8 +380,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
         state_finish(rs->app->state, t, lead->shop->id, &none, util_mono_ms(), &rep);
         return false;
     }
-    rd->ticket = *t;
-    rd->ticket.client = lead->client; /* a 404 is charged to the client that asked */
+    rd->ticket = *t; /* its client: the lead's, who a 404 is charged to (hold_step) */
     rd->rclient = lead->rclient;
     rd->has_rclient = lead->has_rclient;
     rd->cfg = config_ref(lead->cfg);
@@ -511,7 +527,8 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             const struct resolver_waiter *lead = w->waiters;
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
-                      lead->cfg->read_timeout_ms, w->reading != NULL, rs->stopping, rs->hw, n, util_mono_ms(), rs->ans, &t, &res);
+                      lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,
+                      util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
             for (struct resolver_waiter *r = w->waiters; r; r = r->next)
@@ -524,6 +541,8 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             nx = r->next;
             if (!fit || rs->ans[i]) {
                 waiter_unlink(w, r);
+                if (f->wait == WAIT_CLIENT) /* its client is blocked, or at its count */
+                    atomic_fetch_add(&rs->app->m.probes_refused, 1);
                 rs->answer(rs->ctx, r, f);
             }
         }
@@ -680,7 +699,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
         struct state_key hk;
         state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
         state_redis_hex(hk.b, 8, rs->host.hex);
-        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, rs, err, errlen);
+        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
         a->redis = rs->redis;
     }
     bool redis_failed = cfg->redis.on && rs->redis == NULL;

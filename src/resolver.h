@@ -35,8 +35,9 @@ struct resolver_waiter {
     const struct shop *shop;     /* in cfg: key, secret, budget */
     const char *id;              /* validated; owned by the caller */
     struct hold_waiter h;        /* deadline, json */
-    struct state_client client;  /* who asked (REMOTE_ADDR): a 404 its read gets is charged there */
-    struct state_redis_id rclient; /* the same, as Redis knows clients (has_rclient) */
+    struct state_client client;  /* who asked (REMOTE_ADDR, of this shop's key): a 404 its read gets
+                                  * is charged there, and its read is in flight for it */
+    struct state_redis_id rclient; /* the address, as Redis knows clients under the key (has_rclient) */
     bool has_rclient;
     /* private */
     bool registered;             /* state_hold() counted it */

@@ -7,7 +7,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "dynbuf.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "state_redis.h"
 #include "pace.h"
@@ -27,6 +29,11 @@ struct serve_shop {
 #define SERVE_SHOP_BUCKETS 256
 #define SERVE_CAP_RETRY_S 5      /* Retry-After of an answer given because every slot is taken */
 #define SERVE_CAP_LOG_MS 60000   /* one line per shop per minute */
+/* The ceiling of an answer's buffers (dynbuf.h): what the front takes in
+ * one answer. A page is a template (under 256 KiB) with its values escaped;
+ * one that does not fit, with its headers, is answered 503 and logged,
+ * never cut. */
+#define SERVE_ANSWER_MAX FRONT_REPLY_MAX
 
 struct serve_notify;
 
@@ -88,57 +95,62 @@ static const char *http_reason(int code)
     }
 }
 
-/* The decimal n (no printf on the hot path). */
-static void put_num(struct buf *out, unsigned long long n)
+/* The decimal n (no printf on the hot path). DYNBUF_OK or out's failure. */
+static enum dynbuf_rc put_num(struct dynbuf *out, unsigned long long n)
 {
     char d[24];
     size_t i = sizeof d;
     do
         d[--i] = (char)('0' + n % 10);
     while ((n /= 10) > 0 && i > 0);
-    buf_put(out, d + i, sizeof d - i);
+    return dynbuf_add(out, d + i, sizeof d - i);
 }
 
-/* A header line: name, the decimal n, CRLF. */
-static void put_num_line(struct buf *out, const char *name, unsigned long long n)
+/* A header line: name, the decimal n, CRLF. DYNBUF_OK or out's failure. */
+static enum dynbuf_rc put_num_line(struct dynbuf *out, const char *name, unsigned long long n)
 {
-    buf_puts(out, name);
-    put_num(out, n);
-    buf_put(out, "\r\n", 2);
+    if (dynbuf_adds(out, name) != DYNBUF_OK || put_num(out, n) != DYNBUF_OK)
+        return dynbuf_error(out);
+    return dynbuf_add(out, "\r\n", 2);
 }
 
-/* The headers every answer carries, then the body; one buffer. */
-static void build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
-                           long retry_after, const char *extra, const struct buf *body, struct buf *out)
+/* The headers every answer carries, then the body; one buffer. DYNBUF_OK,
+ * or out's failure: then out holds nothing (a failed buffer stays failed,
+ * so the writes below need no check between them; the last one's result
+ * is the whole answer's). */
+static enum dynbuf_rc build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
+                                     long retry_after, const char *extra, const struct dynbuf *body,
+                                     struct dynbuf *out)
 {
-    buf_puts(out, "Status: ");
-    put_num(out, (unsigned)http);
-    buf_puts(out, " ");
-    buf_puts(out, http_reason(http));
-    buf_puts(out, "\r\nContent-Type: ");
-    buf_puts(out, ctype);
+    enum dynbuf_rc rc = dynbuf_adds(out, "Status: ");
+    rc = put_num(out, (unsigned)http);
+    rc = dynbuf_adds(out, " ");
+    rc = dynbuf_adds(out, http_reason(http));
+    rc = dynbuf_adds(out, "\r\nContent-Type: ");
+    rc = dynbuf_adds(out, ctype);
     if (word != NULL) {
-        buf_puts(out, "\r\nKembali-Status: ");
-        buf_puts(out, word);
+        rc = dynbuf_adds(out, "\r\nKembali-Status: ");
+        rc = dynbuf_adds(out, word);
     }
-    buf_puts(out, "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                  "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\nContent-Security-Policy: ");
-    buf_puts(out, csp);
-    buf_puts(out, "\r\n");
+    rc = dynbuf_adds(out, "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                          "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\nContent-Security-Policy: ");
+    rc = dynbuf_adds(out, csp);
+    rc = dynbuf_adds(out, "\r\n");
     if (retry_after >= 0)
-        put_num_line(out, "Retry-After: ", (unsigned long long)retry_after);
+        rc = put_num_line(out, "Retry-After: ", (unsigned long long)retry_after);
     if (r->origin != NULL) {
-        buf_puts(out, "Access-Control-Allow-Origin: ");
-        buf_puts(out, r->origin);
-        buf_puts(out, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: Kembali-Status, Retry-After\r\n");
+        rc = dynbuf_adds(out, "Access-Control-Allow-Origin: ");
+        rc = dynbuf_adds(out, r->origin);
+        rc = dynbuf_adds(out, "\r\nVary: Origin\r\nAccess-Control-Expose-Headers: Kembali-Status, Retry-After\r\n");
     }
     if (extra != NULL)
-        buf_puts(out, extra);
+        rc = dynbuf_adds(out, extra);
     if (http != 204) /* a 204 has no body and no Content-Length */
-        put_num_line(out, "Content-Length: ", body->len);
-    buf_puts(out, "\r\n");
+        rc = put_num_line(out, "Content-Length: ", dynbuf_len(body));
+    rc = dynbuf_adds(out, "\r\n");
     if (!r->head)
-        buf_put(out, body->p, body->len);
+        rc = dynbuf_add(out, dynbuf_ptr(body), dynbuf_len(body));
+    return rc != DYNBUF_OK ? rc : dynbuf_error(out);
 }
 
 /* One line per request, written before its answer goes out (so that
@@ -163,15 +175,22 @@ static void log_request(const struct serve_req *r, int http, const char *word)
     log_end(&l);
 }
 
-/* Send `out` as r's answer. */
-static void send_out(struct serve_req *r, struct buf *out)
+/* Send `out` as r's answer; when building it failed (rc), a 503 instead
+ * and one log line saying why (what was to be sent is not sent in part). */
+static void send_out(struct serve_req *r, const struct dynbuf *out, enum dynbuf_rc rc)
 {
-    if (out->oom) {
+    if (rc != DYNBUF_OK) {
         static const char fail[] = "Status: 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
                                    "Cache-Control: no-store\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n";
+        struct log_line l;
+        log_begin(&l, "error", "answer_failed");
+        log_str(&l, "shop", r->shop ? r->shop->id : NULL);
+        log_str(&l, "id", r->id[0] ? r->id : NULL);
+        log_str(&l, "reason", dynbuf_strerror(rc));
+        log_end(&l);
         front_reply(r->s->front, r->fr, fail, sizeof fail - 1);
     } else {
-        front_reply(r->s->front, r->fr, out->p, out->len);
+        front_reply(r->s->front, r->fr, dynbuf_ptr(out), dynbuf_len(out));
     }
     r->fr = NULL;
 }
@@ -181,29 +200,35 @@ static void send_out(struct serve_req *r, struct buf *out)
 static void respond(struct serve_req *r, const struct answer *ans, int http, const char *extra)
 {
     struct app *a = r->s->app;
-    struct buf body = {0}, out = {0};
+    struct dynbuf body, out;
+    dynbuf_init(&body, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
     const char *word = word_name(ans->word);
+    enum dynbuf_rc rc;
     if (r->json) {
-        render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
-        build_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, extra, &body, &out);
+        rc = render_json(r->id, ans->json_status ? ans->json_status : "unknown", ans->final, &body);
+        if (rc == DYNBUF_OK)
+            rc = build_response(r, http, word, "application/json", ans->final ? -1 : ans->retry_after_s, extra,
+                                &body, &out);
     } else {
         const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
         char retry[STATE_ID_MAX + 40];
-        snprintf(retry, sizeof retry, "?%s=%s", r->shop ? r->shop->id_param : "id", r->id);
+        render_retry_url(retry, sizeof retry, r->shop ? r->shop->id_param : "id", r->id);
         struct page_vars v = {
             .id = r->id,
             .shop_name = r->shop ? r->shop->name : "",
             .shop_url = r->shop ? r->shop->shop_url : "",
             .retry_url = retry,
         };
-        render_html(t, ans->word, &v, &body);
-        build_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body, &out);
+        rc = render_html(t, ans->word, &v, &body);
+        if (rc == DYNBUF_OK)
+            rc = build_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body, &out);
     }
-    buf_free(&body);
+    dynbuf_free(&body);
     atomic_fetch_add(&a->m.requests[ans->word], 1);
     log_request(r, http, word);
-    send_out(r, &out);
-    buf_free(&out);
+    send_out(r, &out, rc);
+    dynbuf_free(&out);
 }
 
 static void respond_word(struct serve_req *r, const struct answer *ans)
@@ -219,91 +244,28 @@ static void respond_405(struct serve_req *r)
     respond(r, &ans, 405, "Allow: GET, HEAD\r\n");
 }
 
+/* The metrics page (metrics.h): its values read now, its text from the
+ * table. */
 static void respond_metrics(struct serve_req *r)
 {
-    static const char *const kinds[] = {"status", "not_found", "tx_limited", "key_limited",
-                                        "unauthorized", "auth_blocked", "rejected", "no_answer"};
     struct app *a = r->s->app;
-    struct buf b = {0}, out = {0};
-    struct state_metrics sm;
-    state_metrics(a->state, &sm);
-    buf_puts(&b, "# HELP kembali_answers_total Answers by status word.\n# TYPE kembali_answers_total counter\n");
-    for (int w = 0; w < W_COUNT; w++)
-        buf_printf(&b, "kembali_answers_total{status=\"%s\"} %ld\n", word_name((enum word)w), atomic_load(&a->m.requests[w]));
-    buf_printf(&b, "kembali_method_not_allowed_total %ld\n", atomic_load(&a->m.method_not_allowed));
-    buf_puts(&b, "# HELP kembali_api_reads_total Reads of the Kasera API by outcome.\n# TYPE kembali_api_reads_total counter\n");
-    for (int k = 0; k <= OUT_NO_ANSWER; k++)
-        buf_printf(&b, "kembali_api_reads_total{outcome=\"%s\"} %ld\n", kinds[k], atomic_load(&a->m.reads[k]));
-    buf_printf(&b, "# TYPE kembali_api_reads_started_total counter\nkembali_api_reads_started_total %ld\n", atomic_load(&a->m.reads_started));
-    buf_printf(&b, "# TYPE kembali_api_connections_total counter\nkembali_api_connections_total %ld\n", atomic_load(&a->m.connections));
-    buf_printf(&b, "# TYPE kembali_held_requests gauge\nkembali_held_requests %ld\n", atomic_load(&a->m.held));
-    buf_printf(&b, "# TYPE kembali_held_requests_peak gauge\nkembali_held_requests_peak %ld\n", atomic_load(&a->m.held_peak));
-    buf_printf(&b, "# TYPE kembali_answers_without_wait_total counter\nkembali_answers_without_wait_total %ld\n", atomic_load(&a->m.cache_answers));
-    buf_printf(&b, "# HELP kembali_probe_answers_total Requests for unknown ids from a blocked client, answered without a read.\n"
-                   "# TYPE kembali_probe_answers_total counter\nkembali_probe_answers_total %ld\n", atomic_load(&a->m.probes_refused));
-    buf_printf(&b, "# HELP kembali_notify_conflicts_total Told statuses refused (409) because another final status is known.\n"
-                   "# TYPE kembali_notify_conflicts_total counter\nkembali_notify_conflicts_total %ld\n", atomic_load(&a->m.notify_conflicts));
-    buf_printf(&b, "# HELP kembali_held_cap_answers_total Requests answered at once because max_held or max_held_per_shop was reached.\n"
-                   "# TYPE kembali_held_cap_answers_total counter\nkembali_held_cap_answers_total %ld\n", atomic_load(&a->m.over_cap));
-    buf_printf(&b, "# TYPE kembali_fastcgi_connections gauge\nkembali_fastcgi_connections %zu\n"
-                   "# TYPE kembali_fastcgi_connections_total counter\nkembali_fastcgi_connections_total %lu\n",
-               front_connections(r->s->front), front_accepted(r->s->front));
-    buf_printf(&b, "# TYPE kembali_state_entries gauge\nkembali_state_entries %ld\nkembali_state_slots %ld\n", sm.tx_used, sm.tx_slots);
-    buf_printf(&b, "# TYPE kembali_state_evictions_total counter\nkembali_state_evictions_total %ld\nkembali_state_full_total %ld\n", sm.evictions, sm.full);
-    buf_printf(&b, "# HELP kembali_state_slots_per_key The most slots one key's transactions may take (state_slots_per_key).\n"
-                   "# TYPE kembali_state_slots_per_key gauge\nkembali_state_slots_per_key %ld\n", sm.tx_per_key);
-    buf_printf(&b, "# HELP kembali_state_quota_full_total Times a new transaction found no room (checking) because its "
-                   "key held state_slots_per_key entries in use.\n"
-                   "# TYPE kembali_state_quota_full_total counter\nkembali_state_quota_full_total %ld\n", sm.quota_full);
-    buf_printf(&b, "# HELP kembali_reads_reserved Last-chance reads reserved for held requests (the budget's plan).\n"
-                   "# TYPE kembali_reads_reserved gauge\nkembali_reads_reserved %ld\n"
-                   "# TYPE kembali_last_chance_reads_total counter\nkembali_last_chance_reads_total %ld\n",
-               sm.reserved, sm.last_chance_reads);
-    buf_printf(&b, "# HELP kembali_state_recoveries_total Times a process died holding the state lock and the state was rebuilt.\n"
-                   "# TYPE kembali_state_recoveries_total counter\nkembali_state_recoveries_total %ld\n", sm.recoveries);
-    buf_printf(&b, "# TYPE kembali_state_repairs_total counter\nkembali_state_repairs_total %ld\n"
-                   "# TYPE kembali_state_stale_locks_total counter\nkembali_state_stale_locks_total %ld\n",
-               sm.repairs, sm.stale_locks);
-    buf_printf(&b, "# TYPE kembali_state_keys gauge\nkembali_state_keys %ld\nkembali_state_key_slots %ld\n"
-                   "# TYPE kembali_state_key_evictions_total counter\nkembali_state_key_evictions_total %ld\n"
-                   "kembali_state_key_full_total %ld\n", sm.key_used, sm.key_slots, sm.key_evictions, sm.key_full);
-    buf_printf(&b, "# TYPE kembali_clients_blocked gauge\nkembali_clients_blocked %ld\n"
-                   "# TYPE kembali_client_blocks_total counter\nkembali_client_blocks_total %ld\n"
-                   "kembali_client_full_total %ld\n", sm.clients_blocked, sm.client_blocks, sm.client_full);
-    if (a->redis != NULL) {
-        struct state_redis_metrics rm;
-        state_redis_metrics(a->redis, &rm);
-        buf_printf(&b, "# HELP kembali_redis_up 1 while this process uses Redis (joined, not fallen back to its own state).\n"
-                       "# TYPE kembali_redis_up gauge\nkembali_redis_up %d\n"
-                       "# TYPE kembali_redis_joins_total counter\nkembali_redis_joins_total %ld\n"
-                       "# TYPE kembali_redis_leaves_total counter\nkembali_redis_leaves_total %ld\n"
-                       "# TYPE kembali_redis_round_trips_total counter\nkembali_redis_round_trips_total %ld\n"
-                       "# TYPE kembali_redis_pings_total counter\nkembali_redis_pings_total %ld\n"
-                       "# TYPE kembali_redis_claims_total counter\nkembali_redis_claims_total %ld\n"
-                       "kembali_redis_claims_granted_total %ld\n",
-                   rm.up, rm.joins, rm.leaves, rm.round_trips, rm.pings, rm.claims, rm.granted);
-        /* a second call: buf_printf writes at most 511 bytes at a time */
-        buf_printf(&b, "# TYPE kembali_redis_messages_total counter\nkembali_redis_messages_total %ld\n"
-                       "# TYPE kembali_redis_written_back_total counter\nkembali_redis_written_back_total %ld\n",
-                   rm.messages, rm.written_back);
-        if (rm.sentinel && rm.master[0] != '\0') /* an address and a port, nothing to escape */
-            buf_printf(&b, "# HELP kembali_redis_master The master (named by the Sentinels) last joined.\n"
-                           "# TYPE kembali_redis_master gauge\nkembali_redis_master{address=\"%s\"} 1\n", rm.master);
-        if (rm.sentinel) {
-            buf_printf(&b, "# TYPE kembali_redis_master_changes_total counter\n"
-                           "kembali_redis_master_changes_total %ld\n", rm.master_changes);
-            buf_printf(&b, "# HELP kembali_redis_sentinel_asks_total Questions put to one Sentinel, and those it "
-                           "did not answer.\n"
-                           "# TYPE kembali_redis_sentinel_asks_total counter\nkembali_redis_sentinel_asks_total %ld\n"
-                           "# TYPE kembali_redis_sentinel_failures_total counter\n"
-                           "kembali_redis_sentinel_failures_total %ld\n",
-                       rm.sentinel_asks, rm.sentinel_failures);
-        }
-    }
-    build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
-    buf_free(&b);
-    send_out(r, &out);
-    buf_free(&out);
+    struct metrics_src src = {
+        .app = &a->m,
+        .front = {.connections = (long)front_connections(r->s->front), .accepted = (long)front_accepted(r->s->front)},
+        .has_redis = a->redis != NULL,
+    };
+    state_metrics(a->state, &src.state);
+    if (a->redis != NULL)
+        state_redis_metrics(a->redis, &src.redis);
+    struct dynbuf b, out;
+    dynbuf_init(&b, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
+    enum dynbuf_rc rc = metrics_render(&src, &b);
+    if (rc == DYNBUF_OK)
+        rc = build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
+    dynbuf_free(&b);
+    send_out(r, &out, rc);
+    dynbuf_free(&out);
 }
 
 /* The answer to an admin POST ?format=notify, t decided: its log line and
@@ -317,14 +279,16 @@ static void notify_answer(struct serve_req *r, struct notify_told *t)
         atomic_fetch_add(&r->s->app->m.notify_conflicts, 1);
     if (t->http == 204)
         resolver_poke(r->s->rs, &r->shop->key, t->id); /* this process's held requests: at once */
-    struct buf b = {0}, out = {0};
-    if (t->http != 204)
-        buf_printf(&b, "%s\n", t->why);
-    build_response(r, t->http, t->http == 400 ? "invalid" : t->http == 404 ? "unknown_shop" : NULL,
-                   "text/plain; charset=utf-8", t->http == 503 ? 1 : -1, NULL, &b, &out);
-    buf_free(&b);
-    send_out(r, &out);
-    buf_free(&out);
+    struct dynbuf b, out;
+    dynbuf_init(&b, SERVE_ANSWER_MAX);
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
+    enum dynbuf_rc rc = t->http != 204 ? dynbuf_addf(&b, "%s\n", t->why) : DYNBUF_OK;
+    if (rc == DYNBUF_OK)
+        rc = build_response(r, t->http, t->http == 400 ? "invalid" : t->http == 404 ? "unknown_shop" : NULL,
+                            "text/plain; charset=utf-8", t->http == 503 ? 1 : -1, NULL, &b, &out);
+    dynbuf_free(&b);
+    send_out(r, &out, rc);
+    dynbuf_free(&out);
 }
 
 /* Record t here (Redis did not answer, or is not used) and tell Redis what
@@ -629,7 +593,7 @@ static void on_request(void *ctx, struct front_req *fr)
         return;
     }
     /* ids nobody has paid for, from a client that has walked several: no read */
-    state_client_id(s->app->state, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
+    state_client_id(s->app->state, &r.shop->key, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
     r.has_rclient = state_redis_client_id(s->app->redis, p[P_ADDR] ? p[P_ADDR] : "", &r.rclient);
     if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r.client, r.arrived)) {
         request_answer(&f, r.arrived, &ans);

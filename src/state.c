@@ -46,7 +46,7 @@
 #include "util.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 6 /* 6: the per-key quota (tx_per_key, quota_full, ntx) */
+#define ST_VERSION 7 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight */
 #define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
 #define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
 #define ST_PLAN_RETRY_MS 250  /* a read withheld for fairness looks again after this */
@@ -102,10 +102,13 @@ struct st_client {
     struct state_client id;
     uint8_t used;
     uint8_t nhits;              /* 404s in hit_*[0..nhits), oldest first */
+    uint8_t nfly;               /* reads in flight of ids nobody knew, in fly_*[0..nfly) */
     int64_t blocked_until;
     int64_t last_used;
     uint32_t hit_what[STATE_CLIENT_404S]; /* a hash of (key, id): ids counted once */
     int64_t hit_at[STATE_CLIENT_404S];
+    uint32_t fly_what[STATE_CLIENT_404S];
+    int64_t fly_until[STATE_CLIENT_404S]; /* their leases */
 };
 
 #define CLIENT_WAYS 8
@@ -421,7 +424,7 @@ static void client_check_entry(struct state *st, int32_t idx, int64_t now, long 
         return;
     int32_t ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
     int32_t off = (idx - client_home(st, &c->id) + st->cln) % st->cln;
-    if (c->used != 1 || c->nhits > STATE_CLIENT_404S || off >= ways) {
+    if (c->used != 1 || c->nhits > STATE_CLIENT_404S || c->nfly > STATE_CLIENT_404S || off >= ways) {
         memset(c, 0, sizeof *c);
         dmg[DMG_CLIENT]++;
         return;
@@ -430,6 +433,8 @@ static void client_check_entry(struct state *st, int32_t idx, int64_t now, long 
     clamp_time(&c->last_used, now, 0, dmg);
     for (int i = 0; i < c->nhits; i++)
         clamp_time(&c->hit_at[i], now, 0, dmg);
+    for (int i = 0; i < c->nfly; i++)
+        clamp_time(&c->fly_until[i], now, SPAN_LEASE, dmg);
 }
 
 /* As tx_links_ok(), for the key table. */
@@ -1094,9 +1099,15 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
     layout_for(opts, &l);
     if (state_check_dir(dir, true, err, errlen) != 0)
         return NULL;
-    snprintf(path, sizeof path, "%s/kembali.state", dir);
-    snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
-    snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
+    /* a path cut short would name another file: refused instead */
+    int pn = snprintf(path, sizeof path, "%s/kembali.state", dir);
+    int ln = snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
+    int un = snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
+    if (pn < 0 || (size_t)pn >= sizeof path || ln < 0 || (size_t)ln >= sizeof lockpath || un < 0 ||
+        (size_t)un >= sizeof userspath) {
+        snprintf(err, errlen, "state_dir %.200s...: the path is too long", dir);
+        return NULL;
+    }
 
     /* One process at a time checks, creates, replaces or resets the file,
      * and decides under this lock whether it is alone (below): two
@@ -1247,7 +1258,8 @@ static uint32_t tx_what(struct state *st, const struct state_key *key, const cha
     buf[0] = 'w';
     memcpy(buf + 1, key->b, 16);
     memcpy(buf + 17, id, n);
-    return (uint32_t)state_siphash(st->h->salt, buf, 17 + n);
+    uint32_t w = (uint32_t)state_siphash(st->h->salt, buf, 17 + n);
+    return w != 0 ? w : 1; /* 0: none */
 }
 
 static struct st_tx *tx_find(struct state *st, const struct state_key *key, const char *id)
@@ -1545,9 +1557,27 @@ static int32_t client_home(const struct state *st, const struct state_client *c)
     return (int32_t)(v % (uint32_t)st->cln);
 }
 
-/* Is the entry worth keeping at `now`? A block, or a 404 inside the window. */
+/* Forget the reads in flight whose lease ended (a process that died
+ * mid-read, a finish that never came). */
+static void client_fly_expire(struct st_client *c, int64_t now)
+{
+    int keep = 0;
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_until[i] > now) {
+            c->fly_what[keep] = c->fly_what[i];
+            c->fly_until[keep] = c->fly_until[i];
+            keep++;
+        }
+    c->nfly = (uint8_t)keep;
+}
+
+/* Is the entry worth keeping at `now`? A block, a 404 inside the window,
+ * or a read in flight. */
 static bool client_busy(const struct st_client *c, int64_t now)
 {
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_until[i] > now)
+            return true;
     return c->blocked_until > now || (c->nhits > 0 && c->hit_at[c->nhits - 1] > now - STATE_CLIENT_WINDOW_MS);
 }
 
@@ -1590,6 +1620,70 @@ static struct st_client *client_get(struct state *st, const struct state_client 
     return c;
 }
 
+/* Forget the 404s that left the window, and (what != 0) an earlier 404 of
+ * `what`. */
+static void client_hits_expire(struct st_client *c, uint32_t what, int64_t now)
+{
+    int keep = 0;
+    for (int i = 0; i < c->nhits; i++)
+        if (c->hit_at[i] > now - STATE_CLIENT_WINDOW_MS && (what == 0 || c->hit_what[i] != what)) {
+            c->hit_what[keep] = c->hit_what[i];
+            c->hit_at[keep] = c->hit_at[i];
+            keep++;
+        }
+    c->nhits = (uint8_t)keep;
+}
+
+/* May client id's read of `what` (an id nobody knows) start at `now`? Not
+ * while it is blocked, nor while its 404s in the window and its reads in
+ * flight are STATE_CLIENT_404S together: false, *until the block's end, or
+ * the first lease to end but at most STATE_CLIENT_RECHECK_MS away (a read
+ * ends long before its lease, and a held request must not give up on a
+ * lease past its deadline). When it may, its read is counted in flight
+ * until `lease_until`. A client that finds no room is not counted (true). */
+static bool client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until,
+                       int64_t now, int64_t *until)
+{
+    struct st_client *c = client_get(st, id, now, true);
+    if (c == NULL)
+        return true;
+    c->last_used = now;
+    if (c->blocked_until > now) {
+        *until = c->blocked_until;
+        return false;
+    }
+    client_fly_expire(c, now);
+    client_hits_expire(c, 0, now);
+    if (c->nhits + c->nfly >= STATE_CLIENT_404S) {
+        *until = now + STATE_CLIENT_RECHECK_MS;
+        for (int i = 0; i < c->nfly; i++)
+            if (c->fly_until[i] < *until)
+                *until = c->fly_until[i];
+        return false;
+    }
+    c->fly_what[c->nfly] = what;
+    c->fly_until[c->nfly] = lease_until;
+    c->nfly++;
+    return true;
+}
+
+/* Client id's read of `what` ended (or was never made): no longer in
+ * flight. Returns whether it was. */
+static bool client_land(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
+{
+    struct st_client *c = client_get(st, id, now, false);
+    if (c == NULL)
+        return false;
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_what[i] == what) {
+            c->nfly--;
+            c->fly_what[i] = c->fly_what[c->nfly];
+            c->fly_until[i] = c->fly_until[c->nfly];
+            return true;
+        }
+    return false;
+}
+
 /* Charge a 404 for `what` to client id at `now`. Returns true when this
  * starts the client's block. */
 static bool client_charge(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
@@ -1598,13 +1692,8 @@ static bool client_charge(struct state *st, const struct state_client *id, uint3
     if (c == NULL || c->blocked_until > now)
         return false;
     c->last_used = now;
-    int keep = 0;
-    for (int i = 0; i < c->nhits; i++) /* forget what left the window, and an earlier 404 of this id */
-        if (c->hit_at[i] > now - STATE_CLIENT_WINDOW_MS && c->hit_what[i] != what) {
-            c->hit_what[keep] = c->hit_what[i];
-            c->hit_at[keep] = c->hit_at[i];
-            keep++;
-        }
+    client_hits_expire(c, what, now);
+    int keep = c->nhits;
     if (keep >= STATE_CLIENT_404S) /* cannot happen: a full window blocks */
         keep = STATE_CLIENT_404S - 1;
     c->hit_what[keep] = what;
@@ -1914,7 +2003,16 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
                  const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out)
 {
+    return state_claim_client(st, key, id, sched, budget, timeout_ms, NULL, now, ticket, out);
+}
+
+bool state_claim_client(struct state *st, const struct state_key *key, const char *id,
+                        const struct pace_schedule *sched, int budget, int64_t timeout_ms,
+                        const struct state_client *client, int64_t now, struct state_ticket *ticket,
+                        struct state_fact *out)
+{
     bool claimed = false;
+    bool charged = client != NULL && !client_none(client);
     if (strlen(id) > STATE_ID_MAX) { /* callers validate ids; never track a longer one */
         memset(out, 0, sizeof *out);
         out->wait = WAIT_FULL;
@@ -1937,6 +2035,19 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
         out->next_read = now + 1000;
         goto done;
     }
+    /* the lease is the timeout this read is made with (plus 1 s) */
+    if (timeout_ms <= 0)
+        timeout_ms = st->h->read_timeout_ms;
+    if (timeout_ms > STATE_LEASE_MAX_MS)
+        timeout_ms = STATE_LEASE_MAX_MS;
+    /* an id nobody knows, for a client: its reads in flight count as 404s */
+    charged = charged && e->status == TXS_NONE;
+    int64_t client_until;
+    if (charged && !client_fly(st, client, tx_what(st, key, id), now + timeout_ms + 1000, now, &client_until)) {
+        out->wait = WAIT_CLIENT;
+        out->next_read = client_until;
+        goto done;
+    }
     /* what state_unclaim() restores */
     ticket->undo.serial = e->inflight_serial;
     ticket->undo.last_start = e->last_start;
@@ -1955,11 +2066,6 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     }
     e->last_start = now;
     e->last_used = now;
-    /* the lease is the timeout this read is made with (plus 1 s) */
-    if (timeout_ms <= 0)
-        timeout_ms = st->h->read_timeout_ms;
-    if (timeout_ms > STATE_LEASE_MAX_MS)
-        timeout_ms = STATE_LEASE_MAX_MS;
     e->inflight_until = now + timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
@@ -1975,7 +2081,10 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
     ticket->started = now;
     ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
-    memset(&ticket->client, 0, sizeof ticket->client); /* the caller sets it before finishing */
+    if (client != NULL)
+        ticket->client = *client; /* a 404 is charged there; its read is in flight for it (charged) */
+    else
+        memset(&ticket->client, 0, sizeof ticket->client);
     ticket->undo.resv_left = e->resv_at;
     out->in_flight = true;
     out->in_flight_until = e->inflight_until;
@@ -2056,6 +2165,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     memset(report, 0, sizeof *report);
     st_lock(st, now);
     struct st_tx *e = tx_find(st, &t->key, t->id);
+    if (!client_none(&t->client)) /* no longer in flight for its client (a 404 is charged below) */
+        client_land(st, &t->client, tx_what(st, &t->key, t->id), now);
     struct st_keyent *k = key_get(st, &t->key, now, true);
     bool current = e != NULL && e->inflight_serial == t->serial && now <= t->lease_until;
     report->stale = !current;
@@ -2147,6 +2258,8 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
 {
     st_lock(st, now);
     struct st_tx *e = tx_find(st, &t->key, t->id);
+    /* never made: not in flight for its client (its other reads may start) */
+    bool landed = !client_none(&t->client) && client_land(st, &t->client, tx_what(st, &t->key, t->id), now);
     bool undone = e != NULL && e->inflight_serial == t->serial;
     if (undone) {
         e->inflight_until = 0;
@@ -2163,8 +2276,8 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
             budget_unpush(k, t->started);
     }
     st_unlock(st);
-    if (undone)
-        st_bump(st); /* processes waiting on the lease look again */
+    if (undone || landed)
+        st_bump(st); /* processes waiting on the lease (or the client's count) look again */
 }
 
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
@@ -2365,9 +2478,26 @@ int state_key_slots_for(int keys)
     return keys * 2 < STATE_KEY_SLOTS_MIN ? STATE_KEY_SLOTS_MIN : keys * 2;
 }
 
-void state_client_id(const struct state *st, const char *addr, struct state_client *out)
+void state_client_id(const struct state *st, const struct state_key *key, const char *addr,
+                     struct state_client *out)
 {
-    state_client_hash(st->h->salt, addr, out);
+    /* the address's hash, hashed again with the key: another client of
+     * each key (its charge and block are the key's) */
+    struct state_client a;
+    uint8_t buf[32];
+    state_client_hash(st->h->salt, addr, &a);
+    memcpy(buf, a.b, 16);
+    memcpy(buf + 16, key->b, 16);
+    uint8_t salt2[16];
+    memcpy(salt2, st->h->salt, 16);
+    salt2[5] ^= 0xa5; /* neither the address's hash nor a key id's */
+    uint64_t x = state_siphash(salt2, buf, sizeof buf);
+    salt2[6] ^= 0x3c;
+    uint64_t y = state_siphash(salt2, buf, sizeof buf);
+    memcpy(out->b, &x, 8);
+    memcpy(out->b + 8, &y, 8);
+    if (client_none(out))
+        out->b[0] = 1; /* all zero means "no client" */
 }
 
 void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out)

@@ -56,8 +56,9 @@ struct state_key {
     uint8_t b[16];
 };
 
-/* A client (REMOTE_ADDR) as the state knows it: a keyed hash, never the
- * address. All zero: no client (nothing is charged). */
+/* A client (REMOTE_ADDR) of one shop key as the state knows it: a keyed
+ * hash of (key, address), never the address. All zero: no client (nothing
+ * is charged). */
 struct state_client {
     uint8_t b[16];
 };
@@ -65,6 +66,7 @@ struct state_client {
 #define STATE_CLIENT_404S 5                     /* distinct ids answered 404 ... */
 #define STATE_CLIENT_WINDOW_MS (600 * 1000LL)   /* ... within 10 minutes ... */
 #define STATE_CLIENT_BLOCK_MS (600 * 1000LL)    /* ... block unknown ids for 10 minutes */
+#define STATE_CLIENT_RECHECK_MS 250             /* a client at its count looks again after this at most */
 #define STATE_CLIENT_SLOTS_DEFAULT 4096
 #define STATE_CLIENT_SLOTS_MAX (1 << 20)
 
@@ -77,6 +79,7 @@ enum state_wait {
     WAIT_HOST_PAUSE,/* failed-authentication 429 */
     WAIT_BUDGET,    /* read_budget_per_minute */
     WAIT_FULL,      /* no room to track this transaction */
+    WAIT_CLIENT,    /* the client asking is blocked, or at its count with reads in flight */
 };
 
 struct state_fact {
@@ -98,7 +101,7 @@ struct state_ticket {
     int64_t started;
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
-    struct state_client client; /* set by the caller before finishing: who asked (zeroed by state_claim) */
+    struct state_client client; /* who asked (state_claim_client; zero: nobody is charged) */
     struct {                 /* set by state_claim, for state_unclaim: what the claim changed */
         uint64_t serial;     /* the transaction's last claim before this one */
         int64_t last_start;  /* the pace before it */
@@ -141,7 +144,7 @@ struct state_metrics {
     long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
     long clients_blocked;      /* clients blocked now (a gauge) */
     long client_blocks;        /* blocks started */
-    long client_slots, client_full; /* client_full: a 404 that found no room to be counted */
+    long client_slots, client_full; /* client_full: a 404 or a read in flight that found no room to be counted */
     long recoveries;   /* a process died holding the lock; the next one repaired */
     long repairs;      /* checks (open, recovery) that found something to repair */
     long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
@@ -271,6 +274,24 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 bool state_claim(struct state *st, const struct state_key *key, const char *id,
                  const struct pace_schedule *sched, int budget, int64_t timeout_ms, int64_t now,
                  struct state_ticket *ticket, struct state_fact *out);
+
+/* As state_claim(), for a request of `client` (NULL or all zero: none,
+ * exactly state_claim()), recorded on the ticket. When kembali knows
+ * nothing of the id (state_fact_unknown), the read is also refused while
+ * the client is blocked (state_client_blocked) or while its 404s within
+ * STATE_CLIENT_WINDOW_MS and its reads still in flight of ids nobody knew
+ * are STATE_CLIENT_404S together: fact.wait is WAIT_CLIENT and
+ * fact.next_read the block's end, or the first of those reads' leases to
+ * end but at most STATE_CLIENT_RECHECK_MS away (every read's end bumps
+ * the generation: look again then). A read
+ * claimed for an unknown id counts as in flight for the client until
+ * state_finish() (a 404 becomes a charge, anything else releases it),
+ * state_unclaim() or its lease ends. A client that finds no room in the
+ * table is not counted (as state_client_blocked says). */
+bool state_claim_client(struct state *st, const struct state_key *key, const char *id,
+                        const struct pace_schedule *sched, int budget, int64_t timeout_ms,
+                        const struct state_client *client, int64_t now, struct state_ticket *ticket,
+                        struct state_fact *out);
 
 /* Record the outcome of the read of `ticket`, made for shop `shop_id`, at
  * `now`; updates the cache, pace and pauses and releases the ticket (the
@@ -422,21 +443,28 @@ int state_key_reserved(struct state *st, const struct state_key *key, int64_t no
  * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);
 
-/* Ids nobody has paid for (interface.md). The client of a request:
- * a keyed hash (the state's salt) of its address, never stored in clear.
+/* Ids nobody has paid for (interface.md). The client of a request to the
+ * shop of `key`: a keyed hash (the state's salt) of (key, its address),
+ * never stored in clear: one address is another client of each key, so
+ * its charge and block are per key.
  * IPv4 addresses count whole; IPv6 ones by their /64 (a site chooses its
  * interface ids freely, so one prober would otherwise be 2^64 clients);
  * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
  * all zero. This function can't fail. */
-void state_client_id(const struct state *st, const char *addr, struct state_client *out);
+void state_client_id(const struct state *st, const struct state_key *key, const char *addr,
+                     struct state_client *out);
 
-/* state_client_id() under another salt (Redis's: the same address is the
- * same client on every host). This function can't fail. */
+/* The address alone (no key) under another key (Redis uses a fixed one,
+ * and its key names carry the API key: the same address is the same client
+ * on every host), read as state_client_id() reads one. This function can't
+ * fail. */
 void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out);
 
 /* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
  * for by one client were answered 404 (state_finish with ticket->client)
  * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS
+ * (reads still in flight count toward the 5 at the claim:
+ * state_claim_client)
  * (report->client_blocked when it starts; counted in the metrics). While
  * blocked, its requests for ids kembali knows nothing about
  * (state_fact_unknown) must cost no read: the caller answers checking
@@ -449,8 +477,8 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
  * interface.md accepts for an address that probes). Clients are kept in a
  * fixed table of client_slots (8 ways per set): a new client takes a free
  * way, else the least recently used idle one (no block, no 404 within the
- * window), else the least recently used unblocked one; a blocked client is
- * never forgotten before its block ends. A client that finds no room is
+ * window, no read in flight), else the least recently used unblocked
+ * one; a blocked client is never forgotten before its block ends. A client that finds no room is
  * not counted (metrics client_full). Never blocks on anything but the
  * state's lock. */
 bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);

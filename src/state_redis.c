@@ -3,8 +3,7 @@
  * Two hiredis asynchronous connections per process, driven by the loop
  * (hiredis calls our hooks to watch its socket): `main` for the scripts and
  * `sub` subscribed to the wake channel. A process is DOWN, JOINING (both
- * connecting, authenticating, the salt fetched, the scripts loaded,
- * subscribed) or UP.
+ * connecting, authenticating, the scripts loaded, subscribed) or UP.
  *
  * Rules that keep the teardown simple: a connection is never freed from
  * inside one of hiredis' callbacks (a failure seen there only marks the
@@ -27,15 +26,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 #include <sys/time.h>
 #include <netdb.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "log.h"
 #include "state_redis_check.h"
 #include "util.h"
 
-#define SALT_TTL_MS (30LL * 24 * 3600 * 1000) /* refreshed at every join */
+/* What every key name is derived from besides the secret (key_hash): fixed
+ * for good, so that every host derives the same names from the same secret,
+ * whatever is in Redis, and never anything else. Changing it splits the key
+ * space between hosts that run different versions. */
+static const uint8_t key_name_label[16] = "kembali-names-v1";
 /* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
 #define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
 
@@ -84,16 +88,32 @@
     "  redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu, ls + 61000) + 1000)\n" \
     "end\n"
 
-/* KEYS: tx, key, budget, block, reservations. ARGV: waits, budget,
- * lease_ms, has_client, id, this host's reservations, host, "last" for a
- * last-chance read (plan.h). */
+/* KEYS: tx, key, budget, block, reservations, client's 404s, client's
+ * reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5 id,
+ * 6 this host's reservations, 7 host, 8 "last" for a last-chance read
+ * (plan.h), 9 the client's 404s that block (with its reads in flight), 10
+ * their window (ms), 11 the recheck (ms) of a client at its count. */
 static const char lua_claim[] =
     LUA_HEAD
     "if s and fu > now then return {'final', fu - now, s} end\n"
     "if nf > now then return {'nf', nf - now} end\n"
     "if lu > now then return {'busy', lu - now} end\n"
-    "if ARGV[4] == '1' and not s and redis.call('EXISTS', KEYS[4]) == 1 then\n"
+    /* an id nobody knows, for a client: blocked, or its 404s and reads in
+     * flight are already the count (each host hears of another's read's
+     * end only for its own ids: ask again soon) */
+    "local fly = ARGV[4] == '1' and not s\n"
+    "if fly and redis.call('EXISTS', KEYS[4]) == 1 then\n"
     "  return {'blocked', math.max(redis.call('PTTL', KEYS[4]), 1)}\n"
+    "end\n"
+    "if fly then\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[10]))\n"
+    "  if redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[7]) >= tonumber(ARGV[9]) then\n"
+    "    local o = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')\n"
+    "    local w = tonumber(ARGV[11])\n"
+    "    if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
+    "    return {'wait', w, 'client'}\n"
+    "  end\n"
     "end\n"
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
@@ -129,12 +149,18 @@ static const char lua_claim[] =
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + 61000, fu, nf, ra, lu) + 1000)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
     "redis.call('PEXPIREAT', KEYS[3], now + 61000)\n"
+    "if fly then\n" /* in flight for the client until its lease ends */
+    "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"
+    "  local px = redis.call('PTTL', KEYS[7])\n"
+    "  if px < 0 or now + px < lu + 1000 then redis.call('PEXPIREAT', KEYS[7], lu + 1000) end\n"
+    "end\n"
     "return {'go', ser}\n";
 
-/* KEYS: tx, key, client's 404s, client's block.
+/* KEYS: tx, key, client's 404s, client's block, client's reads in flight.
  * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
  *       8 charge, 9 retry_ms, 10 key_pause_ms, 11 waits, 12 id, 13 channel,
- *       14 rkey, 15 client. */
+ *       14 rkey, 15 client ('-': none), 16 the 404s that block, 17 their
+ *       window (ms), 18 the block (ms). */
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH
     "local known, current = s, false\n"
@@ -179,14 +205,16 @@ static const char lua_finish[] =
     "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
     "end\n"
     "local blocked = 0\n"
+    "if ARGV[15] ~= '-' then redis.call('ZREM', KEYS[5], ARGV[12]) end\n" /* no longer in flight */
     "if ARGV[8] == '1' and not known then\n"
+    "  local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
     "  redis.call('ZADD', KEYS[3], now, ARGV[12])\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 600000)\n"
-    "  redis.call('PEXPIREAT', KEYS[3], now + 600000)\n"
-    "  if redis.call('ZCARD', KEYS[3]) >= 5 and redis.call('EXISTS', KEYS[4]) == 0 then\n"
-    "    redis.call('SET', KEYS[4], '1', 'PX', 600000)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - win)\n"
+    "  redis.call('PEXPIREAT', KEYS[3], now + win)\n"
+    "  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[16]) and redis.call('EXISTS', KEYS[4]) == 0 then\n"
+    "    redis.call('SET', KEYS[4], '1', 'PX', blk)\n"
     "    blocked = 1\n"
-    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' 600000')\n"
+    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' ' .. blk)\n"
     "  end\n"
     "end\n"
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
@@ -230,8 +258,7 @@ struct rconn {
 };
 
 enum op_kind {
-    OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SALT, OP_JOIN_GET, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_JOIN_ROLE,
-    OP_SUBSCRIBE, OP_S_AUTH, OP_S_ASK
+    OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_JOIN_ROLE, OP_SUBSCRIBE, OP_S_AUTH, OP_S_ASK
 };
 
 struct state_redis_op {
@@ -241,6 +268,8 @@ struct state_redis_op {
     state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
     state_redis_told_fn *told_fn; /* OP_TELL; NULL once cancelled */
     void *data;
+    bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
+    char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */
     int64_t sent;
     bool queued;              /* on r's list of waiting operations */
     struct state_redis_op *prev, *next;
@@ -258,14 +287,14 @@ struct state_redis {
     struct loop *loop;
     struct config_redis cfg;  /* password: our own copy */
     state_redis_msg_fn *on_msg;
+    state_redis_blocked_fn *on_blocked;
     void *ctx;
     enum phase phase;
     bool ever_up, unreachable_logged, stopping;
     struct rconn *main, *sub;
     int join_left;            /* join steps still to come */
     char why[160];            /* the last failure, for the log */
-    bool salt_known;
-    uint8_t salt[16];
+    uint8_t salt[16];         /* key_name_label: what key_hash() takes */
     char sha[SCRIPT_N][41];
     char channel[80];
     struct state_redis_op *head, *tail; /* waiting operations, oldest first */
@@ -510,21 +539,26 @@ static bool send_join(struct state_redis *r, struct rconn *rc, enum op_kind kind
 
 /* ---- ids and keys ---- */
 
+/* The name K of an API key in Redis: the first 16 bytes of
+ * HMAC-SHA256(key = the secret, message = salt), in hex, salt being
+ * key_name_label. A keyed hash, so the name tells nothing of the secret,
+ * and a pure function of the secret, so every host, at any time, derives
+ * the same name (no random salt kept in Redis that could expire, be deleted
+ * or differ between hosts). Should libcrypto fail (out of memory), the name
+ * is all zeros: keys then share one name (fewer reads, never more) rather
+ * than one host using a name the others do not. */
 static void key_hash(const uint8_t salt[16], const char *secret, struct state_redis_id *out)
 {
-    uint8_t s2[16], b[16];
-    memcpy(s2, salt, 16);
-    s2[0] ^= 0x5a;
-    uint64_t x = state_siphash(salt, secret, strlen(secret));
-    uint64_t y = state_siphash(s2, secret, strlen(secret));
-    memcpy(b, &x, 8);
-    memcpy(b + 8, &y, 8);
-    state_redis_hex(b, 16, out->hex);
+    uint8_t mac[EVP_MAX_MD_SIZE] = {0};
+    unsigned int n = 0;
+    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), salt, 16, mac, &n) == NULL || n < 16)
+        memset(mac, 0, 16);
+    state_redis_hex(mac, 16, out->hex);
 }
 
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
 {
-    if (r == NULL || !r->salt_known)
+    if (r == NULL)
         return false;
     key_hash(r->salt, secret, out);
     return true;
@@ -532,8 +566,11 @@ bool state_redis_key_id(const struct state_redis *r, const char *secret, struct 
 
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out)
 {
-    if (r == NULL || !r->salt_known)
+    if (r == NULL)
         return false;
+    /* SipHash under a fixed key, so every host names a client alike: the
+     * address is not stored in clear, though whoever reads Redis can test
+     * a guessed one (as when the key was a salt kept in Redis itself) */
     struct state_client c;
     uint8_t s2[16];
     memcpy(s2, r->salt, 16);
@@ -628,7 +665,7 @@ static void went_down(struct state_redis *r, const char *why)
     }
     if (r->phase != PH_DOWN) {
         r->phase = PH_DOWN;
-        r->m.up = false;
+        r->m.up = 0;
         loop_timer_stop(r->loop, &r->join_timer);
         loop_timer_stop(r->loop, &r->ping_timer);
         loop_timer_stop(r->loop, &r->scheck_timer);
@@ -643,7 +680,7 @@ static void writeback_flush(struct state_redis *r);
 static void joined(struct state_redis *r)
 {
     r->phase = PH_UP;
-    r->m.up = true;
+    r->m.up = 1;
     r->m.joins++;
     loop_timer_stop(r->loop, &r->join_timer);
     r->not_master[0] = '\0';
@@ -826,16 +863,8 @@ static void join_connect(struct state_redis *r)
         went_down(r, why);
         return;
     }
-    char db[16], salt_hex[33], ttl[24], saltkey[96];
-    uint8_t fresh[16];
-    if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh) {
-        went_down(r, "no random bytes for a salt");
-        return;
-    }
-    state_redis_hex(fresh, 16, salt_hex);
+    char db[16];
     snprintf(db, sizeof db, "%d", r->cfg.db);
-    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
-    snprintf(saltkey, sizeof saltkey, "%ssalt", r->cfg.prefix);
     bool ok = true;
     for (int c = 0; c < 2 && ok; c++) {
         struct rconn *rc = c == 0 ? r->main : r->sub;
@@ -846,9 +875,6 @@ static void join_connect(struct state_redis *r)
     }
     if (r->cfg.sentinel) /* the address a Sentinel named must be a master */
         ok = ok && send_join(r, r->main, OP_JOIN_ROLE, 0, 1, (const char *[]){"ROLE"});
-    ok = ok && send_join(r, r->main, OP_JOIN_SALT, 0, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl});
-    ok = ok && send_join(r, r->main, OP_JOIN_OTHER, 0, 3, (const char *[]){"PEXPIRE", saltkey, ttl});
-    ok = ok && send_join(r, r->main, OP_JOIN_GET, 0, 2, (const char *[]){"GET", saltkey});
     for (int i = 0; i < SCRIPT_N && ok; i++)
         ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", scripts[i]});
     ok = ok && send_join(r, r->sub, OP_SUBSCRIBE, 0, 2, (const char *[]){"SUBSCRIBE", r->channel});
@@ -1140,6 +1166,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         c->v = STATE_REDIS_WAIT;
         c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
                  : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0           ? WAIT_BUDGET
+                 : strcmp(why, "client") == 0                                       ? WAIT_CLIENT
                                                                                      : WAIT_PACE;
     }
 }
@@ -1224,7 +1251,6 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             op->told_fn(op->data, &t);
         }
         break;
-    case OP_JOIN_SALT:
     case OP_JOIN_OTHER:
         if (!failed && r != NULL && r->phase == PH_JOINING)
             join_step_done(r);
@@ -1238,19 +1264,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
                 not_a_master(r, x);
         }
         break;
-    case OP_S_AUTH:
+    case OP_S_AUTH: /* answered above, by sentinel_reply */
     case OP_S_ASK:
-    case OP_JOIN_GET:
-        if (!failed && r != NULL && r->phase == PH_JOINING) {
-            uint8_t salt[16];
-            if (!reply_is(x, REDIS_REPLY_STRING) || !state_redis_unhex(x->str, x->len, salt, 16)) {
-                went_down(r, "the salt in Redis is not 32 hex digits");
-            } else {
-                memcpy(r->salt, salt, 16);
-                r->salt_known = true;
-                join_step_done(r);
-            }
-        }
         break;
     case OP_JOIN_SCRIPT:
         if (!failed && r != NULL && r->phase == PH_JOINING) {
@@ -1263,6 +1278,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
         }
         break;
     case OP_FIRE:
+        if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
+            x->integer == 1)
+            r->on_blocked(r->ctx, op->shop, op->id);
+        break;
     case OP_PING:
     case OP_SUBSCRIBE:
         break;
@@ -1299,6 +1318,7 @@ static void on_slow_timer(struct loop *l, struct loop_timer *t)
 /* ---- the interface ---- */
 
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
+                                    state_redis_blocked_fn *on_blocked,
                                     void *ctx, char *err, size_t errlen)
 {
     struct state_redis *r = calloc(1, sizeof *r);
@@ -1315,7 +1335,9 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
         return NULL;
     }
     r->on_msg = on_msg;
+    r->on_blocked = on_blocked;
     r->ctx = ctx;
+    memcpy(r->salt, key_name_label, sizeof r->salt);
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
     loop_timer_init(&r->slow_timer, on_slow_timer, r);
     loop_timer_init(&r->retry_timer, on_retry_timer, r);
@@ -1325,7 +1347,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->sentinel_timer, on_sentinel_timer, r);
     loop_timer_init(&r->scheck_timer, on_scheck_timer, r);
     r->port = cfg->port;
-    r->m.sentinel = cfg->sentinel;
+    r->m.sentinel = cfg->sentinel ? 1 : 0;
     r->sasking = -1;
     r->snamed = r->snamed_next = -1;
     struct in6_addr a6;
@@ -1372,7 +1394,7 @@ void state_redis_free(struct state_redis *r)
         return;
     r->stopping = true;
     r->phase = PH_DOWN;
-    r->m.up = false;
+    r->m.up = 0;
     teardown(r);
     /* operations of connections hiredis could not free yet (none: we are
      * never inside its callbacks here) */
@@ -1415,6 +1437,13 @@ int state_redis_budget(const struct state_redis *r, int budget)
     return share > 0 ? share : 1;
 }
 
+/* The client rule's numbers, as the scripts take them (state.h's). */
+static void client_args(char *limit, size_t limitlen, char *window, size_t windowlen)
+{
+    snprintf(limit, limitlen, "%d", STATE_CLIENT_404S);
+    snprintf(window, windowlen, "%lld", (long long)STATE_CLIENT_WINDOW_MS);
+}
+
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
@@ -1425,19 +1454,24 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kres[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], sr[16];
+        kres[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
+        sb[16], sl[24], sr[16], climit[16], cwin[24], crecheck[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
     rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
+    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
+    client_args(climit, sizeof climit, cwin, sizeof cwin);
+    snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
     snprintf(sr, sizeof sr, "%d", plan->reserved > 0 ? plan->reserved : 0);
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "5", ktx, kkey, kbud, kblk, kres,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "7", ktx, kkey, kbud, kblk, kres, kcl, kfly,
                           waits, sb, sl, client ? "1" : "0", id, sr, plan->host.hex,
-                          plan->last_chance ? "last" : "early"};
+                          plan->last_chance ? "last" : "early", climit, cwin, crecheck};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -1462,16 +1496,29 @@ void state_redis_cancel(struct state_redis_op *op)
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void fire(struct state_redis *r, int argc, const char **argv)
+/* Send a script whose reply matters only for a finish that charged a
+ * client (shop and id non-NULL): 1 means its block started. */
+static void fire_for(struct state_redis *r, int argc, const char **argv, const char *shop, const char *id)
 {
-    size_t lens[24];
-    if (argc > 24)
+    size_t lens[32];
+    if (argc > 32)
         return;
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
     struct state_redis_op *op = op_new(r, OP_FIRE);
-    if (op != NULL)
-        op_send(r->main, op, argc, argv, lens);
+    if (op == NULL)
+        return;
+    if (shop != NULL && id != NULL) {
+        op->charge = true;
+        util_copy(op->shop, sizeof op->shop, shop);
+        util_copy(op->id, sizeof op->id, id);
+    }
+    op_send(r->main, op, argc, argv, lens);
+}
+
+static void fire(struct state_redis *r, int argc, const char **argv)
+{
+    fire_for(r, argc, argv, NULL, NULL);
 }
 
 /* EVALSHA the tell script for (secret's key, id) as op (NULL: fire and
@@ -1542,13 +1589,18 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     }
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
-    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24];
+    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
+        kfly[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
+        cblock[24];
     char waits[PACE_MAX_STEPS * 12];
-    const char *cl = o->charge ? o->client.hex : "-";
+    const char *cl = o->has_client ? o->client.hex : "-";
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", cl);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", cl);
+    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", cl);
+    client_args(climit, sizeof climit, cwin, sizeof cwin);
+    snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
     snprintf(sent, sizeof sent, "%lld", (long long)(o->sent_ms > 0 && o->sent_ms < 60000 ? o->sent_ms : 0));
     snprintf(ttl, sizeof ttl, "%lld", (long long)(o->ttl_ms > 0 ? o->ttl_ms : 1));
@@ -1560,10 +1612,12 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "4", ktx, kkey, kcl, kblk, ser, sent,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "5", ktx, kkey, kcl, kblk, kfly, ser, sent,
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
-                          o->charge ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl};
-    fire(r, ARGC(argv), argv);
+                          o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
+                          climit, cwin, cblock};
+    bool charge = o->charge && o->has_client;
+    fire_for(r, ARGC(argv), argv, charge ? o->shop_id : NULL, charge ? id : NULL);
 }
 
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
@@ -1654,35 +1708,18 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], saltkey[96], salt_hex[33], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
-    uint8_t salt[16];
+    char db[16], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
     snprintf(db, sizeof db, "%d", cfg->db);
-    snprintf(saltkey, sizeof saltkey, "%ssalt", cfg->prefix);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
+    x = NULL; /* not freed again below when db is 0 */
     if (cfg->db != 0 && (x = sync_cmd(c, 2, (const char *[]){"SELECT", db}, err, errlen)) == NULL)
         goto out;
     freeReplyObject(x);
-    if (getrandom(salt, sizeof salt, 0) != (ssize_t)sizeof salt) {
-        snprintf(err, errlen, "no random bytes for a salt");
-        goto out;
-    }
-    state_redis_hex(salt, 16, salt_hex);
-    snprintf(ttl, sizeof ttl, "%lld", SALT_TTL_MS);
-    if ((x = sync_cmd(c, 6, (const char *[]){"SET", saltkey, salt_hex, "NX", "PX", ttl}, err, errlen)) == NULL)
-        goto out;
-    freeReplyObject(x);
-    if ((x = sync_cmd(c, 2, (const char *[]){"GET", saltkey}, err, errlen)) == NULL)
-        goto out;
-    if (x->type != REDIS_REPLY_STRING || !state_redis_unhex(x->str, x->len, salt, 16)) {
-        snprintf(err, errlen, "the salt in Redis is not 32 hex digits");
-        goto out;
-    }
-    freeReplyObject(x);
     x = NULL;
     struct state_redis_id k;
-    key_hash(salt, secret, &k);
+    key_hash(key_name_label, secret, &k);
     rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
     snprintf(ttl, sizeof ttl, "%lld", strcmp(word, "expired") == 0 ? STATE_TTL_EXPIRED_MS : STATE_TTL_FINAL_MS);
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);

@@ -18,12 +18,14 @@
  * and hears of every read's end within milliseconds (state_redis_msg_fn).
  *
  * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}k (the key's pause),
- * PREFIX{K}b (the key's budget), PREFIX{K}c:C and PREFIX{K}x:C (a client's
- * 404s and block), where K is a keyed hash of the shop's secret and C of
- * the client's address, both under a salt kept in Redis (PREFIXsalt), so
- * that no secret and no address is stored, and every key of one API key
- * shares a hash tag (a Redis Cluster could shard them by API key). Every
- * key has a TTL. The channel is PREFIXwake.
+ * PREFIX{K}b (the key's budget), PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
+ * (a client's 404s, its reads in flight and its block, per key), where K is
+ * HMAC-SHA256 keyed by the shop's secret over a fixed label (state_redis.c
+ * key_hash: a function of the secret alone, so every host derives the same
+ * names for good and Redis holds nothing they depend on) and C a hash of
+ * the client's address, so that no secret and no address is stored, and
+ * every key of one API key shares a hash tag (a Redis Cluster could shard
+ * them by API key). Every key has a TTL. The channel is PREFIXwake.
  *
  * Redis on a bad day: a connection that fails or closes, an error, or a
  * reply slower than STATE_REDIS_SLOW_MS puts this process "down" (while up
@@ -74,6 +76,11 @@ struct state_redis_op;
 /* Called for every message published by any process (this one included). */
 typedef void state_redis_msg_fn(void *ctx, const struct state_redis_msg *m);
 
+/* Called when the 404 of a read this process finished (state_redis_finish,
+ * o->shop_id) started its client's block in Redis, by every host's count:
+ * once per block, in this process only. */
+typedef void state_redis_blocked_fn(void *ctx, const char *shop_id, const char *id);
+
 /* Redis's answer to a claim. */
 enum state_redis_verdict {
     STATE_REDIS_GO,        /* the read is ours: make it, then state_redis_finish() with serial */
@@ -98,6 +105,7 @@ typedef void state_redis_claim_fn(void *data, const struct state_redis_claim *c)
 /* A read's outcome, as this host's state recorded it (state_finish). */
 struct state_redis_outcome {
     const struct pace_schedule *sched; /* the schedule the read was made under */
+    const char *shop_id;      /* the shop it was made for (the log line of a block it starts) */
     uint64_t serial;          /* the claim's; 0: a read Redis did not grant (made while down) */
     int64_t sent_ms;          /* from the claim to the request going out: the pace counts from there */
     const char *word;         /* the status read, or NULL */
@@ -105,6 +113,7 @@ struct state_redis_outcome {
     int64_t ttl_ms;           /* final: its cache */
     bool not_found;           /* a 404 remembered for ttl_ms */
     bool charge;              /* a 404 for an id nobody knew: charge `client` */
+    bool has_client;          /* the read was claimed for `client`: no longer in flight for it */
     struct state_redis_id client;
     int64_t retry_ms;         /* > 0: no read of this transaction for that long (Retry-After, a
                                * stated window, a rejected episode) */
@@ -112,26 +121,27 @@ struct state_redis_outcome {
 };
 
 struct state_redis_metrics {
-    bool up;
+    long up;                  /* 1 while joined, else 0 */
     long joins, leaves;       /* times this process joined Redis, and left it */
     long round_trips;         /* commands sent (the idle PINGs not counted: pings) */
     long pings;               /* idle PINGs sent */
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
     long written_back;        /* final statuses written back after a stay down */
-    bool sentinel;            /* the master is asked of Sentinels (the fields below) */
-    char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
+    long sentinel;            /* 1: the master is asked of Sentinels (the fields below), else 0 */
     long master_changes;      /* with Sentinels: joins of another master than the last */
     long sentinel_asks;       /* with Sentinels: questions put to one Sentinel */
     long sentinel_failures;   /* ... that it did not answer (down, too slow, refused, no such master) */
+    char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
 };
 
 /* Start on loop l with the settings in cfg (copied, password included); the
- * first connect begins at once. on_msg(ctx, m) is called for every message.
+ * first connect begins at once. on_msg(ctx, m) is called for every message,
+ * on_blocked(ctx, ...) (may be NULL) for every block a finish started.
  * NULL with a reason in err only when out of memory: an unreachable Redis
  * is not an error (this process is down until it answers). */
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
-                                    void *ctx, char *err, size_t errlen);
+                                    state_redis_blocked_fn *on_blocked, void *ctx, char *err, size_t errlen);
 
 /* Close the connections and free everything. Operations still waiting are
  * answered STATE_REDIS_DOWN first. r may be NULL. */
@@ -146,8 +156,8 @@ bool state_redis_up(const struct state_redis *r);
 int state_redis_budget(const struct state_redis *r, int budget);
 
 /* The identity in Redis of a shop's secret, or of a client address (as
- * state_client_id() reads one), under Redis's salt. false when no salt is
- * known yet (never joined). */
+ * state_client_id() reads one): the same on every host, whether or not
+ * Redis has been reached yet. false only when r is NULL (no Redis). */
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
 
@@ -163,7 +173,11 @@ struct state_redis_plan {
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
  * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
- * STATE_REDIS_BLOCKED for an id nobody knows); `plan` as above (an early
+ * STATE_REDIS_BLOCKED for an id nobody knows; one whose 404s and reads in
+ * flight, every host's, make STATE_CLIENT_404S gets STATE_REDIS_WAIT,
+ * WAIT_CLIENT, until its first lease ends, for at most
+ * STATE_CLIENT_RECHECK_MS; a read granted for an unknown id is in flight
+ * for it until state_redis_finish() or its lease ends); `plan` as above (an early
  * read that would leave too little room gets STATE_REDIS_WAIT, WAIT_BUDGET,
  * for 250 ms: a sixth of the lead its reserved read has). fn(data,
  * verdict) is called exactly once, later, unless state_redis_cancel(). Returns NULL when not up

@@ -39,6 +39,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     fuzz_write("keys/long", long_key, sizeof long_key, 0600);
     fuzz_write("keys/world", GOOD_KEY "\n", strlen(GOOD_KEY) + 1, 0644);
     fuzz_write("keys/lines", "\n" GOOD_KEY "\n", strlen(GOOD_KEY) + 2, 0600);
+    for (int i = 0; i < 4; i++) { /* the tenants' own keys: shops/sN.json is the shop sN, its key keys/sN */
+        char rel[16];
+        snprintf(rel, sizeof rel, "keys/s%d", i);
+        fuzz_write(rel, GOOD_KEY "\n", strlen(GOOD_KEY) + 1, 0600);
+    }
     fuzz_write_templates("tpl", 0);
     fuzz_write_templates("tpl-partial", 3);
     fuzz_mkdir("tpl-bad");
@@ -162,7 +167,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (c == NULL) {
         FUZZ_CHECK(err[0] != '\0');
     } else {
-        FUZZ_CHECK(c->nshops >= 1 && c->default_tpl != NULL);
+        /* every file of shops_dir may be skipped: kembali then serves unknown_shop */
+        FUZZ_CHECK((c->nshops >= 1 || c->nskipped >= 1) && c->default_tpl != NULL);
+        for (int i = 0; i < c->nskipped; i++)
+            FUZZ_CHECK(c->skipped[i].why[0] != '\0' && (c->skipped[i].collides == NULL ||
+                                                        config_valid_id(c->skipped[i].collides)));
         for (int i = 0; i < c->nshops; i++) {
             const struct shop *s = &c->shops[i];
             FUZZ_CHECK(config_valid_id(s->id));

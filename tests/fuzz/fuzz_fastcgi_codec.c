@@ -83,7 +83,7 @@ static uint32_t read_request(struct fcgi_parser *p)
     fcgi_params_get(p, names, N_NAMES, vals);
     for (size_t i = 0; i < N_NAMES; i++) {
         const char *v = fcgi_param(p, names[i]);
-        FUZZ_CHECK(v == vals[i]); /* the same first value, the same pointer */
+        FUZZ_CHECK(v == vals[i]); /* the same last value, the same pointer */
         if (fcgi_params_too_large(p))
             FUZZ_CHECK(v == NULL);
         h = hash_str(h, v);

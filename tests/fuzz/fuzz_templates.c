@@ -75,22 +75,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(t->len[w] == plen && memcmp(t->page[w], page, plen) == 0);
         struct page_vars v = {vals[0], vals[1], vals[2], vals[3]};
         for (int x = 0; x < W_COUNT; x++) {
-            struct buf b = {0};
-            render_html(t, (enum word)x, &v, &b);
-            FUZZ_CHECK(!b.oom && b.p != NULL && strlen(b.p) == b.len);
+            struct dynbuf b;
+            dynbuf_init(&b, 64 << 20);
+            FUZZ_CHECK(render_html(t, (enum word)x, &v, &b) == DYNBUF_OK);
+            FUZZ_CHECK(b.p != NULL && strlen(b.p) == b.len);
             char want[64];
             snprintf(want, sizeof want, "data-status=\"%s\"", word_name((enum word)x));
             FUZZ_CHECK(strstr(b.p, want) != NULL);
-            buf_free(&b);
+            dynbuf_free(&b);
         }
         templates_free(t);
     }
     for (int i = 0; i < 4; i++) {
-        struct buf b = {0};
-        html_escape(&b, vals[i]);
+        struct dynbuf b;
+        dynbuf_init(&b, 64 << 20);
+        FUZZ_CHECK(html_escape(&b, vals[i]) == DYNBUF_OK);
         if (b.len > 0)
             check_escaped(b.p, b.len);
-        buf_free(&b);
+        dynbuf_free(&b);
         free(vals[i]);
     }
     fuzz_unlink(rel);

@@ -204,6 +204,11 @@ put("config", "two-shops", '{"api_base": "http://127.0.0.1:8081", "templates_dir
     '{"id": "a", "secret_key_env": "KEMBALI_KEY_A", "hosts": ["a.example."]}', SHOP_B))
 put("config", "shops-dir", b'{"templates_dir": "/t", "shops_dir": "/etc/kembali/shops.d"}\xff' + SHOP_B.encode() +
     b'\xff{"id": "c", "secret_key_file": "/k/c", "read_budget_per_minute": 60}')
+put("config", "tenants", b'{"templates_dir": "/usr/local/share/kembali/templates", "keys_dir": "/srv/keys", '
+    b'"shops_dir": "/etc/kembali/tenants", '
+    b'"shops": [{"id": "m", "secret_key_env": "SHOP_KEY", "hosts": ["m.example"]}]}'
+    b'\xff{"hosts": ["a.example", "b.example"]}\xff{"id": "s1", "name": "Toko S1", "hosts": ["b.example"]}'
+    b'\xff{"hosts": ["c.example", "m.example"]}\xff{"id": "s3", "hosts": ["d.example"]}')
 put("config", "tuning", '{"templates_dir": "/t", "schedule_ms": [0, 1100, 1100, 1200], "read_timeout_ms": 800, '
     '"state_slots": 64, "shops": [{"id": "t", "secret_key_file": "/k"}]}')
 put("config", "bad-schedule", '{"templates_dir": "/t", "schedule_ms": [0, 500], "shops": [{"id": "t", '

@@ -37,7 +37,7 @@ that started it ends, whether it passed or not.
 Environment: ``top_builddir``, ``top_srcdir`` (default: the repository root
 two levels above this file), ``KEMBALI_BIN``, ``SANDBOX_BIN``,
 ``KEMBALI_REQUIRE_CHROMIUM=1`` (a missing chromium fails instead of skipping),
-``KEMBALI_REQUIRE_SERVERS=1`` (so does a missing redis-server), ``REDIS_SERVER``,
+``KEMBALI_REQUIRE_SERVERS=1`` (so does a missing redis-server or promtool), ``REDIS_SERVER``, ``PROMTOOL``,
 ``HARNESS_JOBS`` (parallel workers), ``HARNESS_TIMEOUT_SCALE`` (multiplies
 every per-test timeout, for slow sanitizer builds). Command-line arguments of
 ``run`` select tests whose name contains any of them.
@@ -850,6 +850,7 @@ class Kembali:
         self.bin = bin or kembali_bin()
         self.args = list(args)
         self.env = env
+        self.umask = -1  # the process's umask (-1: inherited); never os.umask(): tests run side by side
         self.listen = listen
         self.config_path = os.path.join(tmpdir, name + ".json")
         self.log_path = os.path.join(tmpdir, name + ".log")
@@ -921,7 +922,7 @@ class Kembali:
         starts_before = len(self.find_log(level="info", event="start")) if os.path.exists(self.log_path) else 0
         with open(self.stderr_path, "ab") as log:
             self.proc = spawn(self.argv(), self.tmpdir, stdin=stdin, stdout=log, stderr=log,
-                              env=_merge_env(self.env))
+                              env=_merge_env(self.env), umask=self.umask)
         ctx = current_test()
         if ctx is not None:
             with ctx.lock:
@@ -1386,6 +1387,23 @@ def redis_server_or_skip(path: str | None = None, env=None) -> str:
     KEMBALI_REQUIRE_SERVERS=1 (in ``env``, default os.environ)."""
     env = os.environ if env is None else env
     exe = path or env.get("REDIS_SERVER") or shutil.which("redis-server") or REDIS_SERVER
+    if os.path.exists(exe):
+        return exe
+    if env.get("KEMBALI_REQUIRE_SERVERS") == "1":
+        raise AssertionError("%s is missing and KEMBALI_REQUIRE_SERVERS=1" % exe)
+    raise Skip("%s is not installed" % exe)
+
+
+PROMTOOL = "/usr/bin/promtool"
+
+
+def promtool_or_skip(env=None) -> str:
+    """Prometheus's `promtool` (Debian package prometheus): $PROMTOOL, else
+    the one on PATH, else /usr/bin/promtool. Missing: Skip, or a failure
+    when KEMBALI_REQUIRE_SERVERS=1 (in ``env``, default os.environ), as for
+    redis-server."""
+    env = os.environ if env is None else env
+    exe = env.get("PROMTOOL") or shutil.which("promtool") or PROMTOOL
     if os.path.exists(exe):
         return exe
     if env.get("KEMBALI_REQUIRE_SERVERS") == "1":

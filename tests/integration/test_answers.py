@@ -586,5 +586,38 @@ def test_garbage_from_the_web_server_never_kills_kembali(tmpdir):
     assert_eq(r.header("kembali-status"), "invalid")
 
 
+def test_a_page_over_its_cap_is_refused_at_load_never_cut(tmpdir):
+    """A shop whose page would grow past 256 KiB once its name fills the
+    placeholders (1,500 {{shop_name}}, a name escaped to 1,000 bytes) is
+    refused when the configuration loads, naming the page: no request ever
+    builds it, so none is cut short (the answer buffer's own ceiling, a
+    503, is test_render's). One just under the cap goes out whole."""
+    tpl = os.path.join(tmpdir, "own-tpl", "id")
+    os.makedirs(tpl)
+    with open(os.path.join(tpl, "succeeded.html"), "w") as f:
+        f.write('<html data-status="{{status}}">' + "{{shop_name}}" * 1500 + "</html>\n")
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    config = lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"), name="&" * 200,
+                               templates_dir=os.path.join(tmpdir, "own-tpl"))],
+        schedule_ms=kit.FAST)
+    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="big")
+    try:
+        k.start(timeout=60)
+        raise AssertionError("a shop whose page would be 1.5 MB was accepted")
+    except AssertionError as e:
+        assert_in("the succeeded page would be", str(e))
+        assert_in("at most 256 KiB", str(e))
+    with open(os.path.join(tpl, "succeeded.html"), "w") as f:  # 250,000 bytes and more: just fits
+        f.write('<html data-status="{{status}}">' + "{{shop_name}}" * 250 + "</html>\n")
+    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="fits")
+    k.start()
+    sb.put_tx("big", "succeeded")
+    r = k.get("id=big", timeout=30)
+    assert_eq(r.header("kembali-status"), "succeeded")
+    assert_eq(len(r.body), len('<html data-status="succeeded">') + 250 * 1000 + len("</html>\n"))
+    assert_eq(r.body.count(b"&amp;"), 250 * 200)
+
+
 if __name__ == "__main__":
     harness.run(globals())

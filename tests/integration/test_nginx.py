@@ -2,6 +2,7 @@
 and a real headless Chromium: what a buyer's browser gets."""
 
 import os
+import shutil
 import threading
 import time
 
@@ -132,6 +133,74 @@ def test_kept_connections_through_nginx(tmpdir):
     print("# 201 answers through nginx with keepalive 8: %d FastCGI connections" % opened)
     # without keep-conn every answer is a connection; with it, a handful
     assert opened <= 16, "nginx reused its FastCGI connections (%d opened)" % opened
+
+
+def test_buyer_leaving_drops_the_held_request_over_tcp(tmpdir):
+    """kembali on TCP behind nginx (with an upstream keepalive): a buyer who
+    closes the tab while held makes nginx close its FastCGI connection;
+    kembali drops the request at once (not at the 34 s deadline): no longer
+    held, its reserved read given back."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+        sb, [harness.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY},
+        listen="127.0.0.1:%d" % harness.free_port()).start()
+    ng = harness.Nginx(tmpdir, k, keepalive=8)
+    sb.put_tx("t1", "pending")
+    import socket as so
+    c = so.create_connection(("127.0.0.1", ng.port))
+    c.sendall(b"GET /kembali?id=t1 HTTP/1.1\r\nHost: shop.test\r\n\r\n")
+    read = k.wait_log(30, event="read", id="t1")
+    m = k.metrics()
+    assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (1, 1))
+    c.close()
+    gone = k.wait_log(20, event="request", id="t1")
+    assert_eq(gone.get("gone"), "yes", gone)
+    assert_between(kit.log_time(gone) - kit.log_time(read), 0, 5.0, "dropped soon after the buyer left")
+    m = k.metrics()
+    assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (0, 0))
+
+
+def readme_block(marker):
+    """The indented (code) block of README.md holding ``marker``, as text."""
+    lines = open(os.path.join(harness.top_srcdir(), "README.md")).read().split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("    ") and marker in line)
+    lo = at
+    while lo > 0 and lines[lo - 1].startswith("    "):
+        lo -= 1
+    hi = at
+    while hi + 1 < len(lines) and lines[hi + 1].startswith("    "):
+        hi += 1
+    return "\n".join(lines[lo:hi + 1])
+
+
+def test_readme_metrics_location_through_nginx(tmpdir):
+    """The README's metrics location, verbatim (only its socket path is
+    kembali's here): nginx sends QUERY_STRING from `include fastcgi_params`
+    and again from the location's own `fastcgi_param`; the last counts, so
+    the page is the metrics, not a 404 for a missing id."""
+    sb, k = kit.start(tmpdir)
+    snippet = readme_block("location = /kembali-metrics")
+    assert_in("include fastcgi_params;", snippet)
+    assert_in("fastcgi_param QUERY_STRING format=metrics;", snippet)
+    readme_sock = "unix:/run/kembali/kembali.sock"
+    assert_eq(snippet.count(readme_sock), 1, snippet)
+    snippet = snippet.replace(readme_sock, "unix:" + k.addr)
+    # `include fastcgi_params` is relative to nginx's configuration directory
+    shutil.copy("/etc/nginx/fastcgi_params", os.path.join(tmpdir, "fastcgi_params"))
+    ng = harness.Nginx(tmpdir, k, server_extra=snippet)
+    sb.put_tx("t1", "succeeded")
+    status, headers, body = ng.http_get("/kembali-metrics")
+    assert_eq(status, 200, repr(body[:300]))
+    assert_in("text/plain", headers.get("content-type", ""))
+    page = harness.parse_metrics(body.decode())
+    assert_in("kembali_fastcgi_connections_total", page)
+    # the query the client sends is overridden too: still the metrics
+    status, _, body = ng.http_get("/kembali-metrics?id=t1")
+    assert_eq(status, 200)
+    assert_in(b"kembali_fastcgi_connections_total", body)
+    # the shop location beside it still reads the client's query
+    status, headers, _ = ng.http_get("/kembali?id=t1")
+    assert_eq(headers.get("kembali-status"), "succeeded")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ logrotate file run by the real logrotate under load, the man page
 example storefront page in a real Chromium, on another origin."""
 
 import glob
+import grp
 import gzip
 import http.server
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -173,6 +175,74 @@ def test_man_page(tmpdir):
                  "EXIT STATUS", "fastcgi_keep_conn on", "keepalive", "FcgidInitialEnv", "fastcgi.server",
                  "spawn-fcgi -s", "systemctl"):
         assert_in(word, src)
+
+
+def connect_as(path, user):
+    """Connect to the Unix socket at path as `user` (its uid and groups, a
+    fresh process): None when it connected, else the error's name."""
+    code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    pw = pwd.getpwnam(user)
+    p = subprocess.run(["python3", "-c", code, path], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+                       capture_output=True,
+                       text=True, timeout=30)
+    assert_eq(p.returncode, 0, p.stderr)
+    return p.stdout.strip() or None
+
+
+def test_socket_mode_and_group(tmpdir):
+    """--listen's Unix socket: 0660 by default (not the umask's 0755 or
+    0777), --socket-mode sets the mode, --socket-group the group, so the web
+    server's user connects through its group and nobody else does."""
+    if os.geteuid() != 0:
+        raise harness.Skip("needs root (a group to give the socket, a user to connect as)")
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    os.chmod(tmpdir, 0o755)  # www-data must reach the socket's directory
+
+    def start(name, *args):
+        k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
+            sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
+            keys={"a": kit.KEY}, name=name, args=args)
+        os.chmod(os.path.dirname(k.sock_path), 0o755)
+        k.umask = 0  # the widest umask, kembali's own: the mode must not come from it
+        return k.start()
+
+    sb.put_tx("t1", "succeeded")
+    www = grp.getgrnam("www-data").gr_gid
+    k = start("plain")
+    st = os.stat(k.sock_path)
+    assert_eq(oct(st.st_mode & 0o7777), oct(0o660))
+    assert_eq(st.st_gid, os.getegid())
+    assert_eq(connect_as(k.sock_path, "www-data"), "PermissionError", "not in the socket's group")
+    k2 = start("grouped", "--socket-group", "www-data")
+    st = os.stat(k2.sock_path)
+    assert_eq((oct(st.st_mode & 0o7777), st.st_gid), (oct(0o660), www))
+    assert_eq(connect_as(k2.sock_path, "www-data"), None, "www-data connects through its group")
+    assert_eq(connect_as(k2.sock_path, "nobody"), "PermissionError")
+    assert_eq(k2.get("id=t1").header("kembali-status"), "succeeded")
+    k3 = start("private", "--socket-mode", "0600")
+    assert_eq(oct(os.stat(k3.sock_path).st_mode & 0o7777), oct(0o600))
+    assert_eq(k3.get("id=t1").header("kembali-status"), "succeeded")
+    k4 = start("numeric", "--socket-mode", "640", "--socket-group", str(www))
+    st = os.stat(k4.sock_path)
+    assert_eq((oct(st.st_mode & 0o7777), st.st_gid), (oct(0o640), www))
+    assert_eq(connect_as(k4.sock_path, "www-data"), "PermissionError", "0640: the group may not write")
+    # bad values and misplaced options: a clear error, exit 1, nothing made
+    sock = os.path.join(tmpdir, "bad.sock")
+    for args, says in (
+            (["--listen", sock, "--socket-mode", "0999"], "--socket-mode 0999"),
+            (["--listen", sock, "--socket-mode", "1777"], "--socket-mode 1777"),
+            (["--listen", sock, "--socket-mode", "rw-rw----"], "octal"),
+            (["--listen", sock, "--socket-mode", ""], "octal"),
+            (["--listen", sock, "--socket-group", "no-such-group-kb"], "no such group"),
+            (["--socket-mode", "0600"], "only to the Unix socket --listen makes"),
+            (["--listen", "127.0.0.1:%d" % harness.free_port(), "--socket-group", "www-data"],
+             "only to the Unix socket --listen makes")):
+        p = subprocess.run([harness.kembali_bin(), "--config", k.config_path] + args, capture_output=True,
+                           text=True, timeout=30)
+        assert_eq(p.returncode, 1, "%s: %s" % (args, p.stderr))
+        assert_in(says, p.stderr)
+        assert not os.path.exists(sock), args
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -6,6 +6,8 @@ on one host wake when another host's read ends; Redis stopped, killed and
 restarted: every request is still answered by its deadline, within the
 fallback budget, and the hosts coalesce again once it is back."""
 
+import hashlib
+import hmac
 import json
 import statistics
 import subprocess
@@ -313,6 +315,12 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     assert_eq(ks[1].get("id=u1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("u1")), 1)
     assert len(ks[0].find_log(event="redis_unreachable")) == 1, "logged once, not every second"
+    # kembali --notify authenticates on its own connection (db 0: its AUTH
+    # reply was once freed twice) and reaches the hosts
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "u2",
+                        "canceled"], capture_output=True, text=True, timeout=20)
+    assert_eq((p.returncode, p.stderr), (0, ""))
+    assert_eq(ks[1].get("id=u2").header("kembali-status"), "canceled")
     # a wrong password: the host stays on its own state, says why, never 5xx
     bad = harness.Kembali(tmpdir, name="bad", keys={"a": kit.KEY}, config=lambda k: dict(
         __import__("json").load(open(ks[0].config_path)), redis_password_file=k.write_key("pw", "wrong")))
@@ -344,10 +352,59 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
         name = k.decode() if isinstance(k, bytes) else k
         assert name.startswith("kembali:"), name
         ttl = redis.cmd("PTTL", name)
-        assert ttl > 0, "every key expires: %s has %r" % (name, ttl)
+        # -2: gone since listed (a client's read in flight, f:, is removed
+        # when the read's end reaches Redis, which may be after the answer)
+        assert ttl > 0 or ttl == -2, "every key expires: %s has %r" % (name, ttl)
         vals = redis.cmd("DUMP", name, raw=True)
         assert kit.KEY.encode() not in (vals or b""), "the secret is in %s" % name
     assert kit.KEY not in dump and kit.KEY[-12:] not in dump, "the secret is not in any key name"
+
+
+def key_name(secret):
+    """The name K of an API key's Redis keys, as README.md documents it:
+    the first 16 bytes of HMAC-SHA256(key = the secret, message =
+    "kembali-names-v1"), in hex."""
+    return hmac.new(secret.encode(), b"kembali-names-v1", hashlib.sha256).digest()[:16].hex()
+
+
+@harness.timeout(120)
+def test_every_host_derives_the_same_key_names_for_good(tmpdir):
+    """The names of an API key's keys depend on that key alone: two hosts
+    (and kembali --notify) use the documented names, Redis holds nothing
+    they are derived from (no salt that could expire or be deleted), and
+    after the old salt key is deleted and one host restarts, the two still
+    pace one transaction as one (it used to take a new salt: two key spaces
+    for one API key, reads 1 ms apart)."""
+    redis, sb, ks = hosts(tmpdir, n=2)
+    k_a = key_name(kit.KEY)
+    sb.put_tx("s1", "succeeded")
+    assert_eq(ks[0].get("id=s1").header("kembali-status"), "succeeded")
+    names = [n.decode() if isinstance(n, bytes) else n for n in redis.keys("*")]
+    assert "kembali:{%s}t:s1" % k_a in names, names
+    assert all(n.startswith("kembali:{%s}" % k_a) for n in names), names
+    assert_eq([n for n in names if "salt" in n], [], "nothing in Redis names the keys")
+    for n in names:
+        assert redis.cmd("PTTL", n) > 0, "every key expires: %s" % n
+    # kembali --notify derives the same names (it connects on its own)
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[1].config_path, "--notify", "toko-a", "s2",
+                        "failed"], capture_output=True, text=True, timeout=20)
+    assert_eq(p.returncode, 0, p.stderr)
+    assert redis.cmd("EXISTS", "kembali:{%s}t:s2" % k_a) == 1, "the notify's key under the same name"
+    assert_eq(ks[0].get("id=s2").header("kembali-status"), "failed")
+    # what split the key space before: the salt deleted, one host restarted
+    redis.cmd("DEL", "kembali:salt")
+    ks[1].stop()
+    ks[1].start()
+    ks[1].wait_log(30, event="redis_joined")
+    harness.wait_for(lambda: len(ks[1].find_log(event="redis_joined")) == 2, 30, msg="h1 joined again")
+    sb.put_tx("t1", "pending")
+    rs = kit.parallel([lambda k=k: k.get("id=t1", timeout=30) for k in ks for _ in range(3)])
+    assert all(r.header("kembali-status") == "checking" for r in rs), [r.header("kembali-status") for r in rs]
+    if left_redis(ks):
+        return
+    starts, _ = kit.check_one_pace(sb, ks, "t1")
+    print("# two hosts, one restarted after the old salt key was deleted: read starts %r" % starts)
+    assert_eq(len(redis.keys("kembali:{%s}t:t1" % k_a)), 1)
 
 
 if __name__ == "__main__":

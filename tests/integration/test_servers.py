@@ -172,9 +172,19 @@ def test_systemd_units_verify(tmpdir):
     with open(os.path.join(tmpdir, "kembali.service"), "w") as f:
         f.write(service.replace(m.group(1) + "/kembali", harness.kembali_bin()))
     shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali.socket"), tmpdir)
+    # the per-site pair, as the instance site1 (verify takes no template)
+    with open(os.path.join(harness.top_builddir(), "contrib", "ship", "kembali@.service")) as f:
+        site = f.read()
+    assert not re.search(r"@[a-z]+@", site), "unsubstituted: " + site
+    assert_in(m.group(2) + "/kembali/sites/%i.json", site)
+    with open(os.path.join(tmpdir, "kembali@site1.service"), "w") as f:
+        f.write(site.replace(m.group(1) + "/kembali", harness.kembali_bin()))
+    shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali@.socket"),
+                os.path.join(tmpdir, "kembali@site1.socket"))
     # --man=no: Documentation=man:kembali(8) is installed with the program, not yet here
-    p = subprocess.run([analyze, "verify", "--man=no", os.path.join(tmpdir, "kembali.socket"),
-                        os.path.join(tmpdir, "kembali.service")], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([analyze, "verify", "--man=no"] + [os.path.join(tmpdir, u) for u in (
+        "kembali.socket", "kembali.service", "kembali@site1.socket", "kembali@site1.service")],
+        capture_output=True, text=True, timeout=60)
     assert_eq((p.returncode, p.stdout + p.stderr), (0, ""))
     p = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", os.path.join(tmpdir, "kembali.service")],
                        capture_output=True, text=True, timeout=60)
@@ -184,6 +194,11 @@ def test_systemd_units_verify(tmpdir):
         return
     assert exposure, p.stdout + p.stderr
     print("# systemd-analyze security --offline=yes: exposure %s" % exposure.group(1))
+    assert float(exposure.group(1).split()[0]) <= 3.0, p.stdout
+    p = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", os.path.join(tmpdir, "kembali@site1.service")],
+                       capture_output=True, text=True, timeout=60)
+    exposure = re.search(r"Overall exposure level for kembali@site1.service: ([\d.]+ \w+)", p.stdout + p.stderr)
+    assert exposure, p.stdout + p.stderr
     assert float(exposure.group(1).split()[0]) <= 3.0, p.stdout
 
 

@@ -516,26 +516,55 @@ static void make_keys_dir(void)
     put_file("keys/b", "sk_test_bbb\n");
 }
 
+/* The key of tenant `name`: keys_dir/NAME (keys_dir is g_dir/keys). */
+static void put_tenant_key(const char *name, const char *key)
+{
+    char rel[128], text[128];
+    snprintf(rel, sizeof rel, "keys/%s", name);
+    snprintf(text, sizeof text, "%s\n", key);
+    put_file(rel, text);
+}
+
+/* The shop file `dir`/NAME.json holding `members` (JSON text without the
+ * braces, printf format). */
+static void put_tenant(const char *dir, const char *name, const char *members, ...)
+    __attribute__((format(printf, 3, 4)));
+static void put_tenant(const char *dir, const char *name, const char *members, ...)
+{
+    char rel[200], body[4096], text[4200];
+    va_list ap;
+    va_start(ap, members);
+    vsnprintf(body, sizeof body, members, ap);
+    va_end(ap);
+    snprintf(rel, sizeof rel, "%s/%s.json", dir, name);
+    snprintf(text, sizeof text, "{%s}", body);
+    put_file(rel, text);
+}
+
 static void test_shops_dir(void **unused)
 {
     (void)unused;
     make_keys_dir();
+    put_tenant_key("shop-a", "sk_test_aaa");
+    put_tenant_key("shop-b", "sk_test_bbb");
+    put_tenant_key("shop-d", "sk_test_ddd");
     make_dir("shops_ok");
-    char text[512];
-    snprintf(text, sizeof text, "{\"id\": \"shop-b\", \"hosts\": [\"b.example\"], \"secret_key_file\": \"%s/keys/b\"}", g_dir);
-    put_file("shops_ok/b.json", text);
-    snprintf(text, sizeof text, "{\"id\": \"shop-a\", \"hosts\": [\"a.example\"], \"secret_key_file\": \"%s/keys/a\"}", g_dir);
-    put_file("shops_ok/a.json", text);
+    /* shops_dir/NAME.json is the shop NAME, its key keys_dir/NAME: id and
+     * secret_key_file may be left out, or must say just that */
+    put_tenant("shops_ok", "shop-b", "\"id\": \"shop-b\", \"hosts\": [\"b.example\"], \"secret_key_file\": "
+               "\"%s/keys/../keys/shop-b\"", g_dir);
+    put_tenant("shops_ok", "shop-a", "\"hosts\": [\"a.example\"]");
     put_file("shops_ok/notes.txt", "not a shop");
     put_file("shops_ok/.hidden.json", "{ broken");
-    put_file("shops_ok/a.json.bak", "{ broken");
+    put_file("shops_ok/shop-a.json.bak", "{ broken");
     struct config *c = expect_ok(load_dir("shops_ok", NULL));
     assert_int_equal(c->nshops, 2);
     assert_int_equal(c->nskipped, 0);
     assert_string_equal(c->shops[0].id, "shop-a"); /* name order */
     assert_string_equal(c->shops[1].id, "shop-b");
     assert_string_equal(c->shops[0].secret, "sk_test_aaa");
-    assert_non_null(strstr(c->shops[0].source, "shops_ok/a.json"));
+    assert_string_equal(c->shops[1].secret, "sk_test_bbb");
+    assert_non_null(strstr(c->shops[0].source, "shops_ok/shop-a.json"));
     config_unref(c);
 
     /* together with inline shops */
@@ -547,30 +576,57 @@ static void test_shops_dir(void **unused)
 
     /* a broken file is skipped and named, with its line; the others load */
     make_dir("shops_bad");
-    put_file("shops_bad/a.json", text);
-    put_file("shops_bad/c.json", "{\n  \"id\": \"shop-c\",\n  \"hosts\": [\"c.example\"\n}\n");
+    put_tenant("shops_bad", "shop-a", "\"hosts\": [\"a.example\"]");
+    put_file("shops_bad/shop-c.json", "{\n  \"id\": \"shop-c\",\n  \"hosts\": [\"c.example\"\n}\n");
     c = expect_ok(load_dir("shops_bad", NULL));
     assert_int_equal(c->nshops, 1);
     assert_string_equal(c->shops[0].id, "shop-a");
-    const struct config_skip *k = skipped(c, "shops_bad/c.json");
+    const struct config_skip *k = skipped(c, "shops_bad/shop-c.json");
     assert_non_null(strstr(k->why, "line"));
     assert_false(k->kept);
+    assert_null(k->collides);
     config_unref(c);
 
     /* a bad key in a shop file is named with that file */
     make_dir("shops_key");
-    snprintf(text, sizeof text, "{\"id\": \"shop-d\", \"secret_key_file\": \"%s/keys/a\", \"locale\": \"fr\"}", g_dir);
-    put_file("shops_key/d.json", text);
+    put_tenant("shops_key", "shop-d", "\"locale\": \"fr\"");
     c = expect_ok(load_dir("shops_key", "\"shops\": [{\"id\": \"inline\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]"));
-    k = skipped(c, "shops_key/d.json");
-    assert_non_null(strstr(k->why, "shops_key/d.json: locale"));
+    k = skipped(c, "shops_key/shop-d.json");
+    assert_non_null(strstr(k->why, "shops_key/shop-d.json: locale"));
     config_unref(c);
 
-    /* a shop file taking an id of the inline list: that file is skipped */
+    /* a shop file taking an id of the inline list: that file is skipped,
+     * naming the shop it collided with */
     c = expect_ok(load_dir("shops_ok", "\"shops\": [{\"id\": \"shop-a\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}]"));
     assert_int_equal(c->nshops, 2);
-    k = skipped(c, "shops_ok/a.json");
-    assert_non_null(strstr(k->why, "shop-a"));
+    k = skipped(c, "shops_ok/shop-a.json");
+    assert_non_null(strstr(k->why, "the id \"shop-a\" is the id of a shop of the main configuration"));
+    assert_string_equal(k->collides, "shop-a");
+    config_unref(c);
+
+    /* a file's id is its name: another id is refused; so is every other
+     * *.json name (named, never loaded) */
+    make_dir("shops_names");
+    put_tenant("shops_names", "shop-a", "\"id\": \"shop-b\", \"hosts\": [\"b.example\"]");
+    put_tenant("shops_names", "Shop B", "\"locale\": \"id\"");
+    put_tenant("shops_names", "shop.b", "\"locale\": \"id\"");
+    put_tenant("shops_names", "x1234567890123456789012345678901234567890123456789012345678901234", "\"locale\": \"id\"");
+    put_tenant("shops_names", "shop-b", "\"locale\": \"id\"");
+    c = expect_ok(load_dir("shops_names", NULL));
+    assert_int_equal(c->nshops, 1);
+    assert_string_equal(c->shops[0].id, "shop-b");
+    assert_int_equal(c->nskipped, 4);
+    k = skipped(c, "shops_names/shop-a.json");
+    assert_non_null(strstr(k->why, "shops_names/shop-a.json: id: \"shop-b\" is not the file's name"));
+    const char *bad_names[] = {"Shop B", "shop.b", "x1234567890123456789012345678901234567890123456789012345678901234"};
+    for (size_t i = 0; i < 3; i++) {
+        char rel[200];
+        snprintf(rel, sizeof rel, "shops_names/%s.json", bad_names[i]);
+        k = skipped(c, rel);
+        assert_non_null(strstr(k->why, rel));
+        assert_non_null(strstr(k->why, "not loaded: a shop file is named NAME.json"));
+        assert_false(k->kept);
+    }
     config_unref(c);
 
     /* a missing folder is the main configuration's error */
@@ -591,11 +647,11 @@ static void test_shop_file_typo_others_load(void **unused)
     char text[512];
     const char *ids[] = {"t1", "t2", "t3", "t4"};
     for (size_t i = 0; i < 4; i++) {
-        snprintf(text, sizeof text, "{\"id\": \"%s\", \"secret_key_file\": \"%s/keys/a\"%s}", ids[i], g_dir,
-                 i == 2 ? ", \"read_budget_per_mnute\": 60" : "");
+        snprintf(text, sizeof text, "{\"id\": \"%s\"%s}", ids[i], i == 2 ? ", \"read_budget_per_mnute\": 60" : "");
         char rel[64];
         snprintf(rel, sizeof rel, "shops_typo/%s.json", ids[i]);
         put_file(rel, text);
+        put_tenant_key(ids[i], "sk_test_aaa");
     }
     struct config *c = expect_ok(load_dir("shops_typo", NULL));
     assert_int_equal(c->nshops, 3);
@@ -644,8 +700,8 @@ static void test_keys_dir(void **unused)
         make_dir("shops_esc");
         snprintf(shop, sizeof shop, "{\"id\": \"esc\", \"secret_key_file\": \"%s/%s\"}", g_dir, bad[i]);
         put_file("shops_esc/esc.json", shop);
-        snprintf(shop, sizeof shop, "{\"id\": \"fine\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
-        put_file("shops_esc/fine.json", shop);
+        put_tenant_key("fine", "sk_test_fine");
+        put_file("shops_esc/fine.json", "{}");
         c = expect_ok(load_dir("shops_esc", NULL));
         assert_int_equal(c->nshops, 1);
         const struct config_skip *k = skipped(c, "shops_esc/esc.json");
@@ -679,8 +735,8 @@ static void test_shop_file_tenant_rules(void **unused)
     make_dir("shops_env");
     put_file("shops_env/env.json", "{\"id\": \"env\", \"secret_key_env\": \"KEMBALI_TEST_KEY_B\"}");
     char text[600];
-    snprintf(text, sizeof text, "{\"id\": \"fine\", \"secret_key_file\": \"%s/keys/a\"}", g_dir);
-    put_file("shops_env/fine.json", text);
+    put_tenant_key("fine", "sk_test_fine");
+    put_file("shops_env/fine.json", "{}");
     struct config *c = expect_ok(load_dir("shops_env", NULL));
     assert_int_equal(c->nshops, 1);
     const struct config_skip *k = skipped(c, "shops_env/env.json");
@@ -721,9 +777,12 @@ static void test_shop_file_tenant_rules(void **unused)
         {"shops_tpl/dirlink.json", "troot/t3", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(text, sizeof text, "{\"id\": \"s%zu\", \"secret_key_file\": \"%s/keys/a\", \"templates_dir\": \"%s/%s\"}",
-                 i, g_dir, g_dir, cases[i].dir);
+        snprintf(text, sizeof text, "{\"templates_dir\": \"%s/%s\"}", g_dir, cases[i].dir);
         put_file(cases[i].file, text);
+        char name[64];
+        snprintf(name, sizeof name, "%s", strchr(cases[i].file, '/') + 1);
+        *strrchr(name, '.') = '\0';
+        put_tenant_key(name, "sk_test_aaa");
     }
     char more[300];
     snprintf(more, sizeof more, "\"shop_templates_root\": \"%s/troot\"", g_dir);
@@ -736,13 +795,14 @@ static void test_shop_file_tenant_rules(void **unused)
         assert_null(strstr(k->why, "SECRET PAGE"));
     }
     assert_non_null(strstr(skipped(c, "shops_tpl/pagelink.json")->why, "outside"));
-    const struct shop *s = config_pick_shop(c, "s0", NULL);
+    const struct shop *s = config_pick_shop(c, "ok", NULL);
     assert_non_null(s);
-    struct buf b = {0};
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(s->tpl, W_FAILED, &v, &b);
+    assert_int_equal(render_html(s->tpl, W_FAILED, &v, &b), DYNBUF_OK);
     assert_string_equal(b.p, "<html data-status=\"failed\">T1 GAGAL</html>");
-    buf_free(&b);
+    dynbuf_free(&b);
     config_unref(c);
 
     /* without shop_templates_root, a shop file cannot set templates_dir */
@@ -768,20 +828,20 @@ static void test_reload_keeps_previous_version(void **unused)
     make_keys_dir();
     make_dir("shops_rl");
     char text[600];
+    put_tenant_key("ra", "sk_test_aaa");
+    put_tenant_key("rb", "sk_test_bbb");
     snprintf(text, sizeof text, "{\"id\": \"ra\", \"name\": \"A old\", \"hosts\": [\"ra.example\"], "
-                                "\"secret_key_file\": \"%s/keys/a\"}", g_dir);
-    put_file("shops_rl/a.json", text);
-    snprintf(text, sizeof text, "{\"id\": \"rb\", \"name\": \"B old\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
-    put_file("shops_rl/b.json", text);
+                                "\"secret_key_file\": \"%s/keys/ra\"}", g_dir);
+    put_file("shops_rl/ra.json", text);
+    put_file("shops_rl/rb.json", "{\"name\": \"B old\"}");
     struct config *old = expect_ok(load_dir("shops_rl", NULL));
     assert_int_equal(old->nshops, 2);
 
     snprintf(text, sizeof text, "{\"id\": \"ra\", \"name\": \"A new\", \"hosts\": [\"ra.example\"], "
-                                "\"secret_key_file\": \"%s/keys/a\", \"colour\": 1}", g_dir);
-    put_file("shops_rl/a.json", text);
-    snprintf(text, sizeof text, "{\"id\": \"rb\", \"name\": \"B new\", \"secret_key_file\": \"%s/keys/b\"}", g_dir);
-    put_file("shops_rl/b.json", text);
-    put_file("shops_rl/c.json", "{\"id\": \"rc\"");
+                                "\"secret_key_file\": \"%s/keys/ra\", \"colour\": 1}", g_dir);
+    put_file("shops_rl/ra.json", text);
+    put_file("shops_rl/rb.json", "{\"name\": \"B new\"}");
+    put_file("shops_rl/rc.json", "{\"id\": \"rc\"");
     memset(g_err, 0, sizeof g_err);
     struct config *c = config_reload(g_cfg, old, g_err, sizeof g_err);
     expect_ok(c);
@@ -794,13 +854,14 @@ static void test_reload_keeps_previous_version(void **unused)
     assert_string_equal(a->secret, "sk_test_aaa");
     assert_ptr_equal(config_pick_shop(c, NULL, "ra.example"), a);
     assert_string_equal(b->name, "B new");
-    assert_true(skipped(c, "shops_rl/a.json")->kept);
-    assert_false(skipped(c, "shops_rl/c.json")->kept); /* new and broken: nothing to keep */
-    struct buf buf = {0};
+    assert_true(skipped(c, "shops_rl/ra.json")->kept);
+    assert_false(skipped(c, "shops_rl/rc.json")->kept); /* new and broken: nothing to keep */
+    struct dynbuf buf;
+    dynbuf_init(&buf, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(a->tpl, W_SUCCEEDED, &v, &buf);
+    assert_int_equal(render_html(a->tpl, W_SUCCEEDED, &v, &buf), DYNBUF_OK);
     assert_non_null(strstr(buf.p, "data-status=\"succeeded\""));
-    buf_free(&buf);
+    dynbuf_free(&buf);
 
     /* and again: still the old version, still kept */
     struct config *c2 = config_reload(g_cfg, c, g_err, sizeof g_err);
@@ -816,6 +877,254 @@ static void test_reload_keeps_previous_version(void **unused)
     fclose(f);
     expect_error(config_reload(g_cfg, c2, g_err, sizeof g_err), g_cfg, "shops_dir", NULL);
     config_unref(c2);
+}
+
+static void expect_pick(const struct config *c, const char *param, const char *host, const char *want);
+
+/* A tenant's key is keys_dir/NAME and nothing else: a file naming another
+ * tenant's key, a key file that is a link (two tenants would share a key),
+ * a missing one, or the key of a shop of the main configuration is
+ * skipped, naming the shop it collided with where there is one. */
+static void test_tenant_key_is_its_own(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    put_tenant_key("toko-a", "sk_test_tokoa");
+    put_tenant_key("toko-b", "sk_test_tokob");
+    put_tenant_key("owner", "sk_test_owner");
+    char link[512];
+    snprintf(link, sizeof link, "%s/keys/toko-l", g_dir);
+    unlink(link);
+    assert_int_equal(symlink("toko-a", link), 0); /* keys_dir/toko-l -> toko-a: sharing a key */
+    make_dir("shops_keys");
+    put_tenant("shops_keys", "toko-a", "\"hosts\": [\"a.example\"]");
+    put_tenant("shops_keys", "toko-b", "\"secret_key_file\": \"%s/keys/toko-a\"", g_dir);
+    put_tenant("shops_keys", "toko-l", "\"hosts\": [\"l.example\"]");
+    put_tenant("shops_keys", "toko-m", "\"hosts\": [\"m.example\"]");
+    put_tenant("shops_keys", "owner", "\"hosts\": [\"o.example\"]");
+    char more[300];
+    snprintf(more, sizeof more, "\"shops\": [{\"id\": \"main\", \"secret_key_file\": \"%s/keys/owner\"}]", g_dir);
+    struct config *c = expect_ok(load_dir("shops_keys", more));
+    assert_int_equal(c->nshops, 2);
+    assert_string_equal(c->shops[0].id, "main");
+    assert_string_equal(c->shops[1].id, "toko-a");
+    assert_string_equal(c->shops[1].secret, "sk_test_tokoa");
+    assert_int_equal(c->nskipped, 4);
+    const struct config_skip *k = skipped(c, "shops_keys/toko-b.json");
+    assert_non_null(strstr(k->why, "toko-b.json: secret_key_file: names"));
+    assert_non_null(strstr(k->why, "keys/toko-a, but the shop file toko-b.json may only use"));
+    k = skipped(c, "shops_keys/toko-l.json");
+    assert_non_null(strstr(k->why, "keys/toko-l is a symbolic link"));
+    k = skipped(c, "shops_keys/toko-m.json");
+    assert_non_null(strstr(k->why, "keys/toko-m"));
+    k = skipped(c, "shops_keys/owner.json");
+    assert_non_null(strstr(k->why, "is the key file of shop \"main\" of the main configuration"));
+    assert_string_equal(k->collides, "main");
+    for (int i = 0; i < c->nskipped; i++)
+        assert_null(strstr(c->skipped[i].why, "sk_test"));
+    config_unref(c);
+}
+
+/* Hosts stay with the shop that has them: a file of the main
+ * configuration's host, or of a host another tenant served before this
+ * reload, is skipped whatever its name sorts as, naming that shop; two new
+ * files claiming one host both wait; a host given up in the same reload
+ * moves. */
+static void test_tenant_hosts_never_taken_over(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    const char *names[] = {"00-evil", "toko-b", "toko-c", "toko-d", "zz-late"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        put_tenant_key(names[i], "sk_test_tenant");
+    make_dir("shops_hosts");
+    put_tenant("shops_hosts", "toko-b", "\"name\": \"B v1\", \"hosts\": [\"b.example\", \"www.b.example\"]");
+    put_tenant("shops_hosts", "toko-c", "\"hosts\": [\"c.example\"]");
+    put_tenant("shops_hosts", "toko-d", "\"hosts\": [\"d.example\", \"main.example\"]");
+    char more[300];
+    snprintf(more, sizeof more, "\"shops\": [{\"id\": \"main\", \"hosts\": [\"main.example\"], "
+                                "\"secret_key_file\": \"%s/keys/a\"}]", g_dir);
+    struct config *c1 = expect_ok(load_dir("shops_hosts", more));
+    expect_pick(c1, NULL, "b.example", "toko-b");
+    expect_pick(c1, NULL, "main.example", "main");
+    const struct config_skip *k = skipped(c1, "shops_hosts/toko-d.json");
+    assert_non_null(strstr(k->why, "hosts: the host \"main.example\" is served by shop \"main\" of the main "
+                                   "configuration"));
+    assert_string_equal(k->collides, "main");
+    expect_pick(c1, NULL, "d.example", NULL);
+
+    /* a reload: 00-evil sorts first and claims toko-b's host; zz-late
+     * claims toko-c's; toko-c gives c.example up for cc.example */
+    put_tenant("shops_hosts", "00-evil", "\"name\": \"EVIL\", \"hosts\": [\"www.b.example\"]");
+    put_tenant("shops_hosts", "zz-late", "\"hosts\": [\"c.example\"]");
+    put_tenant("shops_hosts", "toko-c", "\"hosts\": [\"cc.example\", \"CC.example.\"]"); /* one host, twice */
+    put_tenant("shops_hosts", "toko-d", "\"hosts\": [\"d.example\"]");
+    memset(g_err, 0, sizeof g_err);
+    struct config *c2 = expect_ok(config_reload(g_cfg, c1, g_err, sizeof g_err));
+    config_unref(c1);
+    expect_pick(c2, NULL, "www.b.example", "toko-b");
+    assert_string_equal(config_pick_shop(c2, "toko-b", NULL)->name, "B v1");
+    k = skipped(c2, "shops_hosts/00-evil.json");
+    assert_non_null(strstr(k->why, "00-evil.json: hosts: the host \"www.b.example\" is served by shop \"toko-b\""));
+    assert_string_equal(k->collides, "toko-b");
+    assert_false(k->kept);
+    expect_pick(c2, "00-evil", NULL, NULL);
+    expect_pick(c2, NULL, "c.example", "zz-late"); /* toko-c gave it up in this reload */
+    expect_pick(c2, NULL, "cc.example", "toko-c");
+    expect_pick(c2, NULL, "d.example", "toko-d");
+    assert_int_equal(c2->nskipped, 1);
+
+    /* toko-b's file breaks: its kept version keeps its hosts against a
+     * newcomer, and a newcomer's file never gains them */
+    put_file("shops_hosts/toko-b.json", "{\"hosts\": [");
+    memset(g_err, 0, sizeof g_err);
+    struct config *c3 = expect_ok(config_reload(g_cfg, c2, g_err, sizeof g_err));
+    expect_pick(c3, NULL, "www.b.example", "toko-b");
+    assert_true(skipped(c3, "shops_hosts/toko-b.json")->kept);
+    assert_string_equal(skipped(c3, "shops_hosts/00-evil.json")->collides, "toko-b");
+
+    /* zz-late's new version wants toko-d's host too: it collides, and its
+     * previous version (c.example) keeps serving */
+    put_tenant("shops_hosts", "zz-late", "\"hosts\": [\"c.example\", \"d.example\"]");
+    memset(g_err, 0, sizeof g_err);
+    struct config *c4 = expect_ok(config_reload(g_cfg, c3, g_err, sizeof g_err));
+    config_unref(c2);
+    config_unref(c3);
+    k = skipped(c4, "shops_hosts/zz-late.json");
+    assert_true(k->kept);
+    assert_string_equal(k->collides, "toko-d");
+    expect_pick(c4, NULL, "c.example", "zz-late");
+    expect_pick(c4, NULL, "d.example", "toko-d");
+    config_unref(c4);
+
+    /* at a start nobody had a host: two files claiming one both wait,
+     * whatever their names sort as (each names the other) */
+    put_tenant("shops_hosts", "toko-b", "\"hosts\": [\"b.example\", \"www.b.example\"]");
+    put_tenant("shops_hosts", "zz-late", "\"hosts\": [\"c.example\"]");
+    struct config *c5 = expect_ok(load_dir("shops_hosts", more));
+    expect_pick(c5, NULL, "www.b.example", NULL);
+    expect_pick(c5, NULL, "b.example", NULL);
+    assert_string_equal(skipped(c5, "shops_hosts/00-evil.json")->collides, "toko-b");
+    k = skipped(c5, "shops_hosts/toko-b.json");
+    assert_string_equal(k->collides, "00-evil");
+    assert_non_null(strstr(k->why, "the host \"www.b.example\" is also claimed by shop \"00-evil\""));
+    expect_pick(c5, NULL, "c.example", "zz-late");
+    config_unref(c5);
+}
+
+/* Rule 3 of "Which shop": the only shop answers any host only without
+ * shops_dir (a hosting box never answers one tenant's host with another
+ * tenant's shop). */
+static void test_pick_no_fallback_with_shops_dir(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    put_tenant_key("solo", "sk_test_solo");
+    make_dir("shops_solo");
+    put_tenant("shops_solo", "solo", "\"hosts\": [\"solo.example\"]");
+    struct config *c = expect_ok(load_dir("shops_solo", NULL));
+    assert_int_equal(c->nshops, 1);
+    expect_pick(c, NULL, "solo.example", "solo");
+    expect_pick(c, NULL, "other.example", NULL);
+    expect_pick(c, NULL, NULL, NULL);
+    expect_pick(c, "solo", "other.example", "solo");
+    config_unref(c);
+    /* one inline shop and an empty shops_dir: no fallback either */
+    make_dir("shops_none_here");
+    c = expect_ok(load_dir("shops_none_here", "\"shops\": [{\"id\": \"only\", \"secret_key_env\": "
+                                                "\"KEMBALI_TEST_KEY_B\"}]"));
+    assert_int_equal(c->nshops, 1);
+    expect_pick(c, NULL, "any.example", NULL);
+    expect_pick(c, NULL, NULL, NULL);
+    config_unref(c);
+}
+
+/* A name of at most 200 characters (not bytes) and at most 32 hosts; more
+ * is refused naming the file and the key, in the main configuration and
+ * in a tenant's file alike. */
+static void test_size_caps(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    char name[1200], hosts[2400], shop[4000];
+    for (int len = 199; len <= 201; len++) {
+        for (int utf8 = 0; utf8 <= 1; utf8++) {
+            name[0] = '\0';
+            for (int i = 0; i < len; i++)
+                strcat(name, utf8 ? "\xc3\xa9" : "n"); /* é: 2 bytes, 1 character */
+            snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"name\": \"%s\"", g_dir, name);
+            struct config *c = load_one_shop(shop);
+            if (len <= 200) {
+                expect_ok(c);
+                assert_string_equal(c->shops[0].name, name);
+                config_unref(c);
+            } else {
+                expect_error(c, g_cfg, "shops[0].name", "is 201 characters long: at most 200");
+            }
+        }
+    }
+    for (int n = 32; n <= 33; n++) {
+        hosts[0] = '\0';
+        for (int i = 0; i < n; i++)
+            snprintf(hosts + strlen(hosts), sizeof hosts - strlen(hosts), "%s\"h%d.example\"", i ? ", " : "", i);
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"hosts\": [%s]", g_dir, hosts);
+        struct config *c = load_one_shop(shop);
+        if (n == 32) {
+            expect_ok(c);
+            assert_int_equal(c->shops[0].nhosts, 32);
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].hosts", "at most 32 hosts");
+        }
+    }
+    /* in a tenant's file: that file is skipped by name */
+    put_tenant_key("big", "sk_test_big");
+    make_dir("shops_big");
+    put_tenant("shops_big", "big", "\"name\": \"%s\", \"hosts\": [%s]", name, hosts);
+    struct config *c = expect_ok(load_dir("shops_big", "\"shops\": [{\"id\": \"main\", \"secret_key_env\": "
+                                                        "\"KEMBALI_TEST_KEY_B\"}]"));
+    const struct config_skip *k = skipped(c, "shops_big/big.json");
+    assert_non_null(strstr(k->why, "shops_big/big.json: name: is 201 characters long"));
+    assert_non_null(strstr(k->why, "shops_big/big.json: hosts: at most 32 hosts"));
+    config_unref(c);
+}
+
+/* A page is its template with the shop's values in: a shop whose name
+ * and shop_url would make a page larger than RENDER_PAGE_MAX (256 KiB, with
+ * the longest id) is refused, however small its templates. */
+static void test_rendered_page_cap(void **unused)
+{
+    (void)unused;
+    make_dir("tpl_amp");
+    make_dir("tpl_amp/id");
+    /* 1000 {{shop_url}}: a 250-byte shop_url makes a 250 KB page, 300 bytes 293 KiB */
+    static char page[64 * 1024];
+    strcpy(page, "<html data-status=\"{{status}}\">");
+    for (int i = 0; i < 1000; i++)
+        strcat(page, "{{shop_url}}");
+    strcat(page, "</html>");
+    put_file("tpl_amp/id/failed.html", page);
+    char url[400], shop[1200];
+    for (int len = 250; len <= 300; len += 50) {
+        snprintf(url, sizeof url, "https://a.example/?");
+        while (strlen(url) < (size_t)len)
+            strcat(url, "x");
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_amp\", "
+                 "\"shop_url\": \"%s\"", g_dir, g_dir, url);
+        struct config *c = load_one_shop(shop);
+        if (len == 250) {
+            expect_ok(c);
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].templates_dir", "the failed page would be 293 KiB with this shop's "
+                                                             "name and shop_url: at most 256 KiB");
+        }
+    }
+    /* escaping counts: 55 '&' are 275 bytes on the page */
+    snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_amp\", "
+             "\"shop_url\": \"https://a.example/?%s\"", g_dir, g_dir,
+             "&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&");
+    expect_error(load_one_shop(shop), g_cfg, "shops[0].templates_dir", "the failed page would be");
 }
 
 /* Key files others can read, or group or others can write, are refused
@@ -986,14 +1295,15 @@ static void test_templates_problems(void **unused)
     c = expect_ok(load_one_shop(shop));
     assert_non_null(c->shops[0].tpl);
     assert_ptr_not_equal(c->shops[0].tpl, c->default_tpl);
-    struct buf b = {0};
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
     struct page_vars v = {.id = "T1"};
-    render_html(c->shops[0].tpl, W_FAILED, &v, &b);
+    assert_int_equal(render_html(c->shops[0].tpl, W_FAILED, &v, &b), DYNBUF_OK);
     assert_string_equal(b.p, "<html data-status=\"failed\">GAGAL T1</html>");
-    buf_free(&b);
-    render_html(c->shops[0].tpl, W_SUCCEEDED, &v, &b);
+    dynbuf_free(&b);
+    assert_int_equal(render_html(c->shops[0].tpl, W_SUCCEEDED, &v, &b), DYNBUF_OK);
     assert_non_null(strstr(b.p, "data-status=\"succeeded\""));
-    buf_free(&b);
+    dynbuf_free(&b);
     config_unref(c);
 }
 
@@ -1722,6 +2032,11 @@ int main(void)
         cmocka_unit_test(test_keys_dir),
         cmocka_unit_test(test_shop_file_tenant_rules),
         cmocka_unit_test(test_reload_keeps_previous_version),
+        cmocka_unit_test(test_tenant_key_is_its_own),
+        cmocka_unit_test(test_tenant_hosts_never_taken_over),
+        cmocka_unit_test(test_pick_no_fallback_with_shops_dir),
+        cmocka_unit_test(test_size_caps),
+        cmocka_unit_test(test_rendered_page_cap),
         cmocka_unit_test(test_key_file_modes),
         cmocka_unit_test(test_max_held),
         cmocka_unit_test(test_syntax_errors),

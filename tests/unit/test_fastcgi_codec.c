@@ -152,7 +152,7 @@ static void normal_request(struct msg *m, uint16_t id, uint8_t flags)
 static void check_normal_request(const struct fcgi_parser *p, uint16_t id)
 {
     assert_int_equal(fcgi_request_id(p), id);
-    assert_string_equal(fcgi_param(p, "QUERY_STRING"), "lang=en"); /* the first of two */
+    assert_string_equal(fcgi_param(p, "QUERY_STRING"), "second"); /* the last of two */
     assert_string_equal(fcgi_param(p, "REQUEST_METHOD"), "POST");
     assert_string_equal(fcgi_param(p, "SCRIPT_NAME"), "/id/tx_123");
     assert_string_equal(fcgi_param(p, "REQUEST_URI"), "/id/tx_123?lang=en");
@@ -736,6 +736,44 @@ static void test_pairs_huge_lengths(void **unused)
     }
 }
 
+/* A name sent more than once counts with its last value (as PHP-FPM has
+ * it): nginx sends QUERY_STRING from `include fastcgi_params` and again from
+ * a `fastcgi_param` written after it, which must win. fcgi_param() and
+ * fcgi_params_get() agree; a name sent once is unaffected. */
+static void test_params_last_wins(void **unused)
+{
+    (void)unused;
+    struct msg pm = {0}, m = {0};
+    pair(&pm, "QUERY_STRING", "id=tx_1");
+    pair(&pm, "SCRIPT_NAME", "/kembali-metrics");
+    pair(&pm, "KEMBALI_ADMIN", "0");
+    pair(&pm, "QUERY_STRING", "format=metrics");
+    pair(&pm, "REMOTE_ADDR", "192.0.2.7");
+    pair(&pm, "KEMBALI_ADMIN", "");
+    pair(&pm, "KEMBALI_ADMIN", "1");
+    request_with_block(&m, pm.b, pm.len);
+    struct fcgi_parser p;
+    fcgi_parser_init(&p);
+    struct feeder f = feeder_of(&m);
+    struct fcgi_event ev;
+    assert_int_equal(next_ev(&p, &f, &ev), FCGI_EV_REQUEST);
+    assert_string_equal(fcgi_param(&p, "QUERY_STRING"), "format=metrics");
+    assert_string_equal(fcgi_param(&p, "KEMBALI_ADMIN"), "1");
+    assert_string_equal(fcgi_param(&p, "SCRIPT_NAME"), "/kembali-metrics");
+    const char *const names[] = {"KEMBALI_ADMIN", "QUERY_STRING", "REMOTE_ADDR", "HTTP_ACCEPT"};
+    const char *v[4];
+    fcgi_params_get(&p, names, 4, v);
+    assert_string_equal(v[0], "1");
+    assert_string_equal(v[1], "format=metrics");
+    assert_string_equal(v[2], "192.0.2.7");
+    assert_null(v[3]);
+    for (size_t i = 0; i < 3; i++)
+        assert_ptr_equal(v[i], fcgi_param(&p, names[i]));
+    fcgi_parser_free(&p);
+    msg_free(&pm);
+    msg_free(&m);
+}
+
 /* A value is cut at a NUL; a name with a NUL is not kept (it must not pass
  * for the name before the NUL). */
 static void test_params_with_nul(void **unused)
@@ -1169,6 +1207,7 @@ int main(void)
         cmocka_unit_test(test_stdin_after_end),
         cmocka_unit_test(test_pairs_past_the_block),
         cmocka_unit_test(test_pairs_huge_lengths),
+        cmocka_unit_test(test_params_last_wins),
         cmocka_unit_test(test_params_with_nul),
         cmocka_unit_test(test_params_at_the_cap),
         cmocka_unit_test(test_params_over_the_cap),

@@ -230,6 +230,56 @@ static void test_stopping_answers_and_never_reads(void **unused)
     assert_true(a[0] && a[1]);
 }
 
+/* ---- a client at its count: hold_step over a real state ---- */
+
+static void test_client_at_its_count_waits_then_blocked_answers(void **unused)
+{
+    (void)unused;
+    struct state_opts o = {.tx_slots = 64, .key_slots = 8, .read_timeout_ms = 5000};
+    char err[128];
+    struct state *st = state_new(&o, err, sizeof err);
+    assert_non_null(st);
+    struct state_key k;
+    struct pace_schedule sched;
+    struct state_client c;
+    struct state_ticket t[6];
+    struct state_fact f;
+    struct hold_result r;
+    bool a[2];
+    state_key_id(st, "sk_test_sim", &k);
+    pace_default(&sched);
+    state_client_id(st, &k, "203.0.113.7", &c);
+    const int64_t now = 1000000;
+    for (int i = 0; i < 5; i++) { /* a burst: 5 guesses in flight */
+        char id[8];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_true(state_claim_client(st, &k, id, &sched, 120, 5000, &c, now, &t[i], &f));
+    }
+    /* the 6th: an HTML request waits for them (no read, no answer, looks
+     * again soon); a JSON one is answered at once */
+    struct hold_waiter w[] = {html(now + HOLD_MS), json(now + 5000, false)};
+    hold_step(st, &k, "G5", &sched, 120, 5000, &c, false, false, w, 2, now + 10, a, &t[5], &r);
+    assert_false(r.claimed);
+    assert_int_equal(r.fact.wait, WAIT_CLIENT);
+    assert_false(a[0]);
+    assert_true(a[1]);
+    assert_true(r.plan.wake <= now + 10 + STATE_CLIENT_RECHECK_MS);
+    /* nobody's request for it would read */
+    hold_step(st, &k, "G5", &sched, 120, 5000, NULL, false, false, w, 1, now + 10, a, &t[5], &r);
+    assert_true(r.claimed);
+    state_unclaim(st, &t[5], now + 10);
+    /* the 5 answer 404: blocked; the 6th is answered at once, with no read */
+    struct outcome nf = {.kind = OUT_NOT_FOUND, .retry_after_ms = -1};
+    struct state_report rep;
+    for (int i = 0; i < 5; i++)
+        state_finish(st, &t[i], "toko-a", &nf, now + 300, &rep);
+    assert_true(rep.client_blocked);
+    hold_step(st, &k, "G5", &sched, 120, 5000, &c, false, false, w, 1, now + 301, a, &t[5], &r);
+    assert_false(r.claimed);
+    assert_true(a[0]);
+    state_free(st);
+}
+
 /* ---- whole episodes: hold_step over a real state, a fake clock ---- */
 
 #define SIM_MAX 64
@@ -298,7 +348,7 @@ static void sim_step(struct sim *s, int64_t now)
     }
     struct hold_result r;
     struct state_ticket t;
-    hold_step(s->st, &s->key, "T1", &s->sched, s->budget, 5000, s->reading, false, w, m, now, a, &t, &r);
+    hold_step(s->st, &s->key, "T1", &s->sched, s->budget, 5000, NULL, s->reading, false, w, m, now, a, &t, &r);
     for (size_t j = 0; j < m; j++) {
         s->w[idx[j]] = w[j];
         if (a[j]) {
@@ -508,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_late_timer_reads_for_nobody_late),
         cmocka_unit_test(test_json_rules),
         cmocka_unit_test(test_stopping_answers_and_never_reads),
+        cmocka_unit_test(test_client_at_its_count_waits_then_blocked_answers),
         cmocka_unit_test(test_sim_one_request_default_schedule),
         cmocka_unit_test(test_sim_final_answers_at_the_read_that_found_it),
         cmocka_unit_test(test_sim_twenty_tabs_one_schedule),

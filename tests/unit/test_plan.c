@@ -197,7 +197,7 @@ static void sim_step(struct sim *s, struct buyer *b, int64_t now)
     bool a;
     struct hold_result r;
     struct state_ticket t;
-    hold_step(s->st, &s->key, b->id, &s->sched, s->budget, 5000, b->reading, false, &b->w, 1, now, &a, &t, &r);
+    hold_step(s->st, &s->key, b->id, &s->sched, s->budget, 5000, NULL, b->reading, false, &b->w, 1, now, &a, &t, &r);
     if (r.claimed) {
         assert_false(b->reading);
         assert_true(s->nreads < SIM_READS);

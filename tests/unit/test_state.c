@@ -1285,11 +1285,19 @@ static struct state *mk_clients(int client_slots)
     return st;
 }
 
-static struct state_client client_of(struct state *st, const char *addr)
+/* The client at addr of key k. */
+static struct state_client client_for(struct state *st, const struct state_key *k, const char *addr)
 {
     struct state_client c;
-    state_client_id(st, addr, &c);
+    state_client_id(st, k, addr, &c);
     return c;
+}
+
+/* The client at addr of the key "sk_test_a". */
+static struct state_client client_of(struct state *st, const char *addr)
+{
+    struct state_key k = key_of(st, "sk_test_a");
+    return client_for(st, &k, addr);
 }
 
 /* A read of `id` for client c at now, answered 404. */
@@ -1330,8 +1338,123 @@ static void test_client_id(void **unused)
     memset(&z, 0, sizeof z);
     assert_memory_not_equal(client_of(st, NULL).b, z.b, 16);
     assert_memory_not_equal(client_of(st, "").b, z.b, 16);
+    /* per key: one address is another client of each key */
+    struct state_key kb = key_of(st, "sk_test_b");
+    assert_memory_not_equal(a.b, client_for(st, &kb, "192.0.2.7").b, 16);
+    assert_memory_equal(client_for(st, &kb, "192.0.2.7").b, client_for(st, &kb, "::ffff:192.0.2.7").b, 16);
     state_free(st);
     state_free(other);
+}
+
+/* A claim of `id` at now for client c (NULL: nobody). */
+static bool claim_for(struct state *st, const struct state_key *k, const char *id, const struct state_client *c,
+                      int64_t now, struct state_ticket *t, struct state_fact *f)
+{
+    struct pace_schedule s = sched_default();
+    struct state_fact ff;
+    return state_claim_client(st, k, id, &s, BUDGET, TIMEOUT, c, now, t, f ? f : &ff);
+}
+
+static void test_client_burst_counts_reads_in_flight(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "203.0.113.7"), d = client_of(st, "203.0.113.8");
+    struct state_ticket t[25];
+    struct state_fact f;
+    /* 25 guesses at once: 5 reads start, the 6th waits for them */
+    for (int i = 0; i < 5; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_true(claim_for(st, &k, id, &c, T0 + i, &t[i], NULL));
+        assert_memory_equal(t[i].client.b, c.b, 16); /* the ticket carries its client */
+    }
+    for (int i = 5; i < 25; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_false(claim_for(st, &k, id, &c, T0 + 10, &t[i], &f));
+        assert_int_equal(f.wait, WAIT_CLIENT);
+        assert_true(f.next_read == T0 + 10 + STATE_CLIENT_RECHECK_MS); /* a lease is further */
+        assert_false(f.in_flight);
+    }
+    /* another client, and nobody, are not held back */
+    assert_true(claim_for(st, &k, "D0", &d, T0 + 10, &t[5], NULL));
+    assert_true(claim_for(st, &k, "N0", NULL, T0 + 10, &t[6], NULL));
+    /* the first lease to end bounds the wait */
+    assert_false(claim_for(st, &k, "G9", &c, T0 + LEASE - 100, &t[7], &f));
+    assert_true(f.next_read == T0 + LEASE);
+    /* the 5 answer 404: blocked, the last one starts it */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(finish(st, &t[i], "toko-a", oc_kind(OUT_NOT_FOUND), T0 + 300).client_blocked, i == 4);
+    assert_true(state_client_blocked(st, &c, T0 + 300));
+    assert_false(claim_for(st, &k, "G9", &c, T0 + 400, &t[7], &f));
+    assert_int_equal(f.wait, WAIT_CLIENT);
+    assert_true(f.next_read == T0 + 300 + STATE_CLIENT_BLOCK_MS); /* the block's end: past any deadline */
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.client_blocks, 1);
+    state_free(st);
+}
+
+static void test_client_reads_in_flight_released(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client c = client_of(st, "192.0.2.50"); /* an office: ten buyers */
+    struct state_ticket t[8];
+    struct state_fact f;
+    for (int i = 0; i < 5; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_true(claim_for(st, &k, id, &c, T0, &t[i], NULL));
+    }
+    assert_false(claim_for(st, &k, "B5", &c, T0 + 1, &t[5], &f));
+    /* a payment that exists answers 200: its count is released */
+    finish(st, &t[0], "toko-a", oc_status(TXS_SUCCEEDED, NULL), T0 + 300);
+    assert_true(claim_for(st, &k, "B5", &c, T0 + 301, &t[5], NULL));
+    assert_false(claim_for(st, &k, "B6", &c, T0 + 302, &t[6], &f));
+    /* a read that gave no answer is released too */
+    finish(st, &t[1], "toko-a", oc_kind(OUT_NO_ANSWER), T0 + 400);
+    assert_true(claim_for(st, &k, "B6", &c, T0 + 401, &t[6], NULL));
+    /* a claim never made (another host's authority refused it) as well */
+    state_unclaim(st, &t[2], T0 + 500);
+    assert_true(claim_for(st, &k, "B7", &c, T0 + 501, &t[7], NULL));
+    assert_false(claim_for(st, &k, "B2", &c, T0 + 502, &t[2], &f));
+    /* and a read whose lease ended (its process died) */
+    assert_true(claim_for(st, &k, "B2", &c, T0 + LEASE, &t[2], NULL));
+    /* ids with a known status are not counted, nor held back */
+    for (int i = 3; i < 8; i++)
+        finish(st, &t[i], "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 10);
+    finish(st, &t[2], "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 10);
+    int64_t later = T0 + 2 * LEASE + 100000; /* each transaction's pace allows a read */
+    for (int i = 2; i < 8; i++)
+        assert_true(claim_for(st, &k, t[i].id, &c, later, &t[i], NULL));
+    assert_false(state_client_blocked(st, &c, later));
+    state_free(st);
+}
+
+static void test_client_per_key(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    struct state_key ka = key_of(st, "sk_test_a"), kb = key_of(st, "sk_test_b");
+    struct state_client ca = client_for(st, &ka, "203.0.113.7"), cb = client_for(st, &kb, "203.0.113.7");
+    probe_n(st, &ka, &ca, "X", 4, T0, 100);
+    assert_true(probe(st, &ka, &ca, "X4", T0 + 1000).client_blocked);
+    assert_true(state_client_blocked(st, &ca, T0 + 2000));
+    /* the same address on another shop (key): not blocked, reads go on */
+    assert_false(state_client_blocked(st, &cb, T0 + 2000));
+    struct state_ticket t;
+    assert_true(claim_for(st, &kb, "PAID", &cb, T0 + 2000, &t, NULL));
+    finish(st, &t, "toko-b", oc_status(TXS_SUCCEEDED, NULL), T0 + 2100);
+    assert_true(claim_for(st, &kb, "GUESS", &cb, T0 + 2200, &t, NULL));
+    assert_false(finish(st, &t, "toko-b", oc_kind(OUT_NOT_FOUND), T0 + 2300).client_blocked);
+    struct state_fact f;
+    assert_false(claim_for(st, &ka, "GUESS", &ca, T0 + 2400, &t, &f));
+    assert_int_equal(f.wait, WAIT_CLIENT);
+    state_free(st);
 }
 
 static void test_client_five_404s_block(void **unused)
@@ -2373,6 +2496,9 @@ int main(void)
         cmocka_unit_test(test_key_full_evicts_an_idle_key),
         cmocka_unit_test(test_key_eviction_keeps_the_budget),
         cmocka_unit_test(test_client_id),
+        cmocka_unit_test(test_client_burst_counts_reads_in_flight),
+        cmocka_unit_test(test_client_reads_in_flight_released),
+        cmocka_unit_test(test_client_per_key),
         cmocka_unit_test(test_client_five_404s_block),
         cmocka_unit_test(test_client_window_slides),
         cmocka_unit_test(test_client_blocked_known_ids_still_read),

@@ -124,6 +124,39 @@ static void test_two_mappings_share_everything(void **ctx)
     state_free(b);
 }
 
+static void test_client_reads_in_flight_across_processes(void **ctx)
+{
+    (void)ctx;
+    struct pace_schedule s;
+    pace_default(&s);
+    struct state *a = open_ok(), *b = open_ok();
+    struct state_key k;
+    struct state_client ca, cb;
+    state_key_id(a, "sk_test_secret", &k);
+    state_client_id(a, &k, "203.0.113.7", &ca);
+    state_client_id(b, &k, "203.0.113.7", &cb);
+    assert_memory_equal(ca.b, cb.b, 16); /* one salt: one client */
+    struct state_ticket t[6];
+    struct state_fact f;
+    int64_t now = util_mono_ms();
+    /* a burst over two processes: 3 guesses in flight in a, 2 in b */
+    for (int i = 0; i < 5; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_true(state_claim_client(i < 3 ? a : b, &k, id, &s, 120, TIMEOUT, i < 3 ? &ca : &cb, now, &t[i], &f));
+    }
+    assert_false(state_claim_client(b, &k, "G5", &s, 120, TIMEOUT, &cb, now + 1, &t[5], &f));
+    assert_int_equal(f.wait, WAIT_CLIENT);
+    assert_false(state_claim_client(a, &k, "G5", &s, 120, TIMEOUT, &ca, now + 1, &t[5], &f));
+    /* one of a's answers 200 (a payment that exists): b may read */
+    struct outcome oc = status_outcome(TXS_PENDING);
+    struct state_report rep;
+    state_finish(a, &t[0], "toko-a", &oc, now + 2, &rep);
+    assert_true(state_claim_client(b, &k, "G5", &s, 120, TIMEOUT, &cb, now + 3, &t[5], &f));
+    state_free(a);
+    state_free(b);
+}
+
 static void test_wake_across_processes(void **ctx)
 {
     (void)ctx;
@@ -185,6 +218,29 @@ static void test_refuses_dir_others_can_write(void **ctx)
     assert_int_equal(chmod(dir, 0755), 0);
     struct state *st = open_ok();
     state_free(st);
+}
+
+/* A state_dir so long that its files' paths would be cut short: refused,
+ * never a file of a shorter name opened instead. */
+static void test_refuses_too_long_dir(void **ctx)
+{
+    (void)ctx;
+    char deep[4096];
+    size_t n = (size_t)snprintf(deep, sizeof deep, "%s", dir);
+    while (n + 1 + 200 < 4085) { /* one more level of 200 characters */
+        deep[n++] = '/';
+        memset(deep + n, 'd', 200);
+        n += 200;
+        deep[n] = '\0';
+        assert_int_equal(mkdir(deep, 0700), 0);
+    }
+    deep[n++] = '/';
+    memset(deep + n, 'e', 4085 - n);
+    deep[4085] = '\0';
+    assert_int_equal(mkdir(deep, 0700), 0);
+    char err[512] = "";
+    assert_null(state_open(deep, &OPTS, err, sizeof err));
+    assert_non_null(strstr(err, "too long"));
 }
 
 static void test_refuses_file_with_loose_mode(void **ctx)
@@ -728,8 +784,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_creates_0600_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_creates_missing_dir_0700, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_mappings_share_everything, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_reads_in_flight_across_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wake_across_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_dir_others_can_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_too_long_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_file_with_loose_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replaces_incompatible_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_file_keeps_its_size, setup, teardown),

@@ -1,0 +1,128 @@
+"""Ids nobody has paid for (interface.md): a burst of guesses sent at once
+from one address costs at most 5 reads, because reads still in flight for
+that client count as if already answered 404; the charge and the block are
+per key and client, so a prober blocked on one shop is not blocked on
+another, and a buyer of that other shop behind the prober's address gets
+its answer. With state_dir alone, and with three hosts on one real Redis."""
+
+import random
+
+import harness
+import kit
+from harness import assert_eq
+
+PROBER = {"REMOTE_ADDR": "203.0.113.7"}
+BURST = 25
+LATENCY_MS = 300
+
+
+def two_shops(k):
+    return [harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))]
+
+
+def redis_hosts(tmpdir, n=3):
+    redis = harness.Redis(tmpdir)
+    sb, ks = kit.start_hosts(tmpdir, n, redis, shops=two_shops, top={"redis": redis.unix_url()})
+    for k in ks:
+        k.wait_log(30, event="redis_joined")
+    return redis, sb, ks
+
+
+def burst(sb, ks, seed):
+    """25 random ids sent at once from one address on toko-a (spread over
+    the hosts ks); returns (reads at the sandbox, answers)."""
+    rnd = random.Random(seed)
+    ids = ["g%d-%06d" % (seed, rnd.randrange(10 ** 6)) for _ in range(BURST)]
+    for t in ids:  # a 404 that takes Kasera 300 ms, as over a real network
+        sb.put_tx(t, responses=[{"http": 404, "delay_ms": LATENCY_MS}] * 2)
+    rs = kit.parallel([lambda i=i, t=t: ks[i % len(ks)].get("id=" + t, host="toko-a.test", extra=PROBER, timeout=30)
+                       for i, t in enumerate(ids)])
+    words = [r.header("kembali-status") for r in rs]
+    reads = [r for r in sb.reads() if r["id"] in ids]
+    print("# a burst of %d random ids at once from one address over %d process(es): %d reads; answers %r"
+          % (BURST, len(ks), len(reads), {w: words.count(w) for w in set(words)}))
+    return reads, words
+
+
+def check_burst(sb, ks, seed=1):
+    reads, words = burst(sb, ks, seed)
+    assert len(reads) <= 5, "a burst of guesses costs at most 5 reads: %d" % len(reads)
+    assert_eq(words.count("not_found"), len(reads))
+    assert_eq(words.count("not_found") + words.count("checking"), BURST)
+    lines = harness.wait_for(lambda: sum(len(k.find_log(event="client_blocked")) for k in ks), 30,
+                             msg="the block's log line")
+    assert_eq(lines, 1, "one line when the block starts, over every process")
+
+
+def check_per_shop(sb, ks):
+    """The prober walks 5 ids on toko-a one after the other on the first
+    process (blocked there after the 5th 404); on the last one (with Redis,
+    another host, which learns of the block from Redis), a guess on toko-a
+    costs no read; on toko-b, from the same address, a buyer's payment
+    answers succeeded on each, and a guess is read."""
+    for i in range(5):
+        r = ks[0].get("id=walk%d&format=json" % i, host="toko-a.test", extra=PROBER, timeout=30)
+        assert_eq(r.header("kembali-status"), "not_found")
+    ks[0].wait_log(30, event="client_blocked")
+    before = len(sb.reads())
+    r = ks[-1].get("id=other-guess", host="toko-a.test", extra=PROBER, timeout=30)
+    assert_eq(r.header("kembali-status"), "checking")
+    assert_eq(len(sb.reads()), before, "blocked on toko-a: no read")
+    for i, k in enumerate(ks[::-1]):
+        sb.put_tx("paid-b%d" % i, "succeeded")
+        r = k.get("id=paid-b%d" % i, host="toko-b.test", extra=PROBER, timeout=30)
+        assert_eq(r.header("kembali-status"), "succeeded", "a buyer of toko-b behind the prober's address")
+    r = ks[-1].get("id=guess-b&format=json", host="toko-b.test", extra=PROBER, timeout=30)
+    assert_eq(r.header("kembali-status"), "not_found", "the prober's guess on toko-b is read: not blocked there")
+    assert_eq(len(sb.reads("guess-b")), 1)
+    assert_eq(sum(len(k.find_log(event="client_blocked")) for k in ks), 1, "one line for the one block")
+
+
+def test_a_burst_of_guesses_costs_at_most_five_reads(tmpdir):
+    sb, k = kit.start(tmpdir, shops=two_shops)
+    check_burst(sb, [k])
+    m = k.metrics()
+    assert_eq(m["kembali_clients_blocked"], 1)
+    assert m["kembali_probe_answers_total"] >= BURST - 5
+
+
+def test_a_burst_over_processes_sharing_state_dir(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 3, shops=two_shops)
+    check_burst(sb, ks)
+
+
+def test_a_block_is_per_shop(tmpdir):
+    sb, k = kit.start(tmpdir, shops=two_shops)
+    check_per_shop(sb, [k])
+    m = k.metrics()
+    assert_eq(m["kembali_clients_blocked"], 1, "one (shop, client) blocked")
+
+
+def test_buyers_behind_one_address_are_not_held_back(tmpdir):
+    """Ten buyers behind one address (an office) come back at once for ten
+    payments that exist: their reads (each 300 ms at Kasera) answer 200,
+    which releases their count; every one is answered succeeded."""
+    sb, k = kit.start(tmpdir, shops=two_shops)
+    office = {"REMOTE_ADDR": "192.0.2.50"}
+    for i in range(10):
+        sb.put_tx("office%d" % i, "succeeded", responses=[{"delay_ms": LATENCY_MS}])
+    rs = kit.parallel([lambda i=i: k.get("id=office%d" % i, host="toko-a.test", extra=office, timeout=30)
+                       for i in range(10)])
+    assert_eq([r.header("kembali-status") for r in rs], ["succeeded"] * 10)
+    assert_eq(len(k.find_log(event="client_blocked")), 0)
+
+
+@harness.timeout(180)
+def test_redis_a_burst_over_three_hosts_costs_at_most_five_reads(tmpdir):
+    redis, sb, ks = redis_hosts(tmpdir)
+    check_burst(sb, ks, seed=2)
+
+
+@harness.timeout(180)
+def test_redis_a_block_is_per_shop(tmpdir):
+    redis, sb, ks = redis_hosts(tmpdir)
+    check_per_shop(sb, ks)
+
+
+if __name__ == "__main__":
+    harness.run(globals())
