@@ -24,11 +24,20 @@
 #define CONFIG_REDIS_HOSTS_MAX 64
 #define CONFIG_REDIS_PASSWORD_MAX 512  /* bytes of redis_password_file's first line */
 #define CONFIG_REDIS_PREFIX_MAX 64
+#define CONFIG_REDIS_SENTINELS_MAX 8   /* HOST:PORT pairs in a redis-sentinel:// address */
+#define CONFIG_REDIS_MASTER_MAX 64     /* a Sentinel master's name */
+
+/* One Sentinel of redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER. */
+struct config_sentinel {
+    char host[256];       /* a name, an IPv4 or an IPv6 address (without its brackets) */
+    int port;             /* 1..65535 */
+};
 
 /* The shared state's Redis (interface.md, "Several hosts"): the top-level
- * keys redis, redis_password_file, redis_prefix and redis_hosts. Without
- * `redis`: on is false, no address, no password, prefix and hosts their
- * defaults (the other three keys are refused without `redis`). */
+ * keys redis, redis_password_file, redis_sentinel_password_file,
+ * redis_prefix and redis_hosts. Without `redis`: on is false, no address,
+ * no password, prefix and hosts their defaults (the other keys are refused
+ * without `redis`; redis_sentinel_password_file without Sentinels). */
 struct config_redis {
     bool on;              /* `redis` is set */
     bool unix_socket;     /* unix:///PATH[?db=N] */
@@ -40,6 +49,13 @@ struct config_redis {
     char *password;       /* redis_password_file's first line, trimmed; NULL without; never logged */
     char prefix[CONFIG_REDIS_PREFIX_MAX + 1]; /* default "kembali:"; 1..64 chars of A-Z a-z 0-9 : _ - . */
     int hosts;            /* redis_hosts, default 2, 1..CONFIG_REDIS_HOSTS_MAX */
+    /* redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER[?db=N]: the master
+     * is asked of the Sentinels (host and port unused) */
+    bool sentinel;
+    int nsentinels;       /* 1..CONFIG_REDIS_SENTINELS_MAX */
+    struct config_sentinel sentinels[CONFIG_REDIS_SENTINELS_MAX]; /* in the order given */
+    char master[CONFIG_REDIS_MASTER_MAX + 1]; /* the master's name: 1..64 of A-Z a-z 0-9 _ - . : */
+    char *sentinel_password; /* redis_sentinel_password_file's first line; NULL without; never logged */
 };
 
 struct shop {
@@ -148,8 +164,9 @@ const struct shop *config_pick_shop(const struct config *c, const char *shop_par
 bool config_valid_id(const char *id);
 
 /* The Redis's address for messages and logs, as the configuration gives
- * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets) or
- * "unix:///PATH[?db=N]" (the db only when not 0); never the password.
+ * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets),
+ * "unix:///PATH[?db=N]" or "redis-sentinel://HOST:PORT[,...]/MASTER[?db=N]"
+ * (the db only when not 0); never a password.
  * "-" when r->on is false. Always NUL-terminated (cut to len). Can't fail. */
 void config_redis_address(const struct config_redis *r, char *buf, size_t len);
 

@@ -1,6 +1,7 @@
 /* state_redis_msg.c - see state_redis_msg.h. */
 #include "state_redis_msg.h"
 
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,4 +96,43 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
         util_copy(m->word, sizeof m->word, f[4]);
     }
     return true;
+}
+
+const char *state_redis_master_addr(const char *ip, size_t iplen, const char *port, size_t portlen, char *out,
+                                    int *port_out)
+{
+    char a[STATE_REDIS_ADDR_MAX], p[8];
+    struct in6_addr a6;
+    if (iplen == 0 || iplen >= sizeof a || memchr(ip, '\0', iplen) != NULL)
+        return "the Sentinel's answer is not an address";
+    memcpy(a, ip, iplen);
+    a[iplen] = '\0';
+    if (inet_pton(AF_INET, a, &a6) != 1 && inet_pton(AF_INET6, a, &a6) != 1)
+        return "the Sentinel names a host name, not an address (kembali takes addresses)";
+    if (portlen == 0 || portlen >= sizeof p || strspn(port, "0123456789") < portlen)
+        return "the Sentinel's answer has no valid port";
+    memcpy(p, port, portlen);
+    p[portlen] = '\0';
+    long n = strtol(p, NULL, 10);
+    if (n < 1 || n > 65535)
+        return "the Sentinel's answer has no valid port";
+    memcpy(out, a, iplen + 1);
+    *port_out = (int)n;
+    return NULL;
+}
+
+void state_redis_order_move(int *order, int n, int pos, bool front)
+{
+    if (pos < 0 || pos >= n)
+        return;
+    int moved = order[pos];
+    if (front) {
+        for (int k = pos; k > 0; k--)
+            order[k] = order[k - 1];
+        order[0] = moved;
+    } else {
+        for (int k = pos; k + 1 < n; k++)
+            order[k] = order[k + 1];
+        order[n - 1] = moved;
+    }
 }

@@ -58,4 +58,20 @@ bool state_redis_unhex(const char *s, size_t len, uint8_t *out, size_t n);
 /* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
 bool state_redis_word_ok(const char *w, size_t n);
 
+#define STATE_REDIS_ADDR_MAX 46 /* INET6_ADDRSTRLEN: an address as text, its NUL included */
+
+/* A Sentinel's answer to SENTINEL get-master-addr-by-name, its two
+ * strings: ip (iplen bytes) must be an IPv4 or IPv6 address (kembali never
+ * resolves a name on its loop), port (portlen bytes) 1 to 65535 in decimal.
+ * NULL with the address in out (STATE_REDIS_ADDR_MAX bytes) and *port_out,
+ * else the reason, in words, and nothing written. Can't fail otherwise. */
+const char *state_redis_master_addr(const char *ip, size_t iplen, const char *port, size_t portlen, char *out,
+                                    int *port_out);
+
+/* The order Sentinels are asked in (order[0..n-1], a permutation): the one
+ * at position pos goes to the front (front: it answered) or to the back (it
+ * named a server that is not a master); the others keep their order. pos
+ * out of 0..n-1: nothing changes. Can't fail. */
+void state_redis_order_move(int *order, int n, int pos, bool front);
+
 #endif

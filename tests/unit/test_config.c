@@ -1490,7 +1490,7 @@ static struct config *load_top(const char *top)
 /* load_top with "redis": url; the load succeeds. */
 static struct config *load_redis_ok(const char *url)
 {
-    char top[600];
+    char top[1000];
     snprintf(top, sizeof top, "\"redis\": \"%s\"", url);
     return expect_ok(load_top(top));
 }
@@ -1498,7 +1498,7 @@ static struct config *load_redis_ok(const char *url)
 /* load_top with "redis": url; refused, the message names redis and `also`. */
 static void expect_redis_error(const char *url, const char *also)
 {
-    char top[600];
+    char top[1000];
     snprintf(top, sizeof top, "\"redis\": \"%s\"", url);
     expect_error(load_top(top), g_cfg, "redis: ", also);
 }
@@ -1614,9 +1614,9 @@ static void test_redis_refused_urls(void **unused)
     static const struct {
         const char *url, *why;
     } cases[] = {
-        {"http://127.0.0.1:6379", "must start with redis:// or unix://"},
-        {"127.0.0.1:6379", "must start with redis:// or unix://"},
-        {"REDIS://127.0.0.1:6379", "must start with redis:// or unix://"},
+        {"http://127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
+        {"127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
+        {"REDIS://127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
         {"rediss://127.0.0.1:6379", "TLS (rediss://) is not supported"},
         {"redis://127.0.0.1", "the port is missing"},
         {"redis://127.0.0.1:", "the port is missing"},
@@ -1665,6 +1665,119 @@ static void test_redis_refused_urls(void **unused)
     expect_error(load_top("\"redis\": 6379"), g_cfg, "redis: ", "must be a non-empty string");
     expect_error(load_top("\"redis\": \"\""), g_cfg, "redis: ", "must be a non-empty string");
     expect_error(load_top("\"redis\": [\"redis://127.0.0.1:6379\"]"), g_cfg, "redis: ", "non-empty string");
+}
+
+static void test_redis_sentinel_forms(void **unused)
+{
+    (void)unused;
+    struct config *c = load_redis_ok("redis-sentinel://127.0.0.1:26379/mymaster");
+    assert_true(c->redis.on);
+    assert_true(c->redis.sentinel);
+    assert_false(c->redis.unix_socket);
+    assert_int_equal(c->redis.nsentinels, 1);
+    assert_string_equal(c->redis.sentinels[0].host, "127.0.0.1");
+    assert_int_equal(c->redis.sentinels[0].port, 26379);
+    assert_string_equal(c->redis.master, "mymaster");
+    assert_int_equal(c->redis.db, 0);
+    assert_null(c->redis.sentinel_password);
+    expect_address(&c->redis, "redis-sentinel://127.0.0.1:26379/mymaster");
+    config_unref(c);
+
+    c = load_redis_ok("redis-sentinel://s1.example:26379,[::1]:26380,10.0.0.3:1/Shop_m-1.a:b?db=3");
+    assert_int_equal(c->redis.nsentinels, 3);
+    assert_string_equal(c->redis.sentinels[0].host, "s1.example");
+    assert_string_equal(c->redis.sentinels[1].host, "::1");
+    assert_int_equal(c->redis.sentinels[1].port, 26380);
+    assert_string_equal(c->redis.sentinels[2].host, "10.0.0.3");
+    assert_int_equal(c->redis.sentinels[2].port, 1);
+    assert_string_equal(c->redis.master, "Shop_m-1.a:b");
+    assert_int_equal(c->redis.db, 3);
+    expect_address(&c->redis, "redis-sentinel://s1.example:26379,[::1]:26380,10.0.0.3:1/Shop_m-1.a:b?db=3");
+    config_unref(c);
+
+    /* the most Sentinels, and the longest master name */
+    char url[800], name[80];
+    memset(name, 'n', CONFIG_REDIS_MASTER_MAX);
+    name[CONFIG_REDIS_MASTER_MAX] = '\0';
+    int n = snprintf(url, sizeof url, "redis-sentinel://");
+    for (int i = 0; i < CONFIG_REDIS_SENTINELS_MAX; i++)
+        n += snprintf(url + n, sizeof url - (size_t)n, "%s127.0.0.%d:%d", i ? "," : "", i + 1, 26379 + i);
+    snprintf(url + n, sizeof url - (size_t)n, "/%s", name);
+    c = load_redis_ok(url);
+    assert_int_equal(c->redis.nsentinels, CONFIG_REDIS_SENTINELS_MAX);
+    assert_int_equal(c->redis.sentinels[CONFIG_REDIS_SENTINELS_MAX - 1].port, 26379 + CONFIG_REDIS_SENTINELS_MAX - 1);
+    assert_string_equal(c->redis.master, name);
+    config_unref(c);
+    /* one more of each: refused */
+    snprintf(url + n, sizeof url - (size_t)n, "/%sn", name);
+    expect_redis_error(url, "the master's name is longer than 64 characters");
+    snprintf(url + n, sizeof url - (size_t)n, ",127.0.0.9:1/m");
+    expect_redis_error(url, "more than 8 Sentinels");
+}
+
+static void test_redis_sentinel_refused(void **unused)
+{
+    (void)unused;
+    static const struct {
+        const char *url, *why;
+    } cases[] = {
+        {"redis-sentinel://", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel:///m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://127.0.0.1:26379,/m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://,127.0.0.1:26379/m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://127.0.0.1/m", "the port is missing after \"127.0.0.1\""},
+        {"redis-sentinel://127.0.0.1:26379,s2/m", "the port is missing after \"s2\""},
+        {"redis-sentinel://127.0.0.1:26379,s2:x/m", "the port \"x\" is not a number"},
+        {"redis-sentinel://127.0.0.1:0/m", "the port 0 is out of range"},
+        {"redis-sentinel://[::1/m", "IPv6 address in brackets is not closed"},
+        {"redis-sentinel://a!b:1/m", "the host \"a!b\" is not a host name"},
+        {"redis-sentinel://127.0.0.1:26379", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/?db=1", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379?db=1", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/my/master", "the master's name \"my/master\" may only hold"},
+        {"redis-sentinel://127.0.0.1:26379/m?db=x", "the db \"x\" is not a number"},
+        {"redis-sentinel://127.0.0.1:26379/m?db=", "the db \"\" is not a number"},
+        {"redis-sentinel://127.0.0.1:26379/m?timeout=1", "the only query parameter is db"},
+        {"redis-sentinel://127.0.0.1:26379/m#x", "fragment"},
+        {"redis-sentinel://127.0.0.1:26379 /m", "must not contain spaces"},
+        {"Redis-Sentinel://127.0.0.1:26379/m", "must start with redis://, unix:// or redis-sentinel://"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_redis_error(cases[i].url, cases[i].why);
+    /* a password in the URL is refused without being quoted */
+    expect_redis_error("redis-sentinel://:hunter2@127.0.0.1:26379/m", "redis_sentinel_password_file");
+    assert_null(strstr(g_err, "hunter2"));
+}
+
+static void test_redis_sentinel_password_file(void **unused)
+{
+    (void)unused;
+    char top[700];
+    put_file("redis_pw", "master-pw\n");
+    put_file("sentinel_pw", " sentinel pw \n");
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis-sentinel://127.0.0.1:26379/m\", \"redis_password_file\": \"%s/redis_pw\", "
+             "\"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir, g_dir);
+    struct config *c = expect_ok(load_top(top));
+    assert_string_equal(c->redis.password, "master-pw");
+    assert_string_equal(c->redis.sentinel_password, "sentinel pw");
+    config_unref(c);
+    /* the same rules as redis_password_file: a control character, a missing file */
+    put_file("sentinel_pw", "zqx\001word\n");
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "without control characters");
+    assert_null(strstr(g_err, "zqx"));
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis-sentinel://127.0.0.1:26379/m\", \"redis_sentinel_password_file\": \"%s/nope_pw\"",
+             g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "nope_pw");
+    /* without Sentinels, or without redis: refused */
+    put_file("sentinel_pw", "pw\n");
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis://127.0.0.1:6379\", \"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "redis names no Sentinels");
+    snprintf(top, sizeof top, "\"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "is set but redis is not");
 }
 
 static void test_redis_prefix(void **unused)
@@ -1983,6 +2096,9 @@ int main(void)
         cmocka_unit_test(test_redis_tcp_forms),
         cmocka_unit_test(test_redis_unix_forms),
         cmocka_unit_test(test_redis_refused_urls),
+        cmocka_unit_test(test_redis_sentinel_forms),
+        cmocka_unit_test(test_redis_sentinel_refused),
+        cmocka_unit_test(test_redis_sentinel_password_file),
         cmocka_unit_test(test_redis_prefix),
         cmocka_unit_test(test_redis_hosts),
         cmocka_unit_test(test_redis_keys_need_redis),
