@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ids.h"
 #include "stream.h"
 #include "util.h"
 
@@ -75,21 +76,6 @@ static char *cdup(struct cerr *e, const char *file, const char *s)
     if (d == NULL)
         cfail_oom(e, file);
     return d;
-}
-
-bool config_valid_id(const char *id)
-{
-    size_t n = 0;
-    if (id == NULL)
-        return false;
-    for (; id[n]; n++) {
-        char c = id[n];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return false;
-        if (n >= STATE_ID_MAX)
-            return false;
-    }
-    return n >= 1;
 }
 
 /* Is `host` (no port, brackets kept for IPv6) a loopback name? */
@@ -835,7 +821,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         util_copy(s->id, sizeof s->id, tenant);
     else if (id == NULL)
         cfail(e, file, P("id"), "is required (1-64 characters of A-Z a-z 0-9 _ -)");
-    else if (!config_valid_id(id))
+    else if (!ids_valid_id(id))
         cfail(e, file, P("id"), "\"%.80s\" must be 1-64 characters of A-Z a-z 0-9 _ -", id);
     else
         util_copy(s->id, sizeof s->id, id);
@@ -949,9 +935,9 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         s->progressive = json_is_true(pg);
 
     const char *ip = opt_str(e, file, where, o, "id_param");
-    if (ip != NULL && (strlen(ip) > 32 || !config_valid_id(ip)))
+    if (ip != NULL && (strlen(ip) > 32 || !ids_valid_id(ip)))
         cfail(e, file, P("id_param"), "must be 1-32 characters of A-Z a-z 0-9 _ -");
-    util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && config_valid_id(ip) ? ip : "id");
+    util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && ids_valid_id(ip) ? ip : "id");
 
     const char *td = opt_str(e, file, where, o, "templates_dir");
     if (td != NULL && tenant != NULL) {
@@ -1372,7 +1358,7 @@ static void load_shops_dir(struct config *c, const struct config *prev, struct c
         int pn = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         char *dot = names[i] + strlen(names[i]) - 5;
         *dot = '\0'; /* NAME */
-        if (!config_valid_id(names[i]) || pn < 0 || (size_t)pn >= sizeof path) {
+        if (!ids_valid_id(names[i]) || pn < 0 || (size_t)pn >= sizeof path) {
             *dot = '.';
             char why[400];
             snprintf(why, sizeof why, "%s/%s: not loaded: a shop file is named NAME.json, NAME (the shop's id) "

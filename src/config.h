@@ -160,9 +160,6 @@ void config_unref(struct config *c);
  * one is configured and there is no shops_dir; NULL if none. */
 const struct shop *config_pick_shop(const struct config *c, const char *shop_param, const char *host);
 
-/* True when id is 1..64 characters of A-Z a-z 0-9 _ -. */
-bool config_valid_id(const char *id);
-
 /* The Redis's address for messages and logs, as the configuration gives
  * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets),
  * "unix:///PATH[?db=N]" or "redis-sentinel://HOST:PORT[,...]/MASTER[?db=N]"

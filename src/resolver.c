@@ -701,7 +701,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
     if (cfg->redis.on) {
         struct state_key hk;
         state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
-        state_redis_hex(hk.b, 8, rs->host.hex);
+        ids_hex(hk.b, 8, rs->host.hex);
         rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
         a->redis = rs->redis;
     }

@@ -697,7 +697,7 @@ static void on_request(void *ctx, struct front_req *fr)
         return;
     }
     char id[STATE_ID_MAX + 2];
-    if (!request_query_param(query, r.shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+    if (!request_query_param(query, r.shop->id_param, id, sizeof id) || !ids_valid_id(id)) {
         ans.word = W_INVALID; /* costs no read */
         respond_word(&r, &ans);
         config_unref(r.cfg);

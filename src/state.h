@@ -35,9 +35,10 @@
 #include <stdint.h>
 
 #include "classify.h"
+#include "ids.h"
 #include "pace.h"
 
-#define STATE_ID_MAX 64
+#define STATE_ID_MAX IDS_ID_MAX
 #define STATE_SHOP_MAX 64
 #define STATE_BUDGET_MAX 300         /* Kasera's per-key limit per minute */
 

@@ -553,7 +553,7 @@ static void key_hash(const uint8_t salt[16], const char *secret, struct state_re
     unsigned int n = 0;
     if (HMAC(EVP_sha256(), secret, (int)strlen(secret), salt, 16, mac, &n) == NULL || n < 16)
         memset(mac, 0, 16);
-    state_redis_hex(mac, 16, out->hex);
+    ids_hex(mac, 16, out->hex);
 }
 
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
@@ -576,7 +576,7 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
     memcpy(s2, r->salt, 16);
     s2[5] ^= 0x3c; /* not the key ids' hash */
     state_client_hash(s2, addr, &c);
-    state_redis_hex(c.b, 16, out->hex);
+    ids_hex(c.b, 16, out->hex);
     return true;
 }
 
@@ -1152,7 +1152,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         c->serial = (uint64_t)n;
         c->ms = 0;
     } else if (strcmp(v, "final") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) &&
-               state_redis_word_ok(x->element[2]->str, x->element[2]->len)) {
+               ids_valid_word(x->element[2]->str, x->element[2]->len)) {
         c->v = STATE_REDIS_FINAL;
         util_copy(c->word, sizeof c->word, x->element[2]->str);
     } else if (strcmp(v, "nf") == 0) {
@@ -1241,7 +1241,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             struct state_redis_told t = {.down = true};
             if (!failed && reply_is(x, REDIS_REPLY_STRING) && x->len == 0) {
                 t.down = false;
-            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && state_redis_word_ok(x->str, x->len)) {
+            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && ids_valid_word(x->str, x->len)) {
                 t.down = false;
                 t.kept = true;
                 util_copy(t.word, sizeof t.word, x->str);

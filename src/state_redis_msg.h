@@ -8,7 +8,7 @@
  *   N KEY ID MS        a 404, remembered MS more
  *   B KEY CLIENT MS    CLIENT blocked for MS
  * KEY and CLIENT are 32 lowercase hex digits, ID a transaction id as
- * config_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
+ * ids_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
  * who can reach the Redis can publish: everything else is refused. */
 #ifndef KEMBALI_STATE_REDIS_MSG_H
 #define KEMBALI_STATE_REDIS_MSG_H
@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "classify.h"
+#include "ids.h"
 #include "state.h"
 
 #define STATE_REDIS_MSG_MAX_MS (24LL * 3600 * 1000)
@@ -48,15 +49,6 @@ struct state_redis_msg {
  * false, and *m unspecified, for anything but the forms above. This
  * function can't fail otherwise. */
 bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m);
-
-/* n bytes as 2n lowercase hex digits and a NUL (out holds 2n + 1). */
-void state_redis_hex(const uint8_t *b, size_t n, char *out);
-
-/* 2n lowercase hex digits (exactly len == 2n) into n bytes; false otherwise. */
-bool state_redis_unhex(const char *s, size_t len, uint8_t *out, size_t n);
-
-/* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
-bool state_redis_word_ok(const char *w, size_t n);
 
 #define STATE_REDIS_ADDR_MAX 46 /* INET6_ADDRSTRLEN: an address as text, its NUL included */
 

@@ -2019,37 +2019,6 @@ static void test_redis_reload_reads_again(void **unused)
     config_unref(c3);
 }
 
-static void test_valid_id(void **unused)
-{
-    (void)unused;
-    assert_true(config_valid_id("a"));
-    assert_true(config_valid_id("T1"));
-    assert_true(config_valid_id("txn_01HZX-abc"));
-    assert_true(config_valid_id("ABCxyz0189_-"));
-    assert_true(config_valid_id("-"));
-    char id[80];
-    memset(id, 'a', sizeof id);
-    id[64] = '\0';
-    assert_true(config_valid_id(id)); /* 64 */
-    id[64] = 'b';
-    id[65] = '\0';
-    assert_false(config_valid_id(id)); /* 65 */
-    id[70] = '\0';
-    id[65] = 'c';
-    assert_false(config_valid_id(id));
-    assert_false(config_valid_id(""));
-    assert_false(config_valid_id(NULL));
-    assert_false(config_valid_id("a b"));
-    assert_false(config_valid_id("a/b"));
-    assert_false(config_valid_id("\xc3\xa4"));
-    assert_false(config_valid_id("a\xc3\xa4"));
-    assert_false(config_valid_id("a.b"));
-    assert_false(config_valid_id("a%20"));
-    assert_false(config_valid_id("a\n"));
-    assert_false(config_valid_id("<x>"));
-    assert_false(config_valid_id("a+b"));
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2090,7 +2059,6 @@ int main(void)
         cmocka_unit_test(test_pick_ipv6_host_matching),
         cmocka_unit_test(test_ipv6_host_configurable),
         cmocka_unit_test(test_host_trailing_dot_in_config),
-        cmocka_unit_test(test_valid_id),
         cmocka_unit_test(test_shops_dir_empty),
         cmocka_unit_test(test_redis_absent),
         cmocka_unit_test(test_redis_tcp_forms),

@@ -75,25 +75,6 @@ static void test_refused(void **unused)
     assert_false(state_redis_msg_parse(big, sizeof big, &m));
 }
 
-static void test_hex(void **unused)
-{
-    (void)unused;
-    uint8_t b[16], back[16];
-    for (int i = 0; i < 16; i++)
-        b[i] = (uint8_t)(i * 17 + 3);
-    char hex[33];
-    state_redis_hex(b, 16, hex);
-    assert_int_equal(strlen(hex), 32);
-    assert_true(state_redis_unhex(hex, 32, back, 16));
-    assert_memory_equal(b, back, 16);
-    assert_false(state_redis_unhex(hex, 31, back, 16));
-    hex[5] = 'G';
-    assert_false(state_redis_unhex(hex, 32, back, 16));
-    assert_true(state_redis_word_ok("expired", 7));
-    assert_false(state_redis_word_ok("", 0));
-    assert_false(state_redis_word_ok("a-b", 3));
-}
-
 static const char *addr(const char *ip, const char *port, char *out, int *p)
 {
     return state_redis_master_addr(ip, strlen(ip), port, strlen(port), out, p);
@@ -176,7 +157,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_kind),
         cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_hex),
         cmocka_unit_test(test_master_addr),
         cmocka_unit_test(test_order_move),
     };
