@@ -1,4 +1,5 @@
-/* app.h - what the threads of one kembali process share.
+/* app.h - what the parts of one kembali process share: the event loop's
+ * thread, and the resolver's waker thread (which reads `state` only).
  *
  * One struct app per process, created in main and passed explicitly; there
  * are no other globals holding request data. The current configuration is
@@ -16,7 +17,6 @@
 #include "render.h"
 #include "state.h"
 
-struct resolver;
 struct state_redis;
 
 struct app_metrics {
@@ -37,10 +37,8 @@ struct app {
     pthread_mutex_t cfg_mu;
     struct config *cfg;             /* current; guarded by cfg_mu */
     struct state *state;
-    struct resolver *resolver;
     struct state_redis *redis;      /* with `redis`: made and freed by the resolver (loop thread only) */
     struct app_metrics m;
-    atomic_bool stopping;
     int listen_fd;
 };
 

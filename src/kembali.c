@@ -108,24 +108,6 @@ static void usage(FILE *f)
             "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
 }
 
-struct config *app_config(struct app *a)
-{
-    pthread_mutex_lock(&a->cfg_mu);
-    struct config *c = config_ref(a->cfg);
-    pthread_mutex_unlock(&a->cfg_mu);
-    return c;
-}
-
-void app_set_config(struct app *a, struct config *c)
-{
-    pthread_mutex_lock(&a->cfg_mu);
-    struct config *old = a->cfg;
-    a->cfg = c;
-    pthread_mutex_unlock(&a->cfg_mu);
-    if (old)
-        config_unref(old);
-}
-
 /* Make sure descriptors 0-2 exist, so nothing we open lands on them. */
 static void ensure_std_fds(bool need_fd0)
 {
