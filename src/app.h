@@ -16,6 +16,7 @@
 #include "config.h"
 #include "render.h"
 #include "state.h"
+#include "word.h"
 
 struct state_redis;
 

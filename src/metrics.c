@@ -6,6 +6,7 @@
 
 #include "classify.h"
 #include "render.h"
+#include "word.h"
 
 enum metrics_type { METRIC_COUNTER, METRIC_GAUGE };
 

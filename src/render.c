@@ -16,28 +16,6 @@
 
 #define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
-static const char *const words[W_COUNT] = {
-    "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
-};
-
-const char *word_name(enum word w)
-{
-    return (unsigned)w < W_COUNT ? words[w] : "checking";
-}
-
-int word_http(enum word w)
-{
-    switch (w) {
-    case W_NOT_FOUND:
-    case W_UNKNOWN_SHOP:
-        return 404;
-    case W_INVALID:
-        return 400;
-    default:
-        return 200;
-    }
-}
-
 /* What html_escape writes for c, or NULL when c stays as it is. */
 static const char *html_rep(char c)
 {
@@ -286,7 +264,7 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
     for (int w = 0; w < W_COUNT; w++) {
         char path[PATH_MAX];
         bool missing = false;
-        int pn = snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, words[w]);
+        int pn = snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, word_name((enum word)w));
         if (pn < 0 || (size_t)pn >= sizeof path) {
             snprintf(err, errlen, "%.200s...: the path is too long", dir);
             templates_free(t);
@@ -294,7 +272,7 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
         }
         t->page[w] = read_file(path, confine, &t->len[w], err, errlen, &missing);
         if (t->page[w] == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
-            pn = snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
+            pn = snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, word_name((enum word)w));
             if (pn < 0 || (size_t)pn >= sizeof path) {
                 snprintf(err, errlen, "%.200s...: the path is too long", fallback);
                 templates_free(t);

@@ -12,16 +12,7 @@
 #include <stddef.h>
 
 #include "dynbuf.h"
-
-enum word {
-    W_SUCCEEDED, W_FAILED, W_CANCELED, W_EXPIRED, W_CHECKING,
-    W_NOT_FOUND, W_INVALID, W_UNKNOWN_SHOP, W_COUNT
-};
-
-/* The status word of the interface ("succeeded" ... "unknown_shop"). */
-const char *word_name(enum word w);
-/* The HTTP status for a word (200, 404 or 400). */
-int word_http(enum word w);
+#include "word.h"
 
 /* Append s to b with & < > " ' escaped. The one HTML escaping function.
  * DYNBUF_OK, or b's failure (dynbuf.h: nothing is cut silently). */

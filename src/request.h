@@ -10,6 +10,7 @@
 
 #include "render.h"
 #include "state.h"
+#include "word.h"
 
 /* What to answer. retry_after_s < 0: no Retry-After header. */
 struct answer {

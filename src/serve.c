@@ -17,6 +17,7 @@
 #include "request.h"
 #include "stream.h"
 #include "util.h"
+#include "word.h"
 
 /* Requests held for one shop (by id: shops come and go with reloads). */
 struct serve_shop {

@@ -81,20 +81,6 @@ static char *escaped(const char *s)
     return e;
 }
 
-/* ---- words ---- */
-
-static void test_words(void **unused)
-{
-    (void)unused;
-    static const int http[W_COUNT] = {200, 200, 200, 200, 200, 404, 400, 404};
-    for (int w = 0; w < W_COUNT; w++) {
-        assert_string_equal(word_name((enum word)w), all_words[w]);
-        assert_int_equal(word_http((enum word)w), http[w]);
-    }
-    assert_string_equal(word_name(W_COUNT), "checking");
-    assert_string_equal(word_name((enum word)99), "checking");
-}
-
 /* ---- escaping ---- */
 
 static void test_html_escape(void **unused)
@@ -571,7 +557,6 @@ static void test_render_json(void **unused)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_words),
         cmocka_unit_test(test_html_escape),
         cmocka_unit_test_setup_teardown(test_render_substitutes_and_escapes, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_render_over_the_ceiling, setup_dir, teardown_dir),
