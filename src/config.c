@@ -2,32 +2,18 @@
 #include "config.h"
 #include "config_private.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include "ids.h"
-#include "stream.h"
 #include "util.h"
-
-#ifndef KEMBALI_TEMPLATES_DIR
-#define KEMBALI_TEMPLATES_DIR "/usr/local/share/kembali/templates"
-#endif
-#ifndef KEMBALI_STATE_DIR
-#define KEMBALI_STATE_DIR "/var/lib/kembali"
-#endif
 
 void config_fail(struct cerr *e, const char *file, const char *key, const char *fmt, ...)
 {
@@ -113,25 +99,17 @@ static bool check_api_base(const char *v, char *why, size_t whylen)
     return true;
 }
 
-static const char *const top_keys[] = {
-    "api_base", "state_dir", "templates_dir", "shops", "shops_dir", "keys_dir", "shop_templates_root",
-    "schedule_ms", "read_timeout_ms", "state_slots", "state_slots_per_key", "max_held", "max_held_per_shop",
-    "read_planning", "redis", "redis_password_file", "redis_sentinel_password_file", "redis_prefix", "redis_hosts",
-    "first_paint_ms",
-};
-
-void config_check_keys(struct cerr *e, const char *file, const char *where, json_t *obj,
-                       const char *const *allowed, size_t n)
+void config_check_keys(struct cerr *e, const char *file, const char *where, json_t *obj, enum config_scope scope)
 {
     const char *k;
     json_t *v;
     json_object_foreach(obj, k, v) {
         bool ok = false;
-        for (size_t i = 0; i < n && !ok; i++)
-            ok = strcmp(k, allowed[i]) == 0;
+        for (size_t i = 0; i < CK_COUNT && !ok; i++)
+            ok = config_keys[i].scope == scope && strcmp(k, config_keys[i].name) == 0;
         if (!ok) {
             char path[160];
-            snprintf(path, sizeof path, "%s%s", where, k);
+            snprintf(path, sizeof path, "%s%.100s%s", where, k, strlen(k) > 100 ? "..." : "");
             config_fail(e, file, path, "unknown key (a typo must not silently change behaviour)");
         }
         (void)v;
@@ -227,95 +205,120 @@ struct config *config_load(const char *path, char *errbuf, size_t errlen)
     return config_reload(path, NULL, errbuf, errlen);
 }
 
-struct config *config_reload(const char *path, const struct config *prev, char *errbuf, size_t errlen)
+/* The JSON object at path; NULL with the reason in e. */
+static json_t *read_root(struct cerr *e, const char *path)
 {
-    struct cerr e = {errbuf, errlen, 0, 0, false};
-    errbuf[0] = '\0';
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (root == NULL) {
         if (je.line < 1)
-            config_fail(&e, path, NULL, "%s", je.text);
+            config_fail(e, path, NULL, "%s", je.text);
         else
-            config_fail(&e, path, NULL, "line %d column %d: %s", je.line, je.column, je.text);
+            config_fail(e, path, NULL, "line %d column %d: %s", je.line, je.column, je.text);
         return NULL;
     }
     if (!json_is_object(root)) {
-        config_fail(&e, path, NULL, "the configuration must be a JSON object");
+        config_fail(e, path, NULL, "the configuration must be a JSON object");
         json_decref(root);
         return NULL;
     }
-    struct config *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        config_fail_oom(&e, path);
-        json_decref(root);
-        return NULL;
-    }
-    atomic_init(&c->refs, 1);
-    c->path = config_dup(&e, path, path);
-    config_check_keys(&e, path, "", root, top_keys, ARRAY_LEN(top_keys));
+    return root;
+}
 
+/* A top-level string key: its value, else its default in config_keys;
+ * copied into *out (a failure recorded in e). */
+static const char *top_str(struct config *c, struct cerr *e, json_t *root, enum config_key_id k, char **out)
+{
+    const char *v = config_opt_str(e, c->path, "", root, config_keys[k].name);
+    *out = config_dup(e, c->path, v ? v : config_keys[k].def_str);
+    return *out;
+}
+
+/* api_base, state_dir and templates_dir. */
+static void load_places(struct config *c, struct cerr *e, json_t *root)
+{
     char why[300];
-    const char *ab = config_opt_str(&e, path, "", root, "api_base");
-    ab = ab ? ab : "https://pay.kasera.id";
-    if (!check_api_base(ab, why, sizeof why))
-        config_fail(&e, path, "api_base", "%s", why);
-    c->api_base = config_dup(&e, path, ab);
-    size_t abl = c->api_base ? strlen(c->api_base) : 0;
-    while (abl > 0 && c->api_base[abl - 1] == '/')
-        c->api_base[--abl] = '\0';
+    if (top_str(c, e, root, CK_API_BASE, &c->api_base) != NULL) {
+        if (!check_api_base(c->api_base, why, sizeof why))
+            config_fail(e, c->path, "api_base", "%s", why);
+        size_t abl = strlen(c->api_base);
+        while (abl > 0 && c->api_base[abl - 1] == '/')
+            c->api_base[--abl] = '\0';
+    }
+    top_str(c, e, root, CK_STATE_DIR, &c->state_dir);
+    top_str(c, e, root, CK_TEMPLATES_DIR, &c->templates_dir);
+}
 
-    const char *sd = config_opt_str(&e, path, "", root, "state_dir");
-    c->state_dir = config_dup(&e, path, sd ? sd : KEMBALI_STATE_DIR);
-    const char *td = config_opt_str(&e, path, "", root, "templates_dir");
-    c->templates_dir = config_dup(&e, path, td ? td : KEMBALI_TEMPLATES_DIR);
-
+/* schedule_ms into c->sched (pace's default without it). */
+static void load_schedule(struct config *c, struct cerr *e, json_t *root)
+{
+    char why[300];
+    const char *path = c->path;
     pace_default(&c->sched);
     json_t *sm = json_object_get(root, "schedule_ms");
-    if (sm != NULL) {
-        if (!json_is_array(sm) || json_array_size(sm) < 1 || json_array_size(sm) > PACE_MAX_STEPS) {
-            config_fail(&e, path, "schedule_ms", "must be a list of 1 to %d waits in milliseconds", PACE_MAX_STEPS);
+    if (sm == NULL)
+        return;
+    if (!json_is_array(sm) || json_array_size(sm) < 1 || json_array_size(sm) > PACE_MAX_STEPS) {
+        config_fail(e, path, "schedule_ms", "must be a list of 1 to %d waits in milliseconds", PACE_MAX_STEPS);
+        return;
+    }
+    size_t i;
+    json_t *v;
+    c->sched.n = (int)json_array_size(sm);
+    json_array_foreach(sm, i, v) {
+        if (!json_is_integer(v)) {
+            config_fail(e, path, "schedule_ms", "wait %zu is not a whole number of milliseconds", i + 1);
+            c->sched.wait_ms[i] = 0;
         } else {
-            size_t i;
-            json_t *v;
-            c->sched.n = (int)json_array_size(sm);
-            json_array_foreach(sm, i, v) {
-                if (!json_is_integer(v)) {
-                    config_fail(&e, path, "schedule_ms", "wait %zu is not a whole number of milliseconds", i + 1);
-                    c->sched.wait_ms[i] = 0;
-                } else {
-                    c->sched.wait_ms[i] = json_integer_value(v);
-                }
-            }
-            if (!pace_valid(&c->sched, why, sizeof why))
-                config_fail(&e, path, "schedule_ms", "%s", why);
+            c->sched.wait_ms[i] = json_integer_value(v);
         }
     }
-    c->read_timeout_ms = 5000;
-    config_opt_long(&e, path, root, "read_timeout_ms", 100, 30000, &c->read_timeout_ms, NULL);
-    c->first_paint_ms = STREAM_FIRST_PAINT_MS_DEFAULT;
-    config_opt_long(&e, path, root, "first_paint_ms", STREAM_FIRST_PAINT_MS_MIN, STREAM_FIRST_PAINT_MS_MAX,
-             &c->first_paint_ms, NULL);
-    long slots = 16384;
-    config_opt_long(&e, path, root, "state_slots", 16, 4194304, &slots, NULL);
-    c->state_slots = (int)slots;
+    if (!pace_valid(&c->sched, why, sizeof why))
+        config_fail(e, path, "schedule_ms", "%s", why);
+}
+
+/* The plain integers the table fills (config_keys[].at), in its order:
+ * each its default, then the file's value when in range. */
+static void load_plain_ints(struct config *c, struct cerr *e, json_t *root)
+{
+    for (size_t i = 0; i < CK_COUNT; i++) {
+        const struct config_key *k = &config_keys[i];
+        if (k->at == 0)
+            continue;
+        long v = k->def;
+        config_opt_long(e, c->path, root, k->name, k->lo, k->hi, &v, NULL);
+        if (k->size == sizeof(int))
+            *(int *)(void *)((char *)c + k->at) = (int)v;
+        else
+            *(long *)(void *)((char *)c + k->at) = v;
+    }
+}
+
+/* state_slots_per_key, max_held and max_held_per_shop (after the plain
+ * integers: state_slots bounds the first). */
+static void load_limits(struct config *c, struct cerr *e, json_t *root)
+{
+    const char *path = c->path;
+    long slots = c->state_slots;
     /* the most slots one key's requests may take; the default is the
      * state's (a quarter of the slots of the file it opens) */
     json_t *pk = json_object_get(root, "state_slots_per_key");
-    if (pk != NULL && (!json_is_integer(pk) || json_integer_value(pk) < 1 || json_integer_value(pk) > slots))
-        config_fail(&e, path, "state_slots_per_key", "must be a whole number from 1 to state_slots (%ld): "
-              "the most transaction slots one shop's key may take", slots);
+    if (pk != NULL && (!json_is_integer(pk) || json_integer_value(pk) < config_keys[CK_STATE_SLOTS_PER_KEY].lo ||
+                       json_integer_value(pk) > slots))
+        config_fail(e, path, "state_slots_per_key", "must be a whole number from 1 to state_slots (%ld): "
+                    "the most transaction slots one shop's key may take", slots);
     else if (pk != NULL)
         c->state_slots_per_key = (int)json_integer_value(pk);
 
     /* held requests: what the file asks (or the default), then no more
      * than the descriptors allow */
-    long mh = CONFIG_MAX_HELD_DEFAULT, mhs = 0;
+    const struct config_key *kh = &config_keys[CK_MAX_HELD], *ks = &config_keys[CK_MAX_HELD_PER_SHOP];
+    long mh = kh->def, mhs = 0;
     bool mh_given = false, mhs_given = false;
-    bool mh_ok = config_opt_long(&e, path, root, "max_held", 1, CONFIG_MAX_HELD_MAX, &mh, &mh_given);
-    bool mhs_ok = config_opt_long(&e, path, root, "max_held_per_shop", 1, CONFIG_MAX_HELD_MAX, &mhs, &mhs_given);
+    bool mh_ok = config_opt_long(e, path, root, kh->name, kh->lo, kh->hi, &mh, &mh_given);
+    bool mhs_ok = config_opt_long(e, path, root, ks->name, ks->lo, ks->hi, &mhs, &mhs_given);
     if (mh_ok && mhs_ok && mhs_given && mhs > mh)
-        config_fail(&e, path, "max_held_per_shop", "%ld is more than max_held (%ld)", mhs, mh);
+        config_fail(e, path, "max_held_per_shop", "%ld is more than max_held (%ld)", mhs, mh);
     struct rlimit rl;
     long nofile = -1;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
@@ -325,35 +328,69 @@ struct config *config_reload(const char *path, const struct config *prev, char *
     c->max_held_per_shop = mhs_given ? mhs : (c->max_held + 1) / 2;
     if (c->max_held_per_shop > c->max_held)
         c->max_held_per_shop = c->max_held;
+}
 
-    /* tenants' files */
-    const char *kd = config_opt_str(&e, path, "", root, "keys_dir");
+/* keys_dir and shop_templates_root (resolved), and shops_dir's need of
+ * keys_dir; shops_dir's value into *sdir (NULL: none). */
+static void load_tenancy(struct config *c, struct cerr *e, json_t *root, const char **sdir)
+{
+    const char *path = c->path;
+    const char *kd = config_opt_str(e, path, "", root, "keys_dir");
     if (kd != NULL)
-        c->keys_dir = resolve_dir(&e, path, "keys_dir", kd);
-    const char *str = config_opt_str(&e, path, "", root, "shop_templates_root");
+        c->keys_dir = resolve_dir(e, path, "keys_dir", kd);
+    const char *str = config_opt_str(e, path, "", root, "shop_templates_root");
     if (str != NULL)
-        c->shop_templates_root = resolve_dir(&e, path, "shop_templates_root", str);
-    const char *sdir = config_opt_str(&e, path, "", root, "shops_dir");
-    if (sdir != NULL && kd == NULL)
-        config_fail(&e, path, "keys_dir", "is required with shops_dir: every shop file's secret_key_file must lie "
-              "inside it, so that one tenant's file cannot name another tenant's key");
-    c->read_planning = true;
-    json_t *rp = json_object_get(root, "read_planning");
-    if (rp != NULL) {
-        if (!json_is_boolean(rp))
-            config_fail(&e, path, "read_planning", "must be true (plan a scarce budget) or false (first come, first served)");
-        else
-            c->read_planning = json_is_true(rp);
-    }
+        c->shop_templates_root = resolve_dir(e, path, "shop_templates_root", str);
+    *sdir = config_opt_str(e, path, "", root, "shops_dir");
+    if (*sdir != NULL && kd == NULL)
+        config_fail(e, path, "keys_dir", "is required with shops_dir: every shop file's secret_key_file must lie "
+                    "inside it, so that one tenant's file cannot name another tenant's key");
+}
 
+/* read_planning (its default in config_keys). */
+static void load_planning(struct config *c, struct cerr *e, json_t *root)
+{
+    c->read_planning = config_keys[CK_READ_PLANNING].def != 0;
+    json_t *rp = json_object_get(root, "read_planning");
+    if (rp == NULL)
+        return;
+    if (!json_is_boolean(rp))
+        config_fail(e, c->path, "read_planning", "must be true (plan a scarce budget) or false (first come, first "
+                    "served)");
+    else
+        c->read_planning = json_is_true(rp);
+}
+
+struct config *config_reload(const char *path, const struct config *prev, char *errbuf, size_t errlen)
+{
+    struct cerr e = {errbuf, errlen, 0, 0, false};
+    errbuf[0] = '\0';
+    json_t *root = read_root(&e, path);
+    if (root == NULL)
+        return NULL;
+    struct config *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->path = strdup(path)) == NULL) {
+        free(c);
+        config_fail_oom(&e, path);
+        json_decref(root);
+        return NULL;
+    }
+    atomic_init(&c->refs, 1);
+    config_check_keys(&e, path, "", root, CONFIG_TOP);
+    load_places(c, &e, root);
+    load_schedule(c, &e, root);
+    load_plain_ints(c, &e, root);
+    load_limits(c, &e, root);
+    const char *sdir;
+    load_tenancy(c, &e, root, &sdir);
+    load_planning(c, &e, root);
     config_load_redis(c, &e, path, root);
 
     /* the default templates must load: shops fall back to them */
     if (e.count == 0)
         c->default_tpl = config_templates(c, &e, path, "templates_dir", c->templates_dir, "id", NULL);
-    if (e.count == 0) {
+    if (e.count == 0)
         config_load_shops(c, prev, &e, path, root, sdir);
-    }
     json_decref(root);
     if (e.count > 0 || e.oom) {
         config_unref(c);

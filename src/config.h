@@ -118,6 +118,44 @@ struct config {
     struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
 };
 
+/* ---- the keys of the configuration file (config_keys.c) ---- */
+
+/* Every key, top level then per shop, in the order the docs list them. */
+enum config_key_id {
+    CK_API_BASE, CK_STATE_DIR, CK_TEMPLATES_DIR, CK_SHOPS, CK_SHOPS_DIR, CK_SCHEDULE_MS, CK_READ_TIMEOUT_MS,
+    CK_FIRST_PAINT_MS, CK_STATE_SLOTS, CK_STATE_SLOTS_PER_KEY, CK_READ_PLANNING, CK_KEYS_DIR,
+    CK_SHOP_TEMPLATES_ROOT, CK_MAX_HELD, CK_MAX_HELD_PER_SHOP, CK_REDIS, CK_REDIS_PASSWORD_FILE,
+    CK_REDIS_SENTINEL_PASSWORD_FILE, CK_REDIS_PREFIX, CK_REDIS_HOSTS,
+    CK_SHOP_ID, CK_SHOP_NAME, CK_SHOP_HOSTS, CK_SHOP_SECRET_KEY_FILE, CK_SHOP_SECRET_KEY_ENV,
+    CK_SHOP_NOTIFY_SECRET_FILE, CK_SHOP_SHOP_URL, CK_SHOP_LOCALE, CK_SHOP_READ_BUDGET, CK_SHOP_CORS_ORIGINS,
+    CK_SHOP_TEMPLATES_DIR, CK_SHOP_ID_PARAM, CK_SHOP_PROGRESSIVE,
+    CK_COUNT
+};
+
+enum config_scope { CONFIG_TOP, CONFIG_SHOP };
+enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_BOOL, CONFIG_LIST, CONFIG_OBJECTS };
+
+/* One key of the configuration file, nginx's ngx_command_t the model: the
+ * one place its name, type, range and default are typed. Parsing reads
+ * them from here (config.c, config_shops.c, config_redis.c), and a unit
+ * test (test_config_doc) holds the tables of README.md and the man page to
+ * them. */
+struct config_key {
+    const char *name;
+    enum config_scope scope;
+    enum config_type type;
+    long lo, hi;            /* CONFIG_INT with a fixed range: the values taken (hi 0: none fixed) */
+    long def;               /* CONFIG_INT, CONFIG_BOOL: the default */
+    const char *def_str;    /* CONFIG_STRING: the default value; NULL: none */
+    const char *def_doc;    /* the default in the docs' words, when not def or def_str ("half of `max_held`") */
+    size_t at;              /* a plain CONFIG_INT the table fills: offsetof in struct config (0: its own code) */
+    size_t size;            /* ... and the field's size (sizeof (int) or sizeof (long)) */
+    const char *help;       /* what it is, in a few words */
+};
+
+/* The table, CK_COUNT entries indexed by enum config_key_id. */
+extern const struct config_key config_keys[CK_COUNT];
+
 /* Load, validate and prepare (keys read, templates loaded) the
  * configuration at `path`. Returns NULL and writes every problem found, one
  * per line, into err (capacity errlen), when the main configuration is

@@ -30,10 +30,9 @@ void config_fail_oom(struct cerr *e, const char *file);
  * returned then). */
 char *config_dup(struct cerr *e, const char *file, const char *s);
 
-/* Record every key of obj (at `where`, "" or "shops[0].") that is not in
- * allowed[0..n) as unknown. */
-void config_check_keys(struct cerr *e, const char *file, const char *where, json_t *obj,
-                       const char *const *allowed, size_t n);
+/* Record every key of obj (at `where`, "" or "shops[0].") that is not a
+ * key of `scope` in config_keys as unknown. */
+void config_check_keys(struct cerr *e, const char *file, const char *where, json_t *obj, enum config_scope scope);
 
 /* Optional string member; NULL when absent, error when not a non-empty
  * string. */

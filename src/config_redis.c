@@ -323,8 +323,8 @@ void config_load_redis(struct config *c, struct cerr *e, const char *file, json_
 {
     struct config_redis *r = &c->redis;
     char why[600];
-    util_copy(r->prefix, sizeof r->prefix, "kembali:");
-    r->hosts = 2;
+    util_copy(r->prefix, sizeof r->prefix, config_keys[CK_REDIS_PREFIX].def_str);
+    r->hosts = (int)config_keys[CK_REDIS_HOSTS].def;
     const char *url = config_opt_str(e, file, "", root, "redis");
     static const char *const needs_redis[] = {"redis_password_file", "redis_sentinel_password_file", "redis_prefix",
                                               "redis_hosts"};
@@ -369,7 +369,8 @@ void config_load_redis(struct config *c, struct cerr *e, const char *file, json_
         else
             util_copy(r->prefix, sizeof r->prefix, pre);
     }
-    long hosts = 2;
-    if (config_opt_long(e, file, root, "redis_hosts", 1, CONFIG_REDIS_HOSTS_MAX, &hosts, NULL))
+    const struct config_key *kh = &config_keys[CK_REDIS_HOSTS];
+    long hosts = kh->def;
+    if (config_opt_long(e, file, root, kh->name, kh->lo, kh->hi, &hosts, NULL))
         r->hosts = (int)hosts;
 }

@@ -22,11 +22,6 @@
 #define SHOP_FILE_MAX (64 * 1024) /* bytes of one file in shops_dir */
 #define SHOP_ERR_MAX 2048         /* bytes of the reasons kept for one skipped file */
 
-static const char *const shop_keys[] = {
-    "id", "name", "hosts", "secret_key_file", "secret_key_env", "shop_url", "locale",
-    "read_budget_per_minute", "cors_origins", "templates_dir", "id_param", "notify_secret_file", "progressive",
-};
-
 /* A configured host, lowercased, trailing dots removed: a name or IPv4
  * address without port, or an IPv6 address in brackets. NULL if malformed,
  * or with *oom set when out of memory. */
@@ -123,7 +118,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         config_fail(e, file, where[0] ? where : NULL, "a shop must be a JSON object");
         return;
     }
-    config_check_keys(e, file, where, o, shop_keys, ARRAY_LEN(shop_keys));
+    config_check_keys(e, file, where, o, CONFIG_SHOP);
     char path[160];
 #define P(k) (snprintf(path, sizeof path, "%s%s", where, k), path)
 
@@ -174,19 +169,20 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     const char *url = config_opt_str(e, file, where, o, "shop_url");
     if (url != NULL && !check_url(url))
         config_fail(e, file, P("shop_url"), "must be an http:// or https:// URL");
-    s->shop_url = config_dup(e, file, url ? url : "/");
+    s->shop_url = config_dup(e, file, url ? url : config_keys[CK_SHOP_SHOP_URL].def_str);
 
     const char *loc = config_opt_str(e, file, where, o, "locale");
     if (loc != NULL && strcmp(loc, "id") != 0 && strcmp(loc, "en") != 0)
         config_fail(e, file, P("locale"), "must be \"id\" or \"en\"");
-    util_copy(s->locale, sizeof s->locale, loc && strcmp(loc, "en") == 0 ? "en" : "id");
+    util_copy(s->locale, sizeof s->locale, loc && strcmp(loc, "en") == 0 ? "en" : config_keys[CK_SHOP_LOCALE].def_str);
 
-    s->read_budget = 120;
-    json_t *b = json_object_get(o, "read_budget_per_minute");
+    const struct config_key *kb = &config_keys[CK_SHOP_READ_BUDGET];
+    s->read_budget = (int)kb->def;
+    json_t *b = json_object_get(o, kb->name);
     if (b != NULL) {
-        if (!json_is_integer(b) || json_integer_value(b) < 1 || json_integer_value(b) > STATE_BUDGET_MAX)
-            config_fail(e, file, P("read_budget_per_minute"), "must be an integer from 1 to %d (Kasera allows 300 per key)",
-                  STATE_BUDGET_MAX);
+        if (!json_is_integer(b) || json_integer_value(b) < kb->lo || json_integer_value(b) > kb->hi)
+            config_fail(e, file, P(kb->name), "must be an integer from %ld to %ld (Kasera allows %d per key)", kb->lo,
+                        kb->hi, STATE_BUDGET_MAX);
         else
             s->read_budget = (int)json_integer_value(b);
     }
@@ -209,7 +205,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
         }
     }
 
-    s->progressive = true;
+    s->progressive = config_keys[CK_SHOP_PROGRESSIVE].def != 0;
     json_t *pg = json_object_get(o, "progressive");
     if (pg != NULL && !json_is_boolean(pg))
         config_fail(e, file, P("progressive"), "must be true (a browser sees a waiting page at once) or false (one answer)");
@@ -219,7 +215,7 @@ static void load_shop(struct config *c, struct cerr *e, const char *file,
     const char *ip = config_opt_str(e, file, where, o, "id_param");
     if (ip != NULL && (strlen(ip) > 32 || !ids_valid_id(ip)))
         config_fail(e, file, P("id_param"), "must be 1-32 characters of A-Z a-z 0-9 _ -");
-    util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && ids_valid_id(ip) ? ip : "id");
+    util_copy(s->id_param, sizeof s->id_param, ip && strlen(ip) <= 32 && ids_valid_id(ip) ? ip : config_keys[CK_SHOP_ID_PARAM].def_str);
 
     const char *td = config_opt_str(e, file, where, o, "templates_dir");
     if (td != NULL && tenant != NULL) {

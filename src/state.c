@@ -280,7 +280,7 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
-        h->read_timeout_ms = 5000;
+        h->read_timeout_ms = STATE_READ_TIMEOUT_MS_DEFAULT;
         dmg[DMG_HEADER]++;
     }
 }
@@ -751,7 +751,7 @@ static int32_t per_key_for(const struct state_opts *opts, int32_t txn)
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
 {
-    l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
+    l->txn = opts->tx_slots > 0 ? opts->tx_slots : STATE_SLOTS_DEFAULT;
     l->per_key = per_key_for(opts, l->txn);
     l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
     if (l->keyn > STATE_KEY_SLOTS_MAX)
@@ -813,7 +813,7 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->key_nbuckets = l->knb;
     h->client_slots = l->cln;
     h->tx_per_key = l->per_key;
-    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : 5000;
+    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : STATE_READ_TIMEOUT_MS_DEFAULT;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
     h->key_buckets_off = l->off_kb;
