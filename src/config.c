@@ -20,15 +20,22 @@ void config_fail(struct cerr *e, const char *file, const char *key, const char *
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (m >= (int)sizeof msg) /* never cut without a word */
+        memcpy(msg + sizeof msg - 4, "...", 4);
     e->count++;
     if (e->len + 1 >= e->cap)
         return;
     int n = snprintf(e->buf + e->len, e->cap - e->len, "%s: %s%s%s\n", file, key ? key : "",
                      key ? ": " : "", msg);
-    if (n > 0)
-        e->len = e->len + (size_t)n < e->cap ? e->len + (size_t)n : e->cap - 1;
+    if (n > 0 && e->len + (size_t)n >= e->cap) { /* the buffer is full: say so at its end */
+        e->len = e->cap - 1;
+        if (e->cap >= 5)
+            memcpy(e->buf + e->cap - 5, "...\n", 5);
+    } else if (n > 0) {
+        e->len += (size_t)n;
+    }
 }
 
 /* Record that an allocation failed (once per load). */

@@ -19,7 +19,9 @@ struct cerr {
     bool oom;                  /* an allocation failed: the load is refused whatever else */
 };
 
-/* Record one problem, "file: key: message" (key may be NULL), in e. */
+/* Record one problem, "file: key: message" (key may be NULL), in e. Never
+ * cut without a word: a message over 511 bytes ends in "...", and when
+ * e's buffer is full its last line ends in "...". */
 void config_fail(struct cerr *e, const char *file, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -405,8 +405,10 @@ static void tenant_note(struct tenant *t, const char *collides, const char *fmt,
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (m >= (int)sizeof msg) /* never cut without a word */
+        memcpy(msg + sizeof msg - 4, "...", 4);
     if (collides != NULL && t->collides[0] == '\0')
         util_copy(t->collides, sizeof t->collides, collides);
     size_t add = strlen(t->path) + strlen(msg) + 3;

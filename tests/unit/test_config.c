@@ -233,6 +233,25 @@ static void test_unknown_top_level_key(void **unused)
     expect_error(c, g_cfg, "colour", "unknown key");
 }
 
+/* An error is never cut without a word: a long key name ends in "...",
+ * and a full error buffer ends its last line with "...". */
+static void test_errors_cut_visibly(void **unused)
+{
+    (void)unused;
+    char key[301];
+    memset(key, 'k', 300);
+    key[300] = '\0';
+    struct config *c = load_fmt(HEAD "\"%s\": 1, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}",
+                                key, g_dir);
+    assert_null(c);
+    assert_non_null(strstr(g_err, "kkk...: unknown key"));
+    char small[48];
+    c = config_load(g_cfg, small, sizeof small);
+    assert_null(c);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_string_equal(small + sizeof small - 5, "...\n");
+}
+
 static void test_unknown_shop_key(void **unused)
 {
     (void)unused;
@@ -2026,6 +2045,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_refs_and_bind_state),
         cmocka_unit_test(test_unknown_top_level_key),
+        cmocka_unit_test(test_errors_cut_visibly),
         cmocka_unit_test(test_unknown_shop_key),
         cmocka_unit_test(test_api_base),
         cmocka_unit_test(test_schedule),
