@@ -96,7 +96,7 @@ enum dynbuf_rc render_wait_result(const struct templates *t, enum word w, const 
 
 /* The most bytes one rendered page may have: a page is its template (at
  * most 64 KiB) with each placeholder replaced, and a shop whose values
- * would make a page larger is refused (config.c), so that no tenant makes
+ * would make a page larger is refused (config_shops.c), so that no tenant makes
  * every page cost megabytes. A streamed page (its top and its result
  * together) is a page too. */
 #define RENDER_PAGE_MAX (256 * 1024)

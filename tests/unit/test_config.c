@@ -1,4 +1,4 @@
-/* test_config.c - unit tests of src/config.c: loading, validation and
+/* test_config.c - unit tests of src/config*.c: loading, validation and
  * error messages (each names the file and the key), shop selection. */
 #include <stdarg.h>
 #include <stddef.h>
