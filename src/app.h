@@ -1,4 +1,5 @@
-/* app.h - what the threads of one kembali process share.
+/* app.h - what the parts of one kembali process share: the event loop's
+ * thread, and the resolver's waker thread (which reads `state` only).
  *
  * One struct app per process, created in main and passed explicitly; there
  * are no other globals holding request data. The current configuration is
@@ -15,8 +16,8 @@
 #include "config.h"
 #include "render.h"
 #include "state.h"
+#include "word.h"
 
-struct resolver;
 struct state_redis;
 struct coord_keys;
 
@@ -38,11 +39,9 @@ struct app {
     pthread_mutex_t cfg_mu;
     struct config *cfg;             /* current; guarded by cfg_mu */
     struct state *state;
-    struct resolver *resolver;
     struct state_redis *redis;      /* with `redis`: made and freed by the resolver (loop thread only) */
     struct coord_keys *keys;        /* with `redis`: the keys used with it (coord.h), the resolver's */
     struct app_metrics m;
-    atomic_bool stopping;
     int listen_fd;
 };
 

@@ -4,6 +4,7 @@
 #include <jansson.h>
 #include <string.h>
 
+#include "ids.h"
 #include "util.h"
 
 static const char *const status_words[] = {
@@ -50,17 +51,6 @@ static void copy_clean(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
-static int is_word(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > STATUS_WORD_MAX)
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
-            return 0;
-    return 1;
-}
-
 void classify_response(const struct api_response *resp, int64_t now_wall, struct outcome *out)
 {
     memset(out, 0, sizeof *out);
@@ -84,7 +74,7 @@ void classify_response(const struct api_response *resp, int64_t now_wall, struct
         if (st != NULL && *st != '\0') {
             out->kind = OUT_STATUS;
             out->status = tx_status_parse(st);
-            util_copy(out->status_word, sizeof out->status_word, is_word(st) ? st : "unknown");
+            util_copy(out->status_word, sizeof out->status_word, ids_valid_word(st, strlen(st)) ? st : "unknown");
         } /* else: malformed 200, a read that gave no answer */
     } else if (h == 404) {
         out->kind = OUT_NOT_FOUND;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ids.h"
 #include "ratelimit.h"
 
 enum tx_status {
@@ -33,7 +34,7 @@ enum outcome_kind {
     OUT_NO_ANSWER,    /* 5xx, transport error, timeout, malformed body */
 };
 
-#define STATUS_WORD_MAX 32
+#define STATUS_WORD_MAX IDS_WORD_MAX
 
 /* One answer as the API client received it. http is 0 when no HTTP answer
  * arrived (refused, reset, timed out); body may be NULL. */

@@ -24,11 +24,20 @@
 #define CONFIG_REDIS_HOSTS_MAX 64
 #define CONFIG_REDIS_PASSWORD_MAX 512  /* bytes of redis_password_file's first line */
 #define CONFIG_REDIS_PREFIX_MAX 64
+#define CONFIG_REDIS_SENTINELS_MAX 8   /* HOST:PORT pairs in a redis-sentinel:// address */
+#define CONFIG_REDIS_MASTER_MAX 64     /* a Sentinel master's name */
+
+/* One Sentinel of redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER. */
+struct config_sentinel {
+    char host[256];       /* a name, an IPv4 or an IPv6 address (without its brackets) */
+    int port;             /* 1..65535 */
+};
 
 /* The shared state's Redis (interface.md, "Several hosts"): the top-level
- * keys redis, redis_password_file, redis_prefix and redis_hosts. Without
- * `redis`: on is false, no address, no password, prefix and hosts their
- * defaults (the other three keys are refused without `redis`). */
+ * keys redis, redis_password_file, redis_sentinel_password_file,
+ * redis_prefix and redis_hosts. Without `redis`: on is false, no address,
+ * no password, prefix and hosts their defaults (the other keys are refused
+ * without `redis`; redis_sentinel_password_file without Sentinels). */
 struct config_redis {
     bool on;              /* `redis` is set */
     bool unix_socket;     /* unix:///PATH[?db=N] */
@@ -40,6 +49,13 @@ struct config_redis {
     char *password;       /* redis_password_file's first line, trimmed; NULL without; never logged */
     char prefix[CONFIG_REDIS_PREFIX_MAX + 1]; /* default "kembali:"; 1..64 chars of A-Z a-z 0-9 : _ - . */
     int hosts;            /* redis_hosts, default 2, 1..CONFIG_REDIS_HOSTS_MAX */
+    /* redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER[?db=N]: the master
+     * is asked of the Sentinels (host and port unused) */
+    bool sentinel;
+    int nsentinels;       /* 1..CONFIG_REDIS_SENTINELS_MAX */
+    struct config_sentinel sentinels[CONFIG_REDIS_SENTINELS_MAX]; /* in the order given */
+    char master[CONFIG_REDIS_MASTER_MAX + 1]; /* the master's name: 1..64 of A-Z a-z 0-9 _ - . : */
+    char *sentinel_password; /* redis_sentinel_password_file's first line; NULL without; never logged */
 };
 
 struct shop {
@@ -57,6 +73,7 @@ struct shop {
     char *origins[CONFIG_MAX_ORIGINS];
     int norigins;
     char id_param[33];
+    bool progressive;              /* a browser's navigation may get the streamed page (stream.h) */
     const struct templates *tpl;   /* owned by the config */
     char *source;                  /* the file in shops_dir it came from; NULL: inline */
     char *key_file;                /* secret_key_file, resolved (NULL: secret_key_env, or not resolvable) */
@@ -79,6 +96,7 @@ struct config {
     char *templates_dir;
     struct pace_schedule sched;
     long read_timeout_ms;
+    long first_paint_ms;           /* the streamed page's top goes out by then at the latest (stream.h) */
     int state_slots;
     int state_slots_per_key;       /* 0: not given, the default (state_per_key_default) */
     bool read_planning;            /* plan a scarce budget (plan.h); false: first come, first served */
@@ -99,6 +117,44 @@ struct config {
     int nskipped;
     struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
 };
+
+/* ---- the keys of the configuration file (config_keys.c) ---- */
+
+/* Every key, top level then per shop, in the order the docs list them. */
+enum config_key_id {
+    CK_API_BASE, CK_STATE_DIR, CK_TEMPLATES_DIR, CK_SHOPS, CK_SHOPS_DIR, CK_SCHEDULE_MS, CK_READ_TIMEOUT_MS,
+    CK_FIRST_PAINT_MS, CK_STATE_SLOTS, CK_STATE_SLOTS_PER_KEY, CK_READ_PLANNING, CK_KEYS_DIR,
+    CK_SHOP_TEMPLATES_ROOT, CK_MAX_HELD, CK_MAX_HELD_PER_SHOP, CK_REDIS, CK_REDIS_PASSWORD_FILE,
+    CK_REDIS_SENTINEL_PASSWORD_FILE, CK_REDIS_PREFIX, CK_REDIS_HOSTS,
+    CK_SHOP_ID, CK_SHOP_NAME, CK_SHOP_HOSTS, CK_SHOP_SECRET_KEY_FILE, CK_SHOP_SECRET_KEY_ENV,
+    CK_SHOP_NOTIFY_SECRET_FILE, CK_SHOP_SHOP_URL, CK_SHOP_LOCALE, CK_SHOP_READ_BUDGET, CK_SHOP_CORS_ORIGINS,
+    CK_SHOP_TEMPLATES_DIR, CK_SHOP_ID_PARAM, CK_SHOP_PROGRESSIVE,
+    CK_COUNT
+};
+
+enum config_scope { CONFIG_TOP, CONFIG_SHOP };
+enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_BOOL, CONFIG_LIST, CONFIG_OBJECTS };
+
+/* One key of the configuration file, nginx's ngx_command_t the model: the
+ * one place its name, type, range and default are typed. Parsing reads
+ * them from here (config.c, config_shops.c, config_redis.c), and a unit
+ * test (test_config_doc) holds the tables of README.md and the man page to
+ * them. */
+struct config_key {
+    const char *name;
+    enum config_scope scope;
+    enum config_type type;
+    long lo, hi;            /* CONFIG_INT with a fixed range: the values taken (hi 0: none fixed) */
+    long def;               /* CONFIG_INT, CONFIG_BOOL: the default */
+    const char *def_str;    /* CONFIG_STRING: the default value; NULL: none */
+    const char *def_doc;    /* the default in the docs' words, when not def or def_str ("half of `max_held`") */
+    size_t at;              /* a plain CONFIG_INT the table fills: offsetof in struct config (0: its own code) */
+    size_t size;            /* ... and the field's size (sizeof (int) or sizeof (long)) */
+    const char *help;       /* what it is, in a few words */
+};
+
+/* The table, CK_COUNT entries indexed by enum config_key_id. */
+extern const struct config_key config_keys[CK_COUNT];
 
 /* Load, validate and prepare (keys read, templates loaded) the
  * configuration at `path`. Returns NULL and writes every problem found, one
@@ -142,12 +198,10 @@ void config_unref(struct config *c);
  * one is configured and there is no shops_dir; NULL if none. */
 const struct shop *config_pick_shop(const struct config *c, const char *shop_param, const char *host);
 
-/* True when id is 1..64 characters of A-Z a-z 0-9 _ -. */
-bool config_valid_id(const char *id);
-
 /* The Redis's address for messages and logs, as the configuration gives
- * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets) or
- * "unix:///PATH[?db=N]" (the db only when not 0); never the password.
+ * it: "redis://HOST:PORT[/DB]" (an IPv6 host in brackets),
+ * "unix:///PATH[?db=N]" or "redis-sentinel://HOST:PORT[,...]/MASTER[?db=N]"
+ * (the db only when not 0); never a password.
  * "-" when r->on is false. Always NUL-terminated (cut to len). Can't fail. */
 void config_redis_address(const struct config_redis *r, char *buf, size_t len);
 

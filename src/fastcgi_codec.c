@@ -545,6 +545,34 @@ size_t fcgi_answer_size(size_t len)
     return full * FULL_RECORD + last + ANSWER_TAIL;
 }
 
+size_t fcgi_stdout_size(size_t len)
+{
+    size_t full = len / FCGI_MAX_LENGTH, rest = len % FCGI_MAX_LENGTH;
+    size_t last = rest ? FCGI_HEADER_LEN + rest + pad8(rest) : 0;
+    if (full > (SIZE_MAX - last) / FULL_RECORD)
+        return SIZE_MAX;
+    return full * FULL_RECORD + last;
+}
+
+size_t fcgi_encode_stdout(uint8_t *out, size_t cap, uint16_t id, const void *data, size_t len)
+{
+    size_t need = fcgi_stdout_size(len);
+    if (need == SIZE_MAX || need > cap)
+        return 0;
+    const uint8_t *d = data;
+    size_t w = 0;
+    while (len > 0) {
+        size_t n = len < FCGI_MAX_LENGTH ? len : FCGI_MAX_LENGTH, pad = pad8(n);
+        put_header(out + w, FCGI_STDOUT, id, n, pad);
+        memcpy(out + w + FCGI_HEADER_LEN, d, n);
+        memset(out + w + FCGI_HEADER_LEN + n, 0, pad);
+        w += FCGI_HEADER_LEN + n + pad;
+        d += n;
+        len -= n;
+    }
+    return w;
+}
+
 size_t fcgi_encode_answer(uint8_t *out, size_t cap, uint16_t id, const void *data, size_t len)
 {
     size_t need = fcgi_answer_size(len);

@@ -186,6 +186,18 @@ size_t fcgi_answer_size(size_t len);
  * may be NULL when len is 0. */
 size_t fcgi_encode_answer(uint8_t *out, size_t cap, uint16_t id, const void *data, size_t len);
 
+/* The exact bytes fcgi_encode_stdout() needs for len bytes of data (0 for
+ * none); SIZE_MAX when that does not fit a size_t. */
+size_t fcgi_stdout_size(size_t len);
+
+/* Encode one part of request `id`'s answer, more to come (a streamed
+ * answer): STDOUT records carrying data[0..len), framed as in
+ * fcgi_encode_answer(), without the empty STDOUT record or END_REQUEST
+ * (the answer's last part is sent with fcgi_encode_answer()). Returns the
+ * bytes written, fcgi_stdout_size(len), or 0 when cap is too small or len
+ * is 0 (nothing to send: an empty STDOUT record would end the stream). */
+size_t fcgi_encode_stdout(uint8_t *out, size_t cap, uint16_t id, const void *data, size_t len);
+
 /* Encode END_REQUEST alone for request `id` (e.g. after an ABORT_REQUEST).
  * Returns the bytes written (16), or 0 when cap is below 16. */
 size_t fcgi_encode_end(uint8_t *out, size_t cap, uint16_t id, uint32_t app_status, uint8_t proto_status);

@@ -624,10 +624,9 @@ void front_req_set_user(struct front_req *r, void *user)
     r->user = user;
 }
 
-static int cgi_reply(struct front *f, const uint8_t *b, size_t n)
+/* Write n bytes to standard output (blocking, as CGI is). */
+static int cgi_write(const uint8_t *b, size_t n)
 {
-    f->cgi_req.live = false;
-    f->cgi_answered = true;
     while (n > 0) {
         ssize_t w = write(1, b, n);
         if (w < 0 && errno == EINTR)
@@ -638,6 +637,44 @@ static int cgi_reply(struct front *f, const uint8_t *b, size_t n)
         n -= (size_t)w;
     }
     return 0;
+}
+
+static int cgi_reply(struct front *f, const uint8_t *b, size_t n)
+{
+    f->cgi_req.live = false;
+    f->cgi_answered = true;
+    return cgi_write(b, n);
+}
+
+int front_reply_part(struct front *f, struct front_req *r, const void *part, size_t len)
+{
+    if (len == 0)
+        return 0;
+    if (r->c == NULL) {
+        if (cgi_write(part, len) == 0)
+            return 0;
+        r->live = false;
+        f->cgi_answered = true; /* the server went away: nothing more to do */
+        return -1;
+    }
+    struct front_conn *c = r->c;
+    size_t need = fcgi_stdout_size(len);
+    uint8_t *b = need == SIZE_MAX ? NULL : malloc(need);
+    c->busy++;
+    int rc = 0;
+    if (b == NULL || fcgi_encode_stdout(b, need, fcgi_request_id(&c->p), part, len) != need ||
+        !conn_queue(c, b, need)) {
+        /* r is the caller's to forget: no on_gone for it */
+        r->live = false;
+        r->user = NULL;
+        rc = -1;
+        conn_close(c);
+    }
+    free(b);
+    if (!c->dead)
+        conn_after_output(c);
+    conn_release(c);
+    return rc;
 }
 
 int front_reply(struct front *f, struct front_req *r, const void *resp, size_t len)
@@ -659,7 +696,7 @@ int front_reply(struct front *f, struct front_req *r, const void *resp, size_t l
         c->close_after_write = true;
     c->busy++;
     int rc = 0;
-    if (len <= FCGI_MAX_LENGTH && c->out_off == c->out_len) {
+    if (len > 0 && len <= FCGI_MAX_LENGTH && c->out_off == c->out_len) {
         /* the usual case, one record of content: written in place with
          * writev, the framing around it; only what the socket leaves is
          * copied */

@@ -78,6 +78,19 @@ void front_req_set_user(struct front_req *r, void *user);
  * past that; the connection is closed). */
 int front_reply(struct front *f, struct front_req *r, const void *resp, size_t len);
 
+/* Send one part of r's answer, more to come (a streamed page): the first
+ * part starts the CGI response (headers, blank line, the top of the body),
+ * later ones continue the body; front_reply() sends the last part and ends
+ * the answer. Framed as FastCGI STDOUT records (written to standard output
+ * in CGI mode) and written at once where the socket takes it, the rest by
+ * the loop; the connection's limits hold as for any answer (a peer that
+ * does not take it within FRONT_WRITE_MS is disconnected, and on_gone
+ * called for r). Returns 0 (r stays the caller's, live), or -1 when the
+ * part could not be queued (no memory, the peer is gone): the connection
+ * is closed, r is gone, and on_gone is not called for it. len 0 sends
+ * nothing. */
+int front_reply_part(struct front *f, struct front_req *r, const void *part, size_t len);
+
 /* Stop accepting new connections; close connections that have no whole
  * request. Requests in hand are still answered. Can't fail. */
 void front_stop_accepting(struct front *f);

@@ -8,6 +8,7 @@
  * SIGTERM/SIGINT stop. Started with no FastCGI socket but a CGI
  * environment, it answers that one request and exits. */
 #define NO_FCGI_DEFINES 1
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcgiapp.h>
 #include <fcntl.h>
@@ -94,7 +95,8 @@ static void usage(FILE *f)
             "                   running kembali would skip included);\n"
             "                   with redis, try it for 1 s: no answer is a warning\n"
             "                   (kembali runs without it), a refused password or db\n"
-            "                   an error\n"
+            "                   an error; with Sentinels, each is asked for the\n"
+            "                   master (1 s each), and the master's ROLE checked\n"
             "  --version        print the version\n"
             "  --help           print this help\n"
             "\n"
@@ -104,24 +106,6 @@ static void usage(FILE *f)
             "reopens the --log file; SIGUSR1 reopens the --log file.\n"
             "Logs: one key=value line per event on standard error (or --log FILE).\n"
             "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
-}
-
-struct config *app_config(struct app *a)
-{
-    pthread_mutex_lock(&a->cfg_mu);
-    struct config *c = config_ref(a->cfg);
-    pthread_mutex_unlock(&a->cfg_mu);
-    return c;
-}
-
-void app_set_config(struct app *a, struct config *c)
-{
-    pthread_mutex_lock(&a->cfg_mu);
-    struct config *old = a->cfg;
-    a->cfg = c;
-    pthread_mutex_unlock(&a->cfg_mu);
-    if (old)
-        config_unref(old);
 }
 
 /* Make sure descriptors 0-2 exist, so nothing we open lands on them. */
@@ -331,7 +315,29 @@ static int check_config(const char *path)
          * answers); a refused password or db: the configuration is wrong */
         char addr[300], rwhy[600];
         config_redis_address(&c->redis, addr, sizeof addr);
-        int rr = state_redis_check(&c->redis, CHECK_REDIS_MS, rwhy, sizeof rwhy);
+        int rr;
+        if (c->redis.sentinel) { /* each Sentinel, then the master the first answer names, and its ROLE */
+            char ip[INET6_ADDRSTRLEN + 1], role[16] = "";
+            int port = 0, which = -1;
+            rr = state_redis_sentinel_master(&c->redis, CHECK_REDIS_MS, ip, sizeof ip, &port, &which, stdout, rwhy,
+                                             sizeof rwhy);
+            if (rr == STATE_REDIS_CHECK_REFUSED)
+                rc = 1;
+            if (which >= 0) {
+                snprintf(addr, sizeof addr, "master %s at %s:%d", c->redis.master, ip, port);
+                rr = state_redis_check_master(&c->redis, ip, port, CHECK_REDIS_MS, role, rwhy, sizeof rwhy);
+                if (rr == STATE_REDIS_CHECK_OK && strcmp(role, "master") != 0) {
+                    snprintf(rwhy, sizeof rwhy, "ROLE says %s, not master (a failover under way?)", role);
+                    rr = STATE_REDIS_CHECK_UNREACHABLE;
+                } else if (rr == STATE_REDIS_CHECK_OK) {
+                    fprintf(stdout, "kembali: redis %s: ROLE master\n", addr);
+                }
+            } else if (rr == STATE_REDIS_CHECK_REFUSED) {
+                rr = STATE_REDIS_CHECK_OK; /* each refusal is printed above */
+            }
+        } else {
+            rr = state_redis_check(&c->redis, CHECK_REDIS_MS, rwhy, sizeof rwhy);
+        }
         if (rr == STATE_REDIS_CHECK_UNREACHABLE) {
             fprintf(stdout, "kembali: warning: redis %s: %s\n", addr, rwhy);
         } else if (rr != STATE_REDIS_CHECK_OK) {
@@ -359,13 +365,19 @@ static int check_config(const char *path)
 }
 
 /* Did the Redis settings change (they take effect at restart)? */
+static bool pw_differs(const char *a, const char *b)
+{
+    return (a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0);
+}
+
 static bool redis_differs(const struct config_redis *a, const struct config_redis *b)
 {
-    bool pw = (a->password == NULL) != (b->password == NULL) ||
-              (a->password != NULL && strcmp(a->password, b->password) != 0);
-    return a->on != b->on || a->unix_socket != b->unix_socket || strcmp(a->host, b->host) != 0 ||
-           a->port != b->port || strcmp(a->path, b->path) != 0 || a->db != b->db || pw ||
-           strcmp(a->prefix, b->prefix) != 0 || a->hosts != b->hosts;
+    char aa[CONFIG_REDIS_SENTINELS_MAX * 300], ba[sizeof aa];
+    config_redis_address(a, aa, sizeof aa); /* host, port, path, db, the Sentinels and the master's name */
+    config_redis_address(b, ba, sizeof ba);
+    return a->on != b->on || strcmp(aa, ba) != 0 || pw_differs(a->password, b->password) ||
+           pw_differs(a->sentinel_password, b->sentinel_password) || strcmp(a->prefix, b->prefix) != 0 ||
+           a->hosts != b->hosts;
 }
 
 static void reload(struct app *a, const char *path)
@@ -388,7 +400,8 @@ static void reload(struct app *a, const char *path)
         c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
         log_msg("warn", "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");
     if (redis_differs(&c->redis, &old->redis))
-        log_msg("warn", "reload", "redis, redis_password_file, redis_prefix and redis_hosts take effect at restart");
+        log_msg("warn", "reload", "redis, redis_password_file, redis_sentinel_password_file, redis_prefix and "
+                                  "redis_hosts take effect at restart");
     config_unref(old);
     app_set_config(a, c);
     struct log_line l;

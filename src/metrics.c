@@ -6,15 +6,18 @@
 
 #include "classify.h"
 #include "render.h"
+#include "word.h"
 
 enum metrics_type { METRIC_COUNTER, METRIC_GAUGE };
 
 /* Which source a row's value is read from. */
-enum metrics_from { FROM_APP, FROM_STATE, FROM_FRONT, FROM_REDIS };
+enum metrics_from { FROM_APP, FROM_STATE, FROM_FRONT, FROM_REDIS, FROM_SENTINEL };
 
 /* One metric. Its value is the long (an atomic_long for FROM_APP) at `off`
- * in its source; a labelled metric has `labels` values at consecutive
- * longs from there, the i-th named label_value(i). */
+ * in its source (FROM_SENTINEL: src->redis, its rows only with Sentinels); a
+ * labelled metric has `labels` values at consecutive longs from there, the
+ * i-th named label_value(src, i), a sample left out where that is NULL (and
+ * the metric, HELP and TYPE too, where every one is). */
 struct metrics_row {
     const char *name;
     enum metrics_type type;
@@ -23,7 +26,7 @@ struct metrics_row {
     size_t off;
     const char *label;          /* NULL: one sample without labels */
     int labels;
-    const char *(*label_value)(int i);
+    const char *(*label_value)(const struct metrics_src *src, int i);
 };
 
 /* The offset of field f of T, which must be a `want` (else no case of the
@@ -34,17 +37,28 @@ struct metrics_row {
 #define STATE(f) FROM_STATE, FIELD(struct state_metrics, f, long)
 #define FRONT(f) FROM_FRONT, FIELD(struct metrics_front, f, long)
 #define REDIS(f) FROM_REDIS, FIELD(struct state_redis_metrics, f, long)
+#define SENTINEL(f) FROM_SENTINEL, FIELD(struct state_redis_metrics, f, long)
 #define C METRIC_COUNTER
 #define G METRIC_GAUGE
 
-static const char *word_label(int i)
+static const char *word_label(const struct metrics_src *src, int i)
 {
+    (void)src;
     return word_name((enum word)i);
 }
 
-static const char *outcome_label(int i)
+static const char *outcome_label(const struct metrics_src *src, int i)
 {
+    (void)src;
     return classify_outcome_name((enum outcome_kind)i);
+}
+
+/* The master last joined, "IP:PORT" (nothing to escape); NULL before the
+ * first. */
+static const char *master_label(const struct metrics_src *src, int i)
+{
+    (void)i;
+    return src->redis.master[0] != '\0' ? src->redis.master : NULL;
 }
 
 /* Every metric, in the page's order. The names are kept as dashboards and
@@ -115,12 +129,23 @@ static const struct metrics_row rows[] = {
      NULL},
     {"kembali_redis_written_back_total", C, "Final statuses written back to Redis after a stay down.",
      REDIS(written_back), NULL, 0, NULL},
+    /* its value is `sentinel`, 1 wherever the row is shown */
+    {"kembali_redis_master", G, "The master (named by the Sentinels) last joined.", SENTINEL(sentinel), "address", 1,
+     master_label},
+    {"kembali_redis_master_changes_total", C, "Joins of another master than the last (a failover seen).",
+     SENTINEL(master_changes), NULL, 0, NULL},
+    {"kembali_redis_sentinel_asks_total", C, "Questions put to one Sentinel.", SENTINEL(sentinel_asks), NULL, 0,
+     NULL},
+    {"kembali_redis_sentinel_failures_total", C,
+     "Questions put to one Sentinel that it did not answer (down, too slow, refused, no such master).",
+     SENTINEL(sentinel_failures), NULL, 0, NULL},
 };
 
 #undef APP
 #undef STATE
 #undef FRONT
 #undef REDIS
+#undef SENTINEL
 #undef C
 #undef G
 #undef FIELD
@@ -137,6 +162,7 @@ static long row_value(const struct metrics_row *r, const struct metrics_src *src
     case FROM_FRONT:
         return *(const long *)((const char *)&src->front + off);
     case FROM_REDIS:
+    case FROM_SENTINEL:
         return *(const long *)((const char *)&src->redis + off);
     }
     return 0;
@@ -146,8 +172,17 @@ enum dynbuf_rc metrics_render(const struct metrics_src *src, struct dynbuf *b)
 {
     for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
         const struct metrics_row *r = &rows[k];
-        if (r->from == FROM_REDIS && !src->has_redis)
+        if ((r->from == FROM_REDIS || r->from == FROM_SENTINEL) && !src->has_redis)
             continue;
+        if (r->from == FROM_SENTINEL && !src->redis.sentinel)
+            continue;
+        if (r->label != NULL) {
+            int shown = 0;
+            for (int i = 0; i < r->labels; i++)
+                shown += r->label_value(src, i) != NULL;
+            if (shown == 0)
+                continue;
+        }
         if (dynbuf_addf(b, "# HELP %s %s\n# TYPE %s %s\n", r->name, r->help, r->name,
                         r->type == METRIC_COUNTER ? "counter" : "gauge") != DYNBUF_OK)
             return dynbuf_error(b);
@@ -156,10 +191,12 @@ enum dynbuf_rc metrics_render(const struct metrics_src *src, struct dynbuf *b)
                 return dynbuf_error(b);
             continue;
         }
-        for (int i = 0; i < r->labels; i++)
-            if (dynbuf_addf(b, "%s{%s=\"%s\"} %ld\n", r->name, r->label, r->label_value(i), row_value(r, src, i)) !=
-                DYNBUF_OK)
+        for (int i = 0; i < r->labels; i++) {
+            const char *v = r->label_value(src, i);
+            if (v != NULL &&
+                dynbuf_addf(b, "%s{%s=\"%s\"} %ld\n", r->name, r->label, v, row_value(r, src, i)) != DYNBUF_OK)
                 return dynbuf_error(b);
+        }
     }
     return DYNBUF_OK;
 }

@@ -48,7 +48,7 @@ bool notify_check(struct notify_told *t, const struct shop *shop, const struct n
     } else if (shop->notify_secret == NULL) {
         snprintf(t->why, sizeof t->why, "telling is off for this shop: it has no notify secret (notify_secret_file)");
         t->http = 403;
-    } else if (!request_query_param(p->query, shop->id_param, t->id, sizeof t->id) || !config_valid_id(t->id)) {
+    } else if (!request_query_param(p->query, shop->id_param, t->id, sizeof t->id) || !ids_valid_id(t->id)) {
         snprintf(t->why, sizeof t->why, "the query needs %s=ID, 1 to %d characters of A-Z a-z 0-9 _ -",
                  shop->id_param, STATE_ID_MAX);
         t->id[0] = '\0';
@@ -119,7 +119,7 @@ int notify_command(const char *config_path, const char *shop_id, const char *id,
         fprintf(err, "kembali --notify: status %s: give one of %s\n", status, words);
         return 1;
     }
-    if (!config_valid_id(id)) {
+    if (!ids_valid_id(id)) {
         fprintf(err, "kembali --notify: id %s: give 1 to %d characters of A-Z a-z 0-9 _ -\n", id, STATE_ID_MAX);
         return 1;
     }

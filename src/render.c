@@ -16,28 +16,6 @@
 
 #define TEMPLATE_MAX (64 * 1024) /* bytes of one page: a tenant must not make every page cost megabytes */
 
-static const char *const words[W_COUNT] = {
-    "succeeded", "failed", "canceled", "expired", "checking", "not_found", "invalid", "unknown_shop",
-};
-
-const char *word_name(enum word w)
-{
-    return (unsigned)w < W_COUNT ? words[w] : "checking";
-}
-
-int word_http(enum word w)
-{
-    switch (w) {
-    case W_NOT_FOUND:
-    case W_UNKNOWN_SHOP:
-        return 404;
-    case W_INVALID:
-        return 400;
-    default:
-        return 200;
-    }
-}
-
 /* What html_escape writes for c, or NULL when c stays as it is. */
 static const char *html_rep(char c)
 {
@@ -65,7 +43,11 @@ enum dynbuf_rc html_escape(struct dynbuf *b, const char *s)
     return dynbuf_add(b, run, (size_t)(s - run));
 }
 
-static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url"};
+static const char *const placeholders[] = {"status", "id", "shop_name", "shop_url", "retry_url", "more", "card"};
+enum { PH_STATUS, PH_MORE = 5, PH_CARD = 6, PH_COUNT = 7 }; /* more and card: the waiting page's own */
+_Static_assert(sizeof placeholders / sizeof placeholders[0] == PH_COUNT, "one PH_ per placeholder");
+
+static const char card_open[] = "<!--card-->", card_close[] = "<!--/card-->";
 
 /* Index of the placeholder starting at p ("{{name}}"), its length in *len;
  * -1 when p does not start a known placeholder. */
@@ -164,8 +146,8 @@ static char *read_file(const char *path, const char *confine, size_t *len, char 
 
 /* Check a page and find its placeholders (*slots, *nslots: the caller
  * frees *slots). False with a reason in err. */
-static bool check_page(const char *path, const char *p, size_t n, struct templates_slot **slots, size_t *nslots,
-                       char *err, size_t errlen)
+static bool check_page(const char *path, const char *p, size_t n, bool waiting, struct templates_slot **slots,
+                       size_t *nslots, char *err, size_t errlen)
 {
     *slots = NULL;
     *nslots = 0;
@@ -175,6 +157,10 @@ static bool check_page(const char *path, const char *p, size_t n, struct templat
         if (p[i] != '{' || p[i + 1] != '{')
             continue;
         int ph = placeholder_at(p + i, n - i, &len);
+        if (ph >= PH_MORE && !waiting) {
+            snprintf(err, errlen, "%s: {{more}} and {{card}} belong in waiting.html only", path);
+            return false;
+        }
         if (ph < 0) {
             snprintf(err, errlen, "%s: unknown placeholder near \"%.20s\" (known: {{status}} {{id}} "
                      "{{shop_name}} {{shop_url}} {{retry_url}})", path, p + i);
@@ -196,6 +182,66 @@ static bool check_page(const char *path, const char *p, size_t n, struct templat
         snprintf(err, errlen, "%s: the <html> tag must carry data-status=\"{{status}}\"", path);
         return false;
     }
+    if (waiting) { /* the top, {{more}}, then the result with its data-status and {{card}} */
+        size_t more = SIZE_MAX, card = SIZE_MAX, nmore = 0, ncard = 0;
+        for (size_t i = 0; i < *nslots; i++) {
+            if ((*slots)[i].ph == PH_MORE)
+                more = (*slots)[i].at, nmore++;
+            else if ((*slots)[i].ph == PH_CARD)
+                card = (*slots)[i].at, ncard++;
+        }
+        const char *st = nmore == 1 ? strstr(p + more, "data-status=\"{{status}}\"") : NULL;
+        if (nmore != 1 || ncard != 1 || card < more || st == NULL || (size_t)(st - p) > card) {
+            snprintf(err, errlen, "%s: needs one {{more}} (where the top ends), then an element carrying "
+                     "data-status=\"{{status}}\" around one {{card}} (the result)", path);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Where page w's result card lies (between <!--card--> and <!--/card-->):
+ * false when the page has no such pair. */
+static bool find_card(struct templates *t, int w)
+{
+    const char *a = strstr(t->page[w], card_open);
+    const char *b = a ? strstr(a, card_close) : NULL;
+    if (b == NULL)
+        return false;
+    t->card_at[w] = (size_t)(a - t->page[w]) + sizeof card_open - 1;
+    t->card_end[w] = (size_t)(b - t->page[w]);
+    return true;
+}
+
+/* Load dir/<locale>/waiting.html (or fallback's) into t: the streamed
+ * page. Missing everywhere: t does not stream (false, no error). */
+static bool load_waiting(struct templates *t, const char *dir, const char *fallback, const char *confine,
+                         char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    bool missing = false;
+    int pn = snprintf(path, sizeof path, "%s/%s/waiting.html", dir, t->locale);
+    if (pn < 0 || (size_t)pn >= sizeof path) {
+        snprintf(err, errlen, "%.200s...: the path is too long", dir);
+        return false;
+    }
+    t->wait = read_file(path, confine, &t->wait_len, err, errlen, &missing);
+    if (t->wait == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
+        pn = snprintf(path, sizeof path, "%s/%s/waiting.html", fallback, t->locale);
+        if (pn < 0 || (size_t)pn >= sizeof path) {
+            snprintf(err, errlen, "%.200s...: the path is too long", fallback);
+            return false;
+        }
+        t->wait = read_file(path, NULL, &t->wait_len, err, errlen, &missing);
+    }
+    if (t->wait == NULL)
+        return missing; /* an old templates folder: single answers only */
+    if (!check_page(path, t->wait, t->wait_len, true, &t->wait_slots, &t->nwait_slots, err, errlen))
+        return false;
+    bool cards = true;
+    for (int w = W_SUCCEEDED; w <= W_NOT_FOUND; w++) /* the words a held request can end with */
+        cards = find_card(t, w) && cards;
+    t->streams = cards;
     return true;
 }
 
@@ -218,7 +264,7 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
     for (int w = 0; w < W_COUNT; w++) {
         char path[PATH_MAX];
         bool missing = false;
-        int pn = snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, words[w]);
+        int pn = snprintf(path, sizeof path, "%s/%s/%s.html", dir, locale, word_name((enum word)w));
         if (pn < 0 || (size_t)pn >= sizeof path) {
             snprintf(err, errlen, "%.200s...: the path is too long", dir);
             templates_free(t);
@@ -226,7 +272,7 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
         }
         t->page[w] = read_file(path, confine, &t->len[w], err, errlen, &missing);
         if (t->page[w] == NULL && missing && fallback != NULL && strcmp(fallback, dir) != 0) {
-            pn = snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, words[w]);
+            pn = snprintf(path, sizeof path, "%s/%s/%s.html", fallback, locale, word_name((enum word)w));
             if (pn < 0 || (size_t)pn >= sizeof path) {
                 snprintf(err, errlen, "%.200s...: the path is too long", fallback);
                 templates_free(t);
@@ -235,10 +281,14 @@ struct templates *templates_load(const char *dir, const char *fallback, const ch
             t->page[w] = read_file(path, NULL, &t->len[w], err, errlen, &missing);
         }
         if (t->page[w] == NULL ||
-            !check_page(path, t->page[w], t->len[w], &t->slots[w], &t->nslots[w], err, errlen)) {
+            !check_page(path, t->page[w], t->len[w], false, &t->slots[w], &t->nslots[w], err, errlen)) {
             templates_free(t);
             return NULL;
         }
+    }
+    if (!load_waiting(t, dir, fallback, confine, err, errlen)) {
+        templates_free(t);
+        return NULL;
     }
     return t;
 }
@@ -257,23 +307,33 @@ void templates_free(struct templates *t)
         free(t->page[w]);
         free(t->slots[w]);
     }
+    free(t->wait);
+    free(t->wait_slots);
     free(t->dir);
     free(t);
 }
 
-enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v, struct dynbuf *b)
+/* Bytes [from, to) of page p (slots sl[0..n)), every placeholder in it
+ * replaced: {{card}} by word w's card, {{more}} by nothing, the others by
+ * vals[] through html_escape(). DYNBUF_OK, or b's failure. */
+static enum dynbuf_rc render_span(const struct templates *t, enum word w, const char *p,
+                                  const struct templates_slot *sl, size_t n, size_t from, size_t to,
+                                  const char *const *vals, struct dynbuf *b)
 {
-    const char *p = t->page[w];
-    size_t run = 0;
-    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
-    for (size_t i = 0; i < t->nslots[w]; i++) {
-        const struct templates_slot *sl = &t->slots[w][i];
-        if (dynbuf_add(b, p + run, sl->at - run) != DYNBUF_OK ||
-            html_escape(b, vals[sl->ph] ? vals[sl->ph] : "") != DYNBUF_OK)
-            return dynbuf_error(b);
-        run = sl->at + sl->len;
+    size_t run = from;
+    for (size_t i = 0; i < n; i++) {
+        if (sl[i].at < from || sl[i].at >= to)
+            continue;
+        enum dynbuf_rc rc = dynbuf_add(b, p + run, sl[i].at - run);
+        if (rc == DYNBUF_OK && sl[i].ph == PH_CARD)
+            rc = render_span(t, w, t->page[w], t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], vals, b);
+        else if (rc == DYNBUF_OK && sl[i].ph != PH_MORE)
+            rc = html_escape(b, vals[sl[i].ph] ? vals[sl[i].ph] : "");
+        if (rc != DYNBUF_OK)
+            return rc;
+        run = sl[i].at + sl[i].len;
     }
-    return dynbuf_add(b, p + run, t->len[w] - run);
+    return dynbuf_add(b, p + run, to - run);
 }
 
 /* The length of s once html_escape has escaped it. Can't fail. */
@@ -287,26 +347,113 @@ static size_t escaped_len(const char *s)
     return n;
 }
 
-void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+/* The length render_span() gives for the same span, with lens[] the
+ * escaped lengths of its vals[] (0 for {{more}}). SIZE_MAX on overflow.
+ * Can't fail. */
+static size_t span_len(const struct templates *t, enum word w, const struct templates_slot *sl, size_t n,
+                       size_t from, size_t to, const size_t *lens)
 {
-    if (len > 0)
-        snprintf(buf, len, "?%s=%s", id_param, id);
+    size_t total = to - from;
+    for (size_t i = 0; i < n; i++) {
+        if (sl[i].at < from || sl[i].at >= to)
+            continue;
+        size_t add = sl[i].ph == PH_CARD
+                         ? span_len(t, w, t->slots[w], t->nslots[w], t->card_at[w], t->card_end[w], lens)
+                         : lens[sl[i].ph];
+        if (add > SIZE_MAX - total)
+            return SIZE_MAX;
+        total = total - sl[i].len + add;
+    }
+    return total;
+}
+
+/* The values of word w's placeholders, by placeholder (none for {{more}}
+ * and {{card}}), and with lens their escaped lengths. Can't fail. */
+static void page_vals(enum word w, const struct page_vars *v, const char *vals[PH_COUNT], size_t lens[PH_COUNT])
+{
+    const char *vs[PH_COUNT] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url, NULL, NULL};
+    for (size_t i = 0; i < PH_COUNT; i++) {
+        vals[i] = vs[i];
+        if (lens != NULL)
+            lens[i] = escaped_len(vs[i] ? vs[i] : "");
+    }
+}
+
+enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v, struct dynbuf *b)
+{
+    const char *vals[PH_COUNT];
+    page_vals(w, v, vals, NULL);
+    return render_span(t, w, t->page[w], t->slots[w], t->nslots[w], 0, t->len[w], vals, b);
 }
 
 size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v)
 {
-    const char *vals[] = {word_name(w), v->id, v->shop_name, v->shop_url, v->retry_url};
-    size_t len[sizeof vals / sizeof vals[0]];
-    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
-        len[i] = escaped_len(vals[i] ? vals[i] : "");
-    size_t n = t->len[w];
-    for (size_t i = 0; i < t->nslots[w]; i++) {
-        const struct templates_slot *sl = &t->slots[w][i];
-        if (len[sl->ph] > SIZE_MAX - n)
-            return SIZE_MAX;
-        n = n - sl->len + len[sl->ph];
-    }
-    return n;
+    const char *vals[PH_COUNT];
+    size_t lens[PH_COUNT];
+    page_vals(w, v, vals, lens);
+    return span_len(t, w, t->slots[w], t->nslots[w], 0, t->len[w], lens);
+}
+
+bool templates_stream(const struct templates *t)
+{
+    return t->streams;
+}
+
+/* Where {{more}} ends the waiting page's top. */
+static size_t more_at(const struct templates *t, size_t *after)
+{
+    for (size_t i = 0; i < t->nwait_slots; i++)
+        if (t->wait_slots[i].ph == PH_MORE) {
+            *after = t->wait_slots[i].at + t->wait_slots[i].len;
+            return t->wait_slots[i].at;
+        }
+    *after = t->wait_len;
+    return t->wait_len; /* cannot happen: check_page() wants one */
+}
+
+/* The word whose card ends a streamed page answered with w: its own, or
+ * checking's for a word without one (never for a held request). */
+static enum word result_word(enum word w)
+{
+    return w >= W_SUCCEEDED && w <= W_NOT_FOUND ? w : W_CHECKING;
+}
+
+enum dynbuf_rc render_wait_top(const struct templates *t, const struct page_vars *v, struct dynbuf *b)
+{
+    size_t after, at = more_at(t, &after);
+    const char *vals[PH_COUNT];
+    page_vals(W_CHECKING, v, vals, NULL);
+    return render_span(t, W_CHECKING, t->wait, t->wait_slots, t->nwait_slots, 0, at, vals, b);
+}
+
+enum dynbuf_rc render_wait_result(const struct templates *t, enum word w, const struct page_vars *v,
+                                  struct dynbuf *b)
+{
+    size_t after;
+    more_at(t, &after);
+    w = result_word(w);
+    const char *vals[PH_COUNT];
+    page_vals(w, v, vals, NULL);
+    return render_span(t, w, t->wait, t->wait_slots, t->nwait_slots, after, t->wait_len, vals, b);
+}
+
+size_t render_stream_len(const struct templates *t, enum word w, const struct page_vars *v)
+{
+    size_t after, at = more_at(t, &after);
+    const char *vals[PH_COUNT];
+    size_t lens[PH_COUNT];
+    page_vals(W_CHECKING, v, vals, lens);
+    size_t top = span_len(t, W_CHECKING, t->wait_slots, t->nwait_slots, 0, at, lens);
+    w = result_word(w);
+    page_vals(w, v, vals, lens);
+    size_t rest = span_len(t, w, t->wait_slots, t->nwait_slots, after, t->wait_len, lens);
+    return rest > SIZE_MAX - top ? SIZE_MAX : top + rest;
+}
+
+void render_retry_url(char *buf, size_t len, const char *id_param, const char *id)
+{
+    if (len > 0)
+        snprintf(buf, len, "?%s=%s", id_param, id);
 }
 
 enum dynbuf_rc render_json(const char *id, const char *status, bool final, struct dynbuf *b)

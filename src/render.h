@@ -12,16 +12,7 @@
 #include <stddef.h>
 
 #include "dynbuf.h"
-
-enum word {
-    W_SUCCEEDED, W_FAILED, W_CANCELED, W_EXPIRED, W_CHECKING,
-    W_NOT_FOUND, W_INVALID, W_UNKNOWN_SHOP, W_COUNT
-};
-
-/* The status word of the interface ("succeeded" ... "unknown_shop"). */
-const char *word_name(enum word w);
-/* The HTTP status for a word (200, 404 or 400). */
-int word_http(enum word w);
+#include "word.h"
 
 /* Append s to b with & < > " ' escaped. The one HTML escaping function.
  * DYNBUF_OK, or b's failure (dynbuf.h: nothing is cut silently). */
@@ -42,6 +33,13 @@ struct templates {
     size_t len[W_COUNT];
     struct templates_slot *slots[W_COUNT];
     size_t nslots[W_COUNT];
+    /* the streamed page: waiting.html, and where each word's card lies */
+    char *wait;             /* NULL: none found, single answers only */
+    size_t wait_len;
+    struct templates_slot *wait_slots;
+    size_t nwait_slots;
+    size_t card_at[W_COUNT], card_end[W_COUNT];
+    bool streams;           /* waiting.html and every card a held request can end with */
 };
 
 /* Load the pages of `locale` from dir/<locale>/<word>.html; a missing file
@@ -72,10 +70,35 @@ struct page_vars {
 enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v,
                            struct dynbuf *b) DYNBUF_CHECKED;
 
+/* The streamed page (interface.md, "What a browser sees while it waits").
+ * One source per word: waiting.html holds the page around the result, and
+ * each word's page marks its card, <!--card--> ... <!--/card-->, which the
+ * result reuses. waiting.html is a whole page with {{more}} where its top
+ * ends (the first part sent) and, after it, an element carrying
+ * data-status="{{status}}" around {{card}}. templates_load() reads it from
+ * dir/<locale>/waiting.html (or fallback's); without it, or when a word's
+ * page has no card, templates_stream() is false and requests get the
+ * single page. */
+bool templates_stream(const struct templates *t);
+
+/* The top of the streamed page into b ({{status}} is "checking"), up to
+ * {{more}}. Only when templates_stream(t). DYNBUF_OK, or b's failure:
+ * then b holds nothing and the caller has no top to send. */
+enum dynbuf_rc render_wait_top(const struct templates *t, const struct page_vars *v,
+                               struct dynbuf *b) DYNBUF_CHECKED;
+
+/* The rest of the streamed page for word w into b: from {{more}} to the
+ * end, with {{status}} w and {{card}} w's card (rendered with v). Only
+ * when templates_stream(t). DYNBUF_OK, or b's failure: then b holds
+ * nothing and the caller has no result to send. */
+enum dynbuf_rc render_wait_result(const struct templates *t, enum word w, const struct page_vars *v,
+                                  struct dynbuf *b) DYNBUF_CHECKED;
+
 /* The most bytes one rendered page may have: a page is its template (at
  * most 64 KiB) with each placeholder replaced, and a shop whose values
- * would make a page larger is refused (config.c), so that no tenant makes
- * every page cost megabytes. */
+ * would make a page larger is refused (config_shops.c), so that no tenant makes
+ * every page cost megabytes. A streamed page (its top and its result
+ * together) is a page too. */
 #define RENDER_PAGE_MAX (256 * 1024)
 
 /* The retry link of a page, "?ID_PARAM=ID", into buf (cut to len, always
@@ -85,6 +108,11 @@ void render_retry_url(char *buf, size_t len, const char *id_param, const char *i
 /* The length in bytes render_html(t, w, v) gives (its escaping included).
  * Pure; can't fail (SIZE_MAX on overflow). */
 size_t render_html_len(const struct templates *t, enum word w, const struct page_vars *v);
+
+/* The length in bytes of the streamed page that ends with word w:
+ * render_wait_top(t, v) and render_wait_result(t, w, v) together. Only
+ * when templates_stream(t). Pure; can't fail (SIZE_MAX on overflow). */
+size_t render_stream_len(const struct templates *t, enum word w, const struct page_vars *v);
 
 /* {"id": id, "status": status, "final": final} and a newline into b.
  * DYNBUF_OK, or b's failure (DYNBUF_NO_MEMORY when jansson runs out). */

@@ -1,6 +1,6 @@
 /* request.h - the pure parts of answering a request (no I/O, no clock).
  *
- * These decide what a request gets; front.c only writes it. */
+ * These decide what a request gets; serve.c sends it. */
 #ifndef KEMBALI_REQUEST_H
 #define KEMBALI_REQUEST_H
 
@@ -10,6 +10,7 @@
 
 #include "render.h"
 #include "state.h"
+#include "word.h"
 
 /* What to answer. retry_after_s < 0: no Retry-After header. */
 struct answer {

@@ -467,6 +467,9 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 rs->answer(rs->ctx, r, f);
             }
         }
+        for (struct resolver_waiter *r = w->waiters; r; r = r->next)
+            if (r->note != NULL)
+                r->note(r, f);
         if (!started)
             continue; /* the read could not start: decide again (no read in flight now) */
         if (w->waiters == NULL && w->reading == NULL) {
@@ -602,7 +605,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
     if (cfg->redis.on) {
         struct state_key hk;
         state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
-        state_redis_hex(hk.b, 8, rs->host.hex);
+        ids_hex(hk.b, 8, rs->host.hex);
         rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
         a->redis = rs->redis;
         a->keys = calloc(1, sizeof *a->keys);

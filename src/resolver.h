@@ -39,6 +39,11 @@ struct resolver_waiter {
                                   * is charged there, and its read is in flight for it */
     struct state_redis_id rclient; /* the address, as Redis knows clients under the key (has_rclient) */
     bool has_rclient;
+    /* optional (NULL: none): called after each look at the transaction
+     * that leaves w held, with the fact it was decided from (the streamed
+     * page learns there that a read came back undecided). It must neither
+     * answer nor drop w (arm a timer instead). */
+    void (*note)(struct resolver_waiter *w, const struct state_fact *f);
     /* private */
     bool registered;             /* state_hold() counted it */
     struct resolver_watch *w;

@@ -16,7 +16,9 @@
 #include "pace.h"
 #include "render.h"
 #include "request.h"
+#include "stream.h"
 #include "util.h"
+#include "word.h"
 
 /* Requests held for one shop (by id: shops come and go with reloads). */
 struct serve_shop {
@@ -66,6 +68,11 @@ struct serve_req {
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;
     struct serve_notify *telling; /* an admin POST waiting for Redis (not held) */
+    /* the streamed page (stream.h): held requests only */
+    bool stream;                /* may get it (a browser's navigation, its shop and templates allow it) */
+    bool undecided;             /* its transaction is known undecided */
+    struct stream_clock sc;     /* sc.painted != 0: the top went out, the result ends the answer */
+    struct loop_timer st;       /* its next part */
 };
 
 /* An admin POST ?format=notify waiting for Redis's word on its status. */
@@ -115,13 +122,12 @@ static enum dynbuf_rc put_num_line(struct dynbuf *out, const char *name, unsigne
     return dynbuf_add(out, "\r\n", 2);
 }
 
-/* The headers every answer carries, then the body; one buffer. DYNBUF_OK,
- * or out's failure: then out holds nothing (a failed buffer stays failed,
- * so the writes below need no check between them; the last one's result
- * is the whole answer's). */
-static enum dynbuf_rc build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
-                                     long retry_after, const char *extra, const struct dynbuf *body,
-                                     struct dynbuf *out)
+/* The headers every answer carries (without Content-Length and the blank
+ * line). DYNBUF_OK, or out's failure: then out holds nothing (a failed
+ * buffer stays failed, so the writes below need no check between them; the
+ * last one's result is the whole header's). */
+static enum dynbuf_rc put_headers(const struct serve_req *r, int http, const char *word, const char *ctype,
+                                  long retry_after, const char *extra, struct dynbuf *out)
 {
     enum dynbuf_rc rc = dynbuf_adds(out, "Status: ");
     rc = put_num(out, (unsigned)http);
@@ -146,6 +152,16 @@ static enum dynbuf_rc build_response(const struct serve_req *r, int http, const 
     }
     if (extra != NULL)
         rc = dynbuf_adds(out, extra);
+    return rc != DYNBUF_OK ? rc : dynbuf_error(out);
+}
+
+/* The headers every answer carries, then the body; one buffer. DYNBUF_OK,
+ * or out's failure: then out holds nothing (as put_headers()). */
+static enum dynbuf_rc build_response(const struct serve_req *r, int http, const char *word, const char *ctype,
+                                     long retry_after, const char *extra, const struct dynbuf *body,
+                                     struct dynbuf *out)
+{
+    enum dynbuf_rc rc = put_headers(r, http, word, ctype, retry_after, extra, out);
     if (http != 204) /* a 204 has no body and no Content-Length */
         rc = put_num_line(out, "Content-Length: ", dynbuf_len(body));
     rc = dynbuf_adds(out, "\r\n");
@@ -171,8 +187,23 @@ static void log_request(const struct serve_req *r, int http, const char *word)
     log_int(&l, "ms", ms);
     if (r->held)
         log_str(&l, "held", "yes");
+    if (r->sc.painted != 0)
+        log_int(&l, "streamed_ms", (long long)(r->sc.painted - r->arrived)); /* when its top went out */
     if (word == NULL)
         log_str(&l, "gone", "yes"); /* the client left before its answer */
+    log_end(&l);
+}
+
+/* The one line saying that building r's answer (or a part of it, `part`:
+ * NULL for a whole answer) failed with rc. */
+static void log_answer_failed(const struct serve_req *r, const char *part, enum dynbuf_rc rc)
+{
+    struct log_line l;
+    log_begin(&l, "error", "answer_failed");
+    log_str(&l, "shop", r->shop ? r->shop->id : NULL);
+    log_str(&l, "id", r->id[0] ? r->id : NULL);
+    log_str(&l, "part", part);
+    log_str(&l, "reason", dynbuf_strerror(rc));
     log_end(&l);
 }
 
@@ -183,17 +214,24 @@ static void send_out(struct serve_req *r, const struct dynbuf *out, enum dynbuf_
     if (rc != DYNBUF_OK) {
         static const char fail[] = "Status: 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
                                    "Cache-Control: no-store\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n";
-        struct log_line l;
-        log_begin(&l, "error", "answer_failed");
-        log_str(&l, "shop", r->shop ? r->shop->id : NULL);
-        log_str(&l, "id", r->id[0] ? r->id : NULL);
-        log_str(&l, "reason", dynbuf_strerror(rc));
-        log_end(&l);
+        log_answer_failed(r, NULL, rc);
         front_reply(r->s->front, r->fr, fail, sizeof fail - 1);
     } else {
         front_reply(r->s->front, r->fr, dynbuf_ptr(out), dynbuf_len(out));
     }
     r->fr = NULL;
+}
+
+/* The values r's page shows (retry: room for its "check again" URL). */
+static void page_vars_of(const struct serve_req *r, char *retry, size_t cap, struct page_vars *v)
+{
+    render_retry_url(retry, cap, r->shop ? r->shop->id_param : "id", r->id);
+    *v = (struct page_vars){
+        .id = r->id,
+        .shop_name = r->shop ? r->shop->name : "",
+        .shop_url = r->shop ? r->shop->shop_url : "",
+        .retry_url = retry,
+    };
 }
 
 /* Render and send `ans` with HTTP status `http` and optional extra header
@@ -214,13 +252,8 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
     } else {
         const struct templates *t = r->shop ? r->shop->tpl : r->cfg->default_tpl;
         char retry[STATE_ID_MAX + 40];
-        render_retry_url(retry, sizeof retry, r->shop ? r->shop->id_param : "id", r->id);
-        struct page_vars v = {
-            .id = r->id,
-            .shop_name = r->shop ? r->shop->name : "",
-            .shop_url = r->shop ? r->shop->shop_url : "",
-            .retry_url = retry,
-        };
+        struct page_vars v;
+        page_vars_of(r, retry, sizeof retry, &v);
         rc = render_html(t, ans->word, &v, &body);
         if (rc == DYNBUF_OK)
             rc = build_response(r, http, word, "text/html; charset=utf-8", -1, extra, &body, &out);
@@ -382,10 +415,33 @@ static bool respond_notify(struct serve_req *r, const char *query, const char *s
  * its memory. */
 static void held_free(struct serve_req *r)
 {
+    loop_timer_stop(r->s->loop, &r->st);
     if (r->counted != NULL)
         r->counted->held--;
     config_unref(r->cfg);
     free(r);
+}
+
+/* The end of a streamed page: the result part for ans, which ends the
+ * answer; counted and logged with its final word. When the result cannot
+ * be built, the answer ends without it (the status line went out with the
+ * top: the browser keeps the waiting top, never a part of a result) and
+ * one line says so. */
+static void respond_stream_end(struct serve_req *r, const struct answer *ans)
+{
+    struct dynbuf out;
+    dynbuf_init(&out, SERVE_ANSWER_MAX);
+    char retry[STATE_ID_MAX + 40];
+    struct page_vars v;
+    page_vars_of(r, retry, sizeof retry, &v);
+    enum dynbuf_rc rc = render_wait_result(r->shop->tpl, ans->word, &v, &out);
+    atomic_fetch_add(&r->s->app->m.requests[ans->word], 1);
+    log_request(r, 200, word_name(ans->word)); /* the status line went out with the top */
+    if (rc != DYNBUF_OK)
+        log_answer_failed(r, "result", rc);
+    front_reply(r->s->front, r->fr, dynbuf_ptr(&out), dynbuf_len(&out)); /* a failed buffer holds nothing */
+    r->fr = NULL;
+    dynbuf_free(&out);
 }
 
 /* The resolver's callback: r's answer is due. */
@@ -395,8 +451,66 @@ static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_f
     struct answer ans;
     (void)ctx;
     request_answer(f, util_mono_ms(), &ans);
-    respond_word(r, &ans);
+    if (r->sc.painted != 0)
+        respond_stream_end(r, &ans);
+    else
+        respond_word(r, &ans);
     held_free(r);
+}
+
+/* The resolver looked at r's transaction and still holds r: a read that
+ * came back undecided paints its top now (from the loop, never inside the
+ * resolver's step). */
+static void on_note(struct resolver_waiter *w, const struct state_fact *f)
+{
+    struct serve_req *r = (struct serve_req *)((char *)w - offsetof(struct serve_req, rw));
+    if (!r->stream || r->undecided || r->sc.painted != 0 || !stream_undecided(f, false))
+        return;
+    r->undecided = true;
+    loop_timer_at(r->s->loop, &r->st, util_mono_ms());
+}
+
+/* r's streamed page: its top or a comment is due (stream_step). */
+static void on_stream_timer(struct loop *l, struct loop_timer *t)
+{
+    static const char comment[] = "<!-- checking -->\n";
+    struct serve_req *r = t->data;
+    int64_t now = util_mono_ms(), wake;
+    enum stream_do d = stream_step(&r->sc, r->undecided, r->cfg->first_paint_ms, now, &wake);
+    int rc = 0;
+    if (d == STREAM_PAINT) {
+        struct dynbuf out;
+        dynbuf_init(&out, SERVE_ANSWER_MAX);
+        char retry[STATE_ID_MAX + 40];
+        struct page_vars v;
+        page_vars_of(r, retry, sizeof retry, &v);
+        enum dynbuf_rc brc = put_headers(r, 200, word_name(W_CHECKING), "text/html; charset=utf-8", -1,
+                                         "X-Accel-Buffering: no\r\n", &out);
+        if (brc == DYNBUF_OK)
+            brc = dynbuf_adds(&out, "\r\n");
+        if (brc == DYNBUF_OK)
+            brc = render_wait_top(r->shop->tpl, &v, &out);
+        if (brc != DYNBUF_OK) { /* no top: the single answer follows, as without streaming */
+            log_answer_failed(r, "top", brc);
+            dynbuf_free(&out);
+            r->stream = false;
+            return;
+        }
+        rc = front_reply_part(r->s->front, r->fr, dynbuf_ptr(&out), dynbuf_len(&out));
+        dynbuf_free(&out);
+        r->sc.painted = r->sc.last_sent = now;
+    } else if (d == STREAM_COMMENT) {
+        rc = front_reply_part(r->s->front, r->fr, comment, sizeof comment - 1);
+        r->sc.last_sent = now;
+    }
+    if (rc != 0) { /* the connection failed: r is ours to forget */
+        r->fr = NULL;
+        log_request(r, 0, NULL);
+        resolver_drop(r->s->rs, &r->rw);
+        held_free(r);
+        return;
+    }
+    loop_timer_at(l, t, wake);
 }
 
 /* The front's callback: a held request's client went away. */
@@ -517,6 +631,15 @@ static void hold(struct serve_req *tmp)
                                                 : pace_hold_ms(&r->cfg->sched)),
               .json = r->json},
     };
+    loop_timer_init(&r->st, on_stream_timer, r);
+    if (r->stream) {
+        int64_t wake;
+        r->sc = (struct stream_clock){.arrived = r->arrived};
+        r->rw.note = on_note;
+        /* armed before the resolver may answer (and free r) */
+        stream_step(&r->sc, r->undecided, r->cfg->first_paint_ms, r->arrived, &wake);
+        loop_timer_at(r->s->loop, &r->st, r->undecided ? r->arrived : wake);
+    }
     front_req_set_user(r->fr, r);
     resolver_hold(r->s->rs, &r->rw); /* may answer at once */
 }
@@ -525,10 +648,11 @@ static void on_request(void *ctx, struct front_req *fr)
 {
     struct serve *s = ctx;
     struct serve_req r = {.s = s, .fr = fr, .arrived = util_mono_ms()};
-    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_COUNT };
+    enum { P_METHOD, P_QUERY, P_HOST, P_SERVER_NAME, P_ADMIN, P_SHOP, P_ACCEPT, P_ORIGIN, P_ADDR, P_SIG, P_DEST,
+           P_COUNT };
     static const char *const names[P_COUNT] = {"REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME",
                                                "KEMBALI_ADMIN", "KEMBALI_SHOP", "HTTP_ACCEPT", "HTTP_ORIGIN",
-                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE"};
+                                               "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE", "HTTP_SEC_FETCH_DEST"};
     const char *p[P_COUNT];
     front_params(fr, names, P_COUNT, p);
     const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
@@ -576,7 +700,7 @@ static void on_request(void *ctx, struct front_req *fr)
         return;
     }
     char id[STATE_ID_MAX + 2];
-    if (!request_query_param(query, r.shop->id_param, id, sizeof id) || !config_valid_id(id)) {
+    if (!request_query_param(query, r.shop->id_param, id, sizeof id) || !ids_valid_id(id)) {
         ans.word = W_INVALID; /* costs no read */
         respond_word(&r, &ans);
         config_unref(r.cfg);
@@ -604,6 +728,8 @@ static void on_request(void *ctx, struct front_req *fr)
         config_unref(r.cfg);
         return;
     }
+    r.stream = stream_wanted(r.json, r.head, p[P_DEST], r.shop->progressive, templates_stream(r.shop->tpl));
+    r.undecided = stream_undecided(&f, true); /* its read, if any, is another request's */
     hold(&r);
 }
 

@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ids.h"
 #include "log.h"
 #include "plan.h"
 #include "ratelimit.h"
@@ -219,19 +220,6 @@ uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
 
 /* ---- checking the region ---- */
 
-static bool valid_id(const char *id)
-{
-    size_t n = strnlen(id, STATE_ID_MAX + 1);
-    if (n == 0 || n > STATE_ID_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = id[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return false;
-    }
-    return true;
-}
-
 static bool nul_within(const char *s, size_t cap)
 {
     return strnlen(s, cap) < cap;
@@ -293,7 +281,7 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     if (h->read_timeout_ms < 1 || h->read_timeout_ms > STATE_LEASE_MAX_MS) {
-        h->read_timeout_ms = STATE_READ_TIMEOUT_DEFAULT_MS;
+        h->read_timeout_ms = STATE_READ_TIMEOUT_MS_DEFAULT;
         dmg[DMG_HEADER]++;
     }
 }
@@ -303,7 +291,7 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
 {
     if (e->used == 0)
         return;
-    if (e->used != 1 || !valid_id(e->id) || e->status > TXS_UNKNOWN ||
+    if (e->used != 1 || !ids_valid_id(e->id) || e->status > TXS_UNKNOWN ||
         !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
         e->reads < 0 || e->early_reads < 0 || e->holders < 0 || e->withheld < 0 || e->withheld > 1 ||
         e->remote_why > WAIT_BUDGET || (e->remote_why == WAIT_NONE && e->remote_not_before > 0)) {
@@ -765,7 +753,7 @@ static int32_t per_key_for(const struct state_opts *opts, int32_t txn)
 
 static void layout_for(const struct state_opts *opts, struct layout *l)
 {
-    l->txn = opts->tx_slots > 0 ? opts->tx_slots : 16384;
+    l->txn = opts->tx_slots > 0 ? opts->tx_slots : STATE_SLOTS_DEFAULT;
     l->per_key = per_key_for(opts, l->txn);
     l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
     if (l->keyn > STATE_KEY_SLOTS_MAX)
@@ -827,7 +815,7 @@ static int region_init(uint8_t *base, const struct layout *l, const struct state
     h->key_nbuckets = l->knb;
     h->client_slots = l->cln;
     h->tx_per_key = l->per_key;
-    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : STATE_READ_TIMEOUT_DEFAULT_MS;
+    h->read_timeout_ms = opts->read_timeout_ms > 0 ? opts->read_timeout_ms : STATE_READ_TIMEOUT_MS_DEFAULT;
     h->buckets_off = l->off_b;
     h->txs_off = l->off_t;
     h->key_buckets_off = l->off_kb;
@@ -2253,7 +2241,7 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now)
 {
-    if (!valid_id(id) || status == TXS_NONE || status == TXS_UNKNOWN || word == NULL ||
+    if (!ids_valid_id(id) || status == TXS_NONE || status == TXS_UNKNOWN || word == NULL ||
         strlen(word) > STATUS_WORD_MAX)
         return STATE_TOLD_BAD;
     enum state_told done = STATE_TOLD_RECORDED;
@@ -2285,7 +2273,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
 
 bool state_known(struct state *st, const struct state_key *key, const char *id, int64_t now)
 {
-    if (!valid_id(id))
+    if (!ids_valid_id(id))
         return false;
     st_lock(st, now);
     const struct st_tx *e = tx_find(st, key, id);
@@ -2297,7 +2285,7 @@ bool state_known(struct state *st, const struct state_key *key, const char *id, 
 bool state_defer(struct state *st, const struct state_key *key, const char *id, int64_t until, bool in_flight,
                  enum state_wait why, int64_t now)
 {
-    if (!valid_id(id))
+    if (!ids_valid_id(id))
         return false;
     if (why != WAIT_PACE && why != WAIT_RETRY && why != WAIT_KEY_PAUSE && why != WAIT_BUDGET)
         why = WAIT_RETRY;
@@ -2330,7 +2318,7 @@ bool state_defer(struct state *st, const struct state_key *key, const char *id, 
 bool state_learn_not_found(struct state *st, const struct state_key *key, const char *id, int64_t until,
                            int64_t now)
 {
-    if (!valid_id(id))
+    if (!ids_valid_id(id))
         return false;
     if (until > now + STATE_TTL_NOT_FOUND_MS)
         until = now + STATE_TTL_NOT_FOUND_MS;

@@ -35,10 +35,13 @@
 #include <stdint.h>
 
 #include "classify.h"
+#include "ids.h"
 #include "pace.h"
 #include "rules.h"
 
-#define STATE_ID_MAX 64
+#define STATE_ID_MAX IDS_ID_MAX
+#define STATE_SLOTS_DEFAULT 16384         /* transactions tracked at once */
+#define STATE_READ_TIMEOUT_MS_DEFAULT 5000 /* one API read */
 #define STATE_SHOP_MAX 64
 #define STATE_BUDGET_MAX 300         /* Kasera's per-key limit per minute */
 
@@ -50,7 +53,6 @@
 #define STATE_UNAUTH_PAUSE_MS RULES_UNAUTH_PAUSE_MS
 #define STATE_HOST_PAUSE_MS RULES_HOST_PAUSE_MS
 #define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
-#define STATE_READ_TIMEOUT_DEFAULT_MS 5000 /* read_timeout_ms when none is configured */
 #define STATE_DEFER_MAX_MS (600 * 1000LL)  /* the longest not-before another host may set (state_defer) */
 
 struct state;
@@ -132,11 +134,11 @@ struct state_report {
 #define STATE_KEY_IDLE_MS (60 * 1000LL) /* a key read within this is in use (its budget ring) */
 
 struct state_opts {
-    int tx_slots;             /* transactions tracked at once (default 16384) */
+    int tx_slots;             /* transactions tracked at once (default STATE_SLOTS_DEFAULT) */
     int tx_per_key;           /* most of them one key's entries may take (<= 0: the default,
                                * state_per_key_default); see state_open for a shared file */
     int key_slots;            /* distinct keys (default STATE_KEY_SLOTS_DEFAULT; see state_key_slots_for) */
-    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default STATE_READ_TIMEOUT_DEFAULT_MS) */
+    int64_t read_timeout_ms;  /* the lease of a claim that gives no timeout (default STATE_READ_TIMEOUT_MS_DEFAULT) */
     int client_slots;         /* clients whose 404s are counted at once (default 4096) */
     bool greedy;              /* this process does not plan a scarce budget (plan.h): first come,
                                * first served, for comparison only */

@@ -33,6 +33,7 @@
 
 #include "log.h"
 #include "rules.h"
+#include "state_redis_check.h"
 #include "util.h"
 
 /* What every key name is derived from besides the secret (key_hash): fixed
@@ -273,12 +274,15 @@ struct rconn {
     struct loop *loop;
     struct loop_io io;
     bool sub;
+    bool sentinel;            /* to a Sentinel (r->sconn) */
     bool freeing;             /* we asked hiredis to free it */
     bool dead;                /* hiredis freed it while we were in its handler */
     int busy;
 };
 
-enum op_kind { OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_SUBSCRIBE };
+enum op_kind {
+    OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_JOIN_ROLE, OP_SUBSCRIBE, OP_S_AUTH, OP_S_ASK
+};
 
 struct state_redis_op {
     struct state_redis *r;
@@ -326,22 +330,46 @@ struct state_redis {
      * again at every attempt to join, by a thread of its own (struct
      * lookup): hiredis itself would resolve it in the loop, blocking it */
     char ip[INET6_ADDRSTRLEN];
+    int port;                 /* the port to connect to: cfg.port, or the master's the Sentinel named */
     bool ip_ok, literal;
     struct lookup *lookup;    /* a background lookup under way, or NULL */
+    /* With Sentinels (cfg.sentinel): the master is asked of them at every
+     * join, and every STATE_REDIS_SENTINEL_CHECK_MS while up (a failover
+     * moves the master without closing our connections at once) */
+    char sip[CONFIG_REDIS_SENTINELS_MAX][INET6_ADDRSTRLEN]; /* each Sentinel's address */
+    bool sip_ok[CONFIG_REDIS_SENTINELS_MAX];
+    bool sfail_logged[CONFIG_REDIS_SENTINELS_MAX]; /* its failure is logged (until it answers) */
+    int order[CONFIG_REDIS_SENTINELS_MAX]; /* who is asked first: the last to answer */
+    int sasking;              /* the position in order asked now; -1: no question under way */
+    bool sfor_join;           /* the answer is for a join (else a check while up) */
+    bool sanswered;           /* the one asked answered (sfound_*) */
+    char sfail[200];          /* why the one asked failed ("" : no answer in time) */
+    char sfound_ip[STATE_REDIS_ADDR_MAX];
+    int sfound_port;
+    int snamed;               /* which Sentinel (cfg index) named the master joined or joining; -1 */
+    int snamed_next;          /* which one answered the question that just ended */
+    char swhy[520];           /* the last Sentinel failure of the question under way */
+    struct rconn *sconn;      /* the connection to the one asked */
+    struct loop_timer sentinel_timer, scheck_timer;
+    char master_ip[INET6_ADDRSTRLEN]; /* the master last joined ("" : none yet) */
+    int master_port;
+    char not_master[INET6_ADDRSTRLEN + 8]; /* the last address logged as not a master, until a join */
 };
 
 /* A host name looked up by a thread of its own: the loop polls `done`. The
  * thread frees the job when the loop has left it (`abandoned`). */
 struct lookup {
-    char host[256];
-    char ip[INET6_ADDRSTRLEN];
-    bool ok;
+    int n;                    /* 1, or one per Sentinel */
+    char host[CONFIG_REDIS_SENTINELS_MAX][256];
+    char ip[CONFIG_REDIS_SENTINELS_MAX][INET6_ADDRSTRLEN];
+    bool ok[CONFIG_REDIS_SENTINELS_MAX];
     atomic_int state;         /* LOOKUP_RUNNING, LOOKUP_DONE, LOOKUP_ABANDONED */
 };
 enum { LOOKUP_RUNNING, LOOKUP_DONE, LOOKUP_ABANDONED };
 
 static void went_down(struct state_redis *r, const char *why);
 static void join(struct state_redis *r);
+static void sentinel_failed(struct state_redis *r, const char *why);
 
 /* ---- hiredis' hooks on our loop ---- */
 
@@ -364,7 +392,12 @@ static void ev_cleanup(void *p)
     loop_io_set(rc->loop, &rc->io, 0);
     rc->ac->data = NULL;
     struct state_redis *r = rc->r;
-    if (r != NULL) {
+    if (r != NULL && rc->sentinel) {
+        if (r->sconn == rc)
+            r->sconn = NULL;
+        if (!rc->freeing)
+            sentinel_failed(r, rc->ac->errstr[0] ? rc->ac->errstr : "connection closed");
+    } else if (r != NULL) {
         if (r->main == rc)
             r->main = NULL;
         if (r->sub == rc)
@@ -391,15 +424,17 @@ static void on_rc_io(struct loop *l, struct loop_io *io, uint32_t events)
         free(rc);
 }
 
-static struct rconn *rc_open(struct state_redis *r, bool sub)
+/* A connection to ip:port (NULL: cfg's Unix socket) for r; hiredis gets
+ * an address, never a name (it would resolve it on the loop). NULL with
+ * the reason in r->why. */
+static struct rconn *rc_open_at(struct state_redis *r, const char *ip, int port, bool sub, bool sentinel)
 {
     struct rconn *rc = calloc(1, sizeof *rc);
     if (rc == NULL) {
         util_copy(r->why, sizeof r->why, "out of memory");
         return NULL;
     }
-    redisAsyncContext *ac = r->cfg.unix_socket ? redisAsyncConnectUnix(r->cfg.path)
-                                               : redisAsyncConnect(r->ip, r->cfg.port);
+    redisAsyncContext *ac = ip == NULL ? redisAsyncConnectUnix(r->cfg.path) : redisAsyncConnect(ip, port);
     if (ac == NULL || ac->err) {
         snprintf(r->why, sizeof r->why, "cannot connect: %s", ac ? ac->errstr : "out of memory");
         if (ac)
@@ -411,6 +446,7 @@ static struct rconn *rc_open(struct state_redis *r, bool sub)
     rc->ac = ac;
     rc->loop = r->loop;
     rc->sub = sub;
+    rc->sentinel = sentinel;
     ac->data = rc;
     loop_io_init(&rc->io, ac->c.fd, on_rc_io, rc);
     ac->ev.data = rc;
@@ -420,6 +456,11 @@ static struct rconn *rc_open(struct state_redis *r, bool sub)
     ac->ev.delWrite = ev_del_write;
     ac->ev.cleanup = ev_cleanup;
     return rc;
+}
+
+static struct rconn *rc_open(struct state_redis *r, bool sub)
+{
+    return rc_open_at(r, r->cfg.unix_socket ? NULL : r->ip, r->port, sub, false);
 }
 
 /* Free rc's connection (never from inside a hiredis callback: see top). */
@@ -546,7 +587,7 @@ static void key_hash(const uint8_t salt[16], const char *secret, struct state_re
     unsigned int n = 0;
     if (HMAC(EVP_sha256(), secret, (int)strlen(secret), salt, 16, mac, &n) == NULL || n < 16)
         memset(mac, 0, 16);
-    state_redis_hex(mac, 16, out->hex);
+    ids_hex(mac, 16, out->hex);
 }
 
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
@@ -569,7 +610,7 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
     memcpy(s2, r->salt, 16);
     s2[5] ^= 0x3c; /* not the key ids' hash */
     state_client_hash(s2, addr, &c);
-    state_redis_hex(c.b, 16, out->hex);
+    ids_hex(c.b, 16, out->hex);
     return true;
 }
 
@@ -610,13 +651,34 @@ static void on_teardown_timer(struct loop *l, struct loop_timer *t)
         teardown(r);
 }
 
+/* The Redis used or tried, into a log line: redis= and port= (with
+ * Sentinels: the master's address, its name and the Sentinel that named
+ * it; before any, the master's name alone). */
+static void log_where(struct state_redis *r, struct log_line *l)
+{
+    if (r->cfg.sentinel) {
+        if (r->snamed >= 0) {
+            log_str(l, "redis", r->ip);
+            log_int(l, "port", r->port);
+        }
+        log_str(l, "master", r->cfg.master);
+        if (r->snamed >= 0) {
+            char sn[300];
+            snprintf(sn, sizeof sn, "%s:%d", r->cfg.sentinels[r->snamed].host, r->cfg.sentinels[r->snamed].port);
+            log_str(l, "sentinel", sn);
+        }
+        return;
+    }
+    log_str(l, "redis", r->cfg.unix_socket ? r->cfg.path : r->cfg.host);
+    if (!r->cfg.unix_socket)
+        log_int(l, "port", r->cfg.port);
+}
+
 static void log_failure(struct state_redis *r, const char *event, const char *why)
 {
     struct log_line l;
     log_begin(&l, "warn", event);
-    log_str(&l, "redis", r->cfg.unix_socket ? r->cfg.path : r->cfg.host);
-    if (!r->cfg.unix_socket)
-        log_int(&l, "port", r->cfg.port);
+    log_where(r, &l);
     log_str(&l, "why", why);
     log_str(&l, "msg", "reads are decided by this host's own state with its share of each key's budget "
                        "until Redis answers again");
@@ -640,6 +702,7 @@ static void went_down(struct state_redis *r, const char *why)
         r->m.up = 0;
         loop_timer_stop(r->loop, &r->join_timer);
         loop_timer_stop(r->loop, &r->ping_timer);
+        loop_timer_stop(r->loop, &r->scheck_timer);
         loop_timer_at(r->loop, &r->teardown_timer, loop_now(r->loop));
         if (!r->stopping)
             loop_timer_at(r->loop, &r->retry_timer, util_mono_ms() + STATE_REDIS_RETRY_MS);
@@ -654,14 +717,30 @@ static void joined(struct state_redis *r)
     r->m.up = 1;
     r->m.joins++;
     loop_timer_stop(r->loop, &r->join_timer);
+    r->not_master[0] = '\0';
     struct log_line l;
+    if (r->cfg.sentinel && (strcmp(r->master_ip, r->ip) != 0 || r->master_port != r->port)) {
+        /* a new master (or the first): the metrics say which */
+        if (r->master_ip[0] != '\0') {
+            char from[INET6_ADDRSTRLEN + 8];
+            snprintf(from, sizeof from, "%s:%d", r->master_ip, r->master_port);
+            log_begin(&l, "info", "redis_master_changed");
+            log_where(r, &l);
+            log_str(&l, "from", from);
+            log_end(&l);
+            r->m.master_changes++;
+        }
+        util_copy(r->master_ip, sizeof r->master_ip, r->ip);
+        r->master_port = r->port;
+        snprintf(r->m.master, sizeof r->m.master, "%s:%d", r->ip, r->port);
+    }
     log_begin(&l, "info", r->ever_up ? "redis_rejoined" : "redis_joined");
-    log_str(&l, "redis", r->cfg.unix_socket ? r->cfg.path : r->cfg.host);
-    if (!r->cfg.unix_socket)
-        log_int(&l, "port", r->cfg.port);
+    log_where(r, &l);
     if (r->nwb > 0)
         log_int(&l, "written_back", (long long)r->nwb);
     log_end(&l);
+    if (r->cfg.sentinel)
+        loop_timer_at(r->loop, &r->scheck_timer, util_mono_ms() + STATE_REDIS_SENTINEL_CHECK_MS);
     r->ever_up = true;
     r->unreachable_logged = false;
     loop_timer_at(r->loop, &r->ping_timer, util_mono_ms() + STATE_REDIS_PING_MS);
@@ -732,7 +811,8 @@ static bool resolve_now(const char *host, char *ip)
 static void *lookup_main(void *arg)
 {
     struct lookup *j = arg;
-    j->ok = resolve_now(j->host, j->ip);
+    for (int i = 0; i < j->n; i++)
+        j->ok[i] = resolve_now(j->host[i], j->ip[i]);
     int running = LOOKUP_RUNNING;
     if (!atomic_compare_exchange_strong(&j->state, &running, LOOKUP_DONE))
         free(j); /* abandoned by state_redis_free */
@@ -748,9 +828,16 @@ static void resolve_poll(struct state_redis *r)
     if (r->lookup != NULL) {
         if (atomic_load(&r->lookup->state) == LOOKUP_RUNNING)
             return;
-        if (r->lookup->ok) {
-            memcpy(r->ip, r->lookup->ip, sizeof r->ip);
-            r->ip_ok = true;
+        for (int i = 0; i < r->lookup->n; i++) {
+            if (!r->lookup->ok[i])
+                continue;
+            if (r->cfg.sentinel) {
+                memcpy(r->sip[i], r->lookup->ip[i], sizeof r->sip[i]);
+                r->sip_ok[i] = true;
+            } else {
+                memcpy(r->ip, r->lookup->ip[i], sizeof r->ip);
+                r->ip_ok = true;
+            }
         }
         free(r->lookup);
         r->lookup = NULL;
@@ -758,7 +845,9 @@ static void resolve_poll(struct state_redis *r)
     struct lookup *j = calloc(1, sizeof *j);
     if (j == NULL)
         return;
-    util_copy(j->host, sizeof j->host, r->cfg.host);
+    j->n = r->cfg.sentinel ? r->cfg.nsentinels : 1;
+    for (int i = 0; i < j->n; i++)
+        util_copy(j->host[i], sizeof j->host[i], r->cfg.sentinel ? r->cfg.sentinels[i].host : r->cfg.host);
     atomic_init(&j->state, LOOKUP_RUNNING);
     pthread_t t;
     pthread_attr_t at;
@@ -771,9 +860,25 @@ static void resolve_poll(struct state_redis *r)
     pthread_attr_destroy(&at);
 }
 
+static void sentinel_ask(struct state_redis *r, bool for_join);
+
+/* Connect to the Redis at r->ip / r->port (or the Unix socket) and join. */
+static void join_connect(struct state_redis *r);
+
 static void join(struct state_redis *r)
 {
     resolve_poll(r);
+    if (r->cfg.sentinel) { /* the master first: join_connect when a Sentinel names it */
+        r->phase = PH_JOINING;
+        r->join_left = 0;
+        sentinel_ask(r, true);
+        return;
+    }
+    join_connect(r);
+}
+
+static void join_connect(struct state_redis *r)
+{
     if (!r->cfg.unix_socket && !r->ip_ok) {
         char why[300];
         snprintf(why, sizeof why, "cannot resolve %s", r->cfg.host);
@@ -802,6 +907,8 @@ static void join(struct state_redis *r)
         if (c == 0 && r->cfg.db != 0)
             ok = ok && send_join(r, rc, OP_JOIN_OTHER, 0, 2, (const char *[]){"SELECT", db});
     }
+    if (r->cfg.sentinel) /* the address a Sentinel named must be a master */
+        ok = ok && send_join(r, r->main, OP_JOIN_ROLE, 0, 1, (const char *[]){"ROLE"});
     for (int i = 0; i < SCRIPT_N && ok; i++)
         ok = send_join(r, r->main, OP_JOIN_SCRIPT, i, 3, (const char *[]){"SCRIPT", "LOAD", r->text[i]});
     ok = ok && send_join(r, r->sub, OP_SUBSCRIBE, 0, 2, (const char *[]){"SUBSCRIBE", r->channel});
@@ -827,6 +934,242 @@ static int64_t reply_int(const redisReply *x)
     return 0;
 }
 
+/* ---- the Sentinels (the Sentinel client rules: redis.io's "Sentinel
+ * client guidelines") ----
+ *
+ * A question (sentinel_ask) goes to the Sentinels in `order`, one at a
+ * time, each with STATE_REDIS_SENTINEL_MS to connect, authenticate and
+ * answer SENTINEL get-master-addr-by-name; the first that names an address
+ * ends it and goes to the front of `order`. Every step that leaves a
+ * hiredis callback (an answer, a failure) arms sentinel_timer at once, and
+ * its handler moves on: a connection is never freed inside a callback. */
+
+static void sentinel_close(struct state_redis *r)
+{
+    struct rconn *rc = r->sconn;
+    r->sconn = NULL;
+    if (rc != NULL) {
+        rc->r = NULL;
+        rc_close(rc);
+    }
+}
+
+/* From a callback: the Sentinel asked failed (why), or answered (why NULL). */
+static void sentinel_failed(struct state_redis *r, const char *why)
+{
+    if (r->sasking < 0 || r->sanswered || r->sfail[0] != '\0')
+        return; /* not asking, or its end is already known */
+    util_copy(r->sfail, sizeof r->sfail, why);
+    loop_timer_at(r->loop, &r->sentinel_timer, loop_now(r->loop));
+}
+
+static void sentinel_send(struct state_redis *r, enum op_kind kind, int argc, const char **argv)
+{
+    size_t lens[4];
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    struct state_redis_op *op = op_new(r, kind);
+    if (op == NULL || r->sconn == NULL ||
+        redisAsyncCommandArgv(r->sconn->ac, on_reply, op, argc, argv, lens) != REDIS_OK) {
+        free(op);
+        sentinel_failed(r, "cannot send to the Sentinel");
+    }
+}
+
+/* Ask the Sentinel at position r->sasking of order, or the next one that
+ * can be tried; when none is left, the question ends unanswered. */
+static void sentinel_answer(struct state_redis *r, bool ok);
+
+/* The Sentinel asked (at r->sasking) failed, r->sfail says why: counted,
+ * kept for the log line of a question no Sentinel answers, and logged
+ * once until it answers again. */
+static void sentinel_one_failed(struct state_redis *r)
+{
+    int i = r->order[r->sasking];
+    r->m.sentinel_failures++;
+    char where[300];
+    snprintf(where, sizeof where, "%s:%d", r->cfg.sentinels[i].host, r->cfg.sentinels[i].port);
+    snprintf(r->swhy, sizeof r->swhy, "%s: %s", where, r->sfail);
+    if (!r->sfail_logged[i]) {
+        r->sfail_logged[i] = true;
+        struct log_line ll;
+        log_begin(&ll, "warn", "redis_sentinel_failed");
+        log_str(&ll, "sentinel", where);
+        log_str(&ll, "master", r->cfg.master);
+        log_str(&ll, "why", r->sfail);
+        log_str(&ll, "msg", "the other Sentinels are asked");
+        log_end(&ll);
+    }
+}
+
+static void sentinel_try(struct state_redis *r)
+{
+    for (; r->sasking < r->cfg.nsentinels; r->sasking++) {
+        int i = r->order[r->sasking];
+        r->sfail[0] = '\0';
+        r->sanswered = false;
+        r->m.sentinel_asks++;
+        if (!r->sip_ok[i]) {
+            snprintf(r->sfail, sizeof r->sfail, "cannot resolve %.100s", r->cfg.sentinels[i].host);
+            sentinel_one_failed(r);
+            continue;
+        }
+        r->sconn = rc_open_at(r, r->sip[i], r->cfg.sentinels[i].port, false, true);
+        if (r->sconn == NULL) {
+            util_copy(r->sfail, sizeof r->sfail, r->why);
+            sentinel_one_failed(r);
+            continue;
+        }
+        if (r->cfg.sentinel_password != NULL)
+            sentinel_send(r, OP_S_AUTH, 2, (const char *[]){"AUTH", r->cfg.sentinel_password});
+        sentinel_send(r, OP_S_ASK, 3, (const char *[]){"SENTINEL", "get-master-addr-by-name", r->cfg.master});
+        if (r->sfail[0] == '\0')
+            loop_timer_at(r->loop, &r->sentinel_timer, util_mono_ms() + STATE_REDIS_SENTINEL_MS);
+        return;
+    }
+    sentinel_answer(r, false);
+}
+
+static void sentinel_ask(struct state_redis *r, bool for_join)
+{
+    if (r->sasking >= 0) { /* a question under way: its answer serves */
+        r->sfor_join = r->sfor_join || for_join;
+        return;
+    }
+    r->sfor_join = for_join;
+    r->sasking = 0;
+    r->swhy[0] = '\0';
+    sentinel_try(r);
+}
+
+/* A Sentinel's reply (on its connection, inside hiredis; NULL: the
+ * connection failed, errstr says why). */
+static void sentinel_reply(struct state_redis *r, enum op_kind kind, const redisReply *x, const char *errstr)
+{
+    if (x == NULL) {
+        sentinel_failed(r, errstr[0] ? errstr : "connection lost");
+        return;
+    }
+    if (x->type == REDIS_REPLY_ERROR) {
+        if (strncmp(x->str, "WRONGPASS", 9) == 0 || (kind == OP_S_AUTH && strncmp(x->str, "ERR", 3) == 0))
+            sentinel_failed(r, "the password is refused (redis_sentinel_password_file)");
+        else if (strncmp(x->str, "NOAUTH", 6) == 0)
+            sentinel_failed(r, "the Sentinel asks for a password (redis_sentinel_password_file)");
+        else
+            sentinel_failed(r, x->str);
+        return;
+    }
+    if (kind == OP_S_AUTH)
+        return;
+    const char *bad;
+    if (x->type == REDIS_REPLY_NIL) {
+        char why[160];
+        snprintf(why, sizeof why, "the Sentinel does not know the master \"%s\"", r->cfg.master);
+        sentinel_failed(r, why);
+    } else if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements != 2 || !reply_is(x->element[0], REDIS_REPLY_STRING) ||
+               !reply_is(x->element[1], REDIS_REPLY_STRING)) {
+        sentinel_failed(r, "the Sentinel's answer is not an address and a port");
+    } else if ((bad = state_redis_master_addr(x->element[0]->str, x->element[0]->len, x->element[1]->str,
+                                              x->element[1]->len, r->sfound_ip, &r->sfound_port)) != NULL) {
+        sentinel_failed(r, bad);
+    } else {
+        r->sanswered = true;
+        loop_timer_at(r->loop, &r->sentinel_timer, loop_now(r->loop));
+    }
+}
+
+/* The Sentinel asked answered, failed, or took too long: on to the next,
+ * or the end of the question. */
+static void on_sentinel_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->sasking < 0)
+        return;
+    sentinel_close(r);
+    int i = r->order[r->sasking];
+    if (r->sanswered) {
+        r->sfail_logged[i] = false;
+        state_redis_order_move(r->order, r->cfg.nsentinels, r->sasking, true);
+        r->snamed_next = i;
+        sentinel_answer(r, true);
+        return;
+    }
+    if (r->sfail[0] == '\0')
+        snprintf(r->sfail, sizeof r->sfail, "no answer within %d ms", STATE_REDIS_SENTINEL_MS);
+    sentinel_one_failed(r);
+    r->sasking++;
+    sentinel_try(r);
+}
+
+/* The end of a question: ok, a Sentinel (r->snamed_next) named
+ * r->sfound_ip:sfound_port. */
+static void sentinel_answer(struct state_redis *r, bool ok)
+{
+    bool for_join = r->sfor_join;
+    r->sasking = -1;
+    r->sfor_join = false;
+    if (for_join && r->phase == PH_JOINING) {
+        if (!ok) {
+            char why[600];
+            snprintf(why, sizeof why, "no Sentinel named the master (the last: %s)", r->swhy);
+            went_down(r, why);
+            return;
+        }
+        util_copy(r->ip, sizeof r->ip, r->sfound_ip);
+        r->port = r->sfound_port;
+        r->ip_ok = true;
+        r->snamed = r->snamed_next;
+        join_connect(r);
+        return;
+    }
+    if (r->phase != PH_UP)
+        return;
+    loop_timer_at(r->loop, &r->scheck_timer, util_mono_ms() + STATE_REDIS_SENTINEL_CHECK_MS);
+    if (ok && (strcmp(r->sfound_ip, r->ip) != 0 || r->sfound_port != r->port)) {
+        char why[300];
+        snprintf(why, sizeof why, "the Sentinels name another master: %s:%d", r->sfound_ip, r->sfound_port);
+        went_down(r, why);
+        loop_timer_at(r->loop, &r->retry_timer, util_mono_ms()); /* join the new one now */
+    }
+}
+
+/* While up: is the master still the one the Sentinels name? */
+static void on_scheck_timer(struct loop *l, struct loop_timer *t)
+{
+    struct state_redis *r = t->data;
+    (void)l;
+    if (r->phase == PH_UP && !r->stopping)
+        sentinel_ask(r, false);
+}
+
+/* From a callback: the address a Sentinel named answered ROLE with
+ * something else than master (a replica): not used; the Sentinel goes to
+ * the back of the order (the next question asks another first). */
+static void not_a_master(struct state_redis *r, const redisReply *x)
+{
+    char role[40] = "?", addr[sizeof r->not_master];
+    if (reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING))
+        snprintf(role, sizeof role, "%.30s", x->element[0]->str);
+    snprintf(addr, sizeof addr, "%s:%d", r->ip, r->port);
+    if (strcmp(addr, r->not_master) != 0) { /* once per address, not every second */
+        util_copy(r->not_master, sizeof r->not_master, addr);
+        struct log_line l;
+        log_begin(&l, "warn", "redis_not_master");
+        log_where(r, &l);
+        log_str(&l, "role", role);
+        log_str(&l, "msg", "the address the Sentinel named is not a master: not used; the Sentinels are asked again");
+        log_end(&l);
+    }
+    int k = 0;
+    while (k < r->cfg.nsentinels && r->order[k] != r->snamed)
+        k++;
+    state_redis_order_move(r->order, r->cfg.nsentinels, k, false);
+    char why[80];
+    snprintf(why, sizeof why, "ROLE says %s, not master", role);
+    went_down(r, why);
+}
+
 static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
 {
     memset(c, 0, sizeof *c);
@@ -843,7 +1186,7 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         c->serial = (uint64_t)n;
         c->ms = 0;
     } else if (strcmp(v, "final") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) &&
-               state_redis_word_ok(x->element[2]->str, x->element[2]->len)) {
+               ids_valid_word(x->element[2]->str, x->element[2]->len)) {
         c->v = STATE_REDIS_FINAL;
         util_copy(c->word, sizeof c->word, x->element[2]->str);
     } else if (strcmp(v, "nf") == 0) {
@@ -881,6 +1224,9 @@ static void on_sub_reply(struct state_redis *r, const redisReply *x)
     }
 }
 
+static void sentinel_reply(struct state_redis *r, enum op_kind kind, const redisReply *x, const char *errstr);
+static void not_a_master(struct state_redis *r, const redisReply *x);
+
 /* Every reply, and every operation dropped with its connection (reply NULL). */
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -888,6 +1234,12 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     struct rconn *rc = ac->data;
     struct state_redis *r = rc != NULL ? rc->r : NULL; /* NULL: not r's connection any more */
     const redisReply *x = reply;
+    if (op->kind == OP_S_AUTH || op->kind == OP_S_ASK) {
+        if (r != NULL && r->sconn == rc)
+            sentinel_reply(r, op->kind, x, ac->errstr);
+        free(op);
+        return;
+    }
     if (op->kind == OP_SUBSCRIBE) {
         if (r != NULL && x != NULL) {
             on_sub_reply(r, x);
@@ -923,7 +1275,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             struct state_redis_told t = {.down = true};
             if (!failed && reply_is(x, REDIS_REPLY_STRING) && x->len == 0) {
                 t.down = false;
-            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && state_redis_word_ok(x->str, x->len)) {
+            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && ids_valid_word(x->str, x->len)) {
                 t.down = false;
                 t.kept = true;
                 util_copy(t.word, sizeof t.word, x->str);
@@ -936,6 +1288,18 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
     case OP_JOIN_OTHER:
         if (!failed && r != NULL && r->phase == PH_JOINING)
             join_step_done(r);
+        break;
+    case OP_JOIN_ROLE:
+        if (!failed && r != NULL && r->phase == PH_JOINING) {
+            if (reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING) &&
+                strcmp(x->element[0]->str, "master") == 0)
+                join_step_done(r);
+            else
+                not_a_master(r, x);
+        }
+        break;
+    case OP_S_AUTH: /* answered above, by sentinel_reply */
+    case OP_S_ASK:
         break;
     case OP_JOIN_SCRIPT:
         if (!failed && r != NULL && r->phase == PH_JOINING) {
@@ -1025,8 +1389,31 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     loop_timer_init(&r->teardown_timer, on_teardown_timer, r);
     loop_timer_init(&r->join_timer, on_join_timer, r);
     loop_timer_init(&r->ping_timer, on_ping_timer, r);
+    loop_timer_init(&r->sentinel_timer, on_sentinel_timer, r);
+    loop_timer_init(&r->scheck_timer, on_scheck_timer, r);
+    r->port = cfg->port;
+    r->m.sentinel = cfg->sentinel ? 1 : 0;
+    r->sasking = -1;
+    r->snamed = r->snamed_next = -1;
     struct in6_addr a6;
-    if (!cfg->unix_socket) {
+    r->literal = cfg->sentinel;
+    for (int i = 0; i < cfg->nsentinels; i++) { /* once, before the loop runs, as below */
+        const char *h = cfg->sentinels[i].host;
+        r->order[i] = i;
+        r->sip_ok[i] = resolve_now(h, r->sip[i]);
+        r->literal = r->literal && (inet_pton(AF_INET, h, &a6) == 1 || inet_pton(AF_INET6, h, &a6) == 1);
+    }
+    if (cfg->sentinel) {
+        r->cfg.sentinel_password = cfg->sentinel_password ? strdup(cfg->sentinel_password) : NULL;
+        if (cfg->sentinel_password && r->cfg.sentinel_password == NULL) {
+            for (int i = 0; i < SCRIPT_N; i++)
+                free(r->text[i]);
+            free(r->cfg.password);
+            free(r);
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+    } else if (!cfg->unix_socket) {
         r->literal = inet_pton(AF_INET, cfg->host, &a6) == 1 || inet_pton(AF_INET6, cfg->host, &a6) == 1;
         if (r->literal) {
             util_copy(r->ip, sizeof r->ip, cfg->host);
@@ -1063,6 +1450,9 @@ void state_redis_free(struct state_redis *r)
     loop_timer_stop(r->loop, &r->teardown_timer);
     loop_timer_stop(r->loop, &r->join_timer);
     loop_timer_stop(r->loop, &r->ping_timer);
+    loop_timer_stop(r->loop, &r->sentinel_timer);
+    loop_timer_stop(r->loop, &r->scheck_timer);
+    sentinel_close(r);
     for (size_t i = 0; i < r->nwb; i++)
         writeback_clear(&r->wb[i]);
     if (r->lookup != NULL) {
@@ -1072,10 +1462,12 @@ void state_redis_free(struct state_redis *r)
         else
             free(r->lookup);
     }
-    if (r->cfg.password) {
-        explicit_bzero(r->cfg.password, strlen(r->cfg.password));
-        free(r->cfg.password);
-    }
+    char *pws[] = {r->cfg.password, r->cfg.sentinel_password};
+    for (size_t i = 0; i < ARRAY_LEN(pws); i++)
+        if (pws[i] != NULL) {
+            explicit_bzero(pws[i], strlen(pws[i]));
+            free(pws[i]);
+        }
     for (int i = 0; i < SCRIPT_N; i++)
         free(r->text[i]);
     free(r);
@@ -1341,8 +1733,21 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
                           bool final, int timeout_ms, char *err, size_t errlen)
 {
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    const char *host = cfg->host;
+    int port = cfg->port;
+    char mip[INET6_ADDRSTRLEN + 1];
+    if (cfg->sentinel) { /* the master, as the first Sentinel that answers names it */
+        int which = -1;
+        char why[600];
+        state_redis_sentinel_master(cfg, timeout_ms, mip, sizeof mip, &port, &which, NULL, why, sizeof why);
+        if (which < 0) {
+            snprintf(err, errlen, "%s", why);
+            return -1;
+        }
+        host = mip;
+    }
     redisContext *c = cfg->unix_socket ? redisConnectUnixWithTimeout(cfg->path, tv)
-                                       : redisConnectWithTimeout(cfg->host, cfg->port, tv);
+                                       : redisConnectWithTimeout(host, port, tv);
     if (c == NULL || c->err) {
         snprintf(err, errlen, "cannot connect: %s", c ? c->errstr : "out of memory");
         if (c)

@@ -38,11 +38,19 @@
  * state_redis_budget()'s share of each budget. Final statuses read or told
  * meanwhile are written back when it answers again.
  *
+ * With Sentinels (redis-sentinel://), every join first asks them, in
+ * turn and without blocking, which server is the master, and checks that
+ * its ROLE says so (a replica named is not used); while up, the Sentinels
+ * are asked again every STATE_REDIS_SENTINEL_CHECK_MS, and a master that
+ * changed makes this process leave and join the new one at once. The
+ * metrics name the master joined (state_redis_metrics: master).
+ *
  * Everything runs on the loop's thread; no call blocks. Callbacks are never
  * called from inside the call that registers them. */
 #ifndef KEMBALI_STATE_REDIS_H
 #define KEMBALI_STATE_REDIS_H
 
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +66,8 @@
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
 #define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024
+#define STATE_REDIS_SENTINEL_MS 300  /* one Sentinel: connect, authenticate and answer within this */
+#define STATE_REDIS_SENTINEL_CHECK_MS 1000 /* while up: the Sentinels are asked this often for the master */
 
 struct state_redis;
 struct state_redis_op;
@@ -118,6 +128,11 @@ struct state_redis_metrics {
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
     long written_back;        /* final statuses written back after a stay down */
+    long sentinel;            /* 1: the master is asked of Sentinels (the fields below), else 0 */
+    long master_changes;      /* with Sentinels: joins of another master than the last */
+    long sentinel_asks;       /* with Sentinels: questions put to one Sentinel */
+    long sentinel_failures;   /* ... that it did not answer (down, too slow, refused, no such master) */
+    char master[INET6_ADDRSTRLEN + 8]; /* with Sentinels: the master last joined, "IP:PORT" ("" : none yet) */
 };
 
 /* Start on loop l with the settings in cfg (copied, password included); the

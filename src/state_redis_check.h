@@ -5,13 +5,15 @@
  * (hiredis' async API on the event loop). This is one short-lived,
  * blocking connection, made and closed within the call, that tells an
  * operator whether the configured Redis answers and accepts the
- * configuration's password and database. Redis being down is not a
- * configuration error (kembali runs without it, interface.md "Several
- * hosts"); a refused password or database is. */
+ * configuration's password and database (with Sentinels: what each
+ * Sentinel names, and whether that master says it is one). Redis being
+ * down is not a configuration error (kembali runs without it,
+ * interface.md "Several hosts"); a refused password or database is. */
 #ifndef KEMBALI_STATE_REDIS_CHECK_H
 #define KEMBALI_STATE_REDIS_CHECK_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "config.h"
 
@@ -20,7 +22,8 @@
 #define STATE_REDIS_CHECK_REFUSED 2     /* the password or the database refused */
 
 /* Connect to the Redis `r` names (r->on must be true: TCP r->host:r->port
- * or the Unix socket r->path), then AUTH r->password when there is one,
+ * or the Unix socket r->path; with Sentinels the answer is UNREACHABLE:
+ * use state_redis_sentinel_master, then state_redis_check_master), then AUTH r->password when there is one,
  * SELECT r->db when it is not 0, and PING; all of it within timeout_ms
  * (connect included; a host name's lookup is not bounded by it).
  *
@@ -39,5 +42,30 @@
  * SIGPIPE from a connection Redis closed is blocked in the calling thread
  * and discarded, the thread's signal mask restored. */
 int state_redis_check(const struct config_redis *r, int timeout_ms, char *why, size_t whylen);
+
+/* With Sentinels (r->sentinel): ask them in turn, each within timeout_ms
+ * (AUTH with r->sentinel_password when there is one, then SENTINEL
+ * get-master-addr-by-name r->master), for the master's address: the
+ * first answer goes to ip (capacity iplen) and *port, and *which is the
+ * index of the Sentinel that gave it (-1: none). With out (--check-config)
+ * every Sentinel is asked and each gets a line on out ("kembali: redis
+ * Sentinel H:P: master M is IP:PORT", or "kembali: warning: ..." /
+ * "kembali: error: ..."); without, the first answer ends it.
+ *
+ * Returns STATE_REDIS_CHECK_OK (a master named, every Sentinel asked
+ * answered), STATE_REDIS_CHECK_UNREACHABLE (one did not answer: why names
+ * it; when none answered, nothing is named), or STATE_REDIS_CHECK_REFUSED
+ * (a Sentinel refused the password, does not know the master, or names a
+ * host name rather than an address). A master
+ * may be named whatever the verdict (*which >= 0). Blocking; SIGPIPE as
+ * state_redis_check. */
+int state_redis_sentinel_master(const struct config_redis *r, int timeout_ms, char *ip, size_t iplen, int *port,
+                                int *which, FILE *out, char *why, size_t whylen);
+
+/* The probe of state_redis_check, of the Redis at ip:port (NULL: r's Unix
+ * socket) with r's password and db; with role (capacity 16) also ROLE,
+ * whose first word ("master", "slave") goes there. Same verdicts. */
+int state_redis_check_master(const struct config_redis *r, const char *ip, int port, int timeout_ms, char *role,
+                             char *why, size_t whylen);
 
 #endif

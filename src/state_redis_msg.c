@@ -1,48 +1,12 @@
 /* state_redis_msg.c - see state_redis_msg.h. */
 #include "state_redis_msg.h"
 
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "ids.h"
 #include "util.h"
-
-void state_redis_hex(const uint8_t *b, size_t n, char *out)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hx[b[i] >> 4];
-        out[2 * i + 1] = hx[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-bool state_redis_unhex(const char *s, size_t len, uint8_t *out, size_t n)
-{
-    if (len != 2 * n)
-        return false;
-    for (size_t i = 0; i < 2 * n; i++) {
-        char c = s[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (v < 0)
-            return false;
-        if (i % 2 == 0)
-            out[i / 2] = (uint8_t)(v << 4);
-        else
-            out[i / 2] |= (uint8_t)v;
-    }
-    return true;
-}
-
-bool state_redis_word_ok(const char *w, size_t n)
-{
-    if (n == 0 || n > STATUS_WORD_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((w[i] >= 'a' && w[i] <= 'z') || (w[i] >= '0' && w[i] <= '9') || w[i] == '_'))
-            return false;
-    return true;
-}
 
 bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
 {
@@ -77,10 +41,10 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
     if (n != (worded ? 5 : 4))
         return false;
     uint8_t k[16];
-    if (!state_redis_unhex(f[1], strlen(f[1]), k, 16))
+    if (!ids_unhex(f[1], strlen(f[1]), k, 16))
         return false;
     util_copy(m->key.hex, sizeof m->key.hex, f[1]);
-    if (m->kind == STATE_REDIS_MSG_BLOCK ? !state_redis_unhex(f[2], strlen(f[2]), k, 16) : !config_valid_id(f[2]))
+    if (m->kind == STATE_REDIS_MSG_BLOCK ? !ids_unhex(f[2], strlen(f[2]), k, 16) : !ids_valid_id(f[2]))
         return false;
     util_copy(m->id, sizeof m->id, f[2]);
     size_t nd = strlen(f[3]);
@@ -90,9 +54,48 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
     if (m->ms > STATE_REDIS_MSG_MAX_MS)
         return false;
     if (worded) {
-        if (!state_redis_word_ok(f[4], strlen(f[4])))
+        if (!ids_valid_word(f[4], strlen(f[4])))
             return false;
         util_copy(m->word, sizeof m->word, f[4]);
     }
     return true;
+}
+
+const char *state_redis_master_addr(const char *ip, size_t iplen, const char *port, size_t portlen, char *out,
+                                    int *port_out)
+{
+    char a[STATE_REDIS_ADDR_MAX], p[8];
+    struct in6_addr a6;
+    if (iplen == 0 || iplen >= sizeof a || memchr(ip, '\0', iplen) != NULL)
+        return "the Sentinel's answer is not an address";
+    memcpy(a, ip, iplen);
+    a[iplen] = '\0';
+    if (inet_pton(AF_INET, a, &a6) != 1 && inet_pton(AF_INET6, a, &a6) != 1)
+        return "the Sentinel names a host name, not an address (kembali takes addresses)";
+    if (portlen == 0 || portlen >= sizeof p || strspn(port, "0123456789") < portlen)
+        return "the Sentinel's answer has no valid port";
+    memcpy(p, port, portlen);
+    p[portlen] = '\0';
+    long n = strtol(p, NULL, 10);
+    if (n < 1 || n > 65535)
+        return "the Sentinel's answer has no valid port";
+    memcpy(out, a, iplen + 1);
+    *port_out = (int)n;
+    return NULL;
+}
+
+void state_redis_order_move(int *order, int n, int pos, bool front)
+{
+    if (pos < 0 || pos >= n)
+        return;
+    int moved = order[pos];
+    if (front) {
+        for (int k = pos; k > 0; k--)
+            order[k] = order[k - 1];
+        order[0] = moved;
+    } else {
+        for (int k = pos; k + 1 < n; k++)
+            order[k] = order[k + 1];
+        order[n - 1] = moved;
+    }
 }

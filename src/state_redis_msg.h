@@ -8,7 +8,7 @@
  *   N KEY ID MS        a 404, remembered MS more
  *   B KEY CLIENT MS    CLIENT blocked for MS
  * KEY and CLIENT are 32 lowercase hex digits, ID a transaction id as
- * config_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
+ * ids_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
  * who can reach the Redis can publish: everything else is refused. */
 #ifndef KEMBALI_STATE_REDIS_MSG_H
 #define KEMBALI_STATE_REDIS_MSG_H
@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "classify.h"
+#include "ids.h"
 #include "state.h"
 
 #define STATE_REDIS_MSG_MAX_MS (24LL * 3600 * 1000)
@@ -49,13 +50,20 @@ struct state_redis_msg {
  * function can't fail otherwise. */
 bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m);
 
-/* n bytes as 2n lowercase hex digits and a NUL (out holds 2n + 1). */
-void state_redis_hex(const uint8_t *b, size_t n, char *out);
+#define STATE_REDIS_ADDR_MAX 46 /* INET6_ADDRSTRLEN: an address as text, its NUL included */
 
-/* 2n lowercase hex digits (exactly len == 2n) into n bytes; false otherwise. */
-bool state_redis_unhex(const char *s, size_t len, uint8_t *out, size_t n);
+/* A Sentinel's answer to SENTINEL get-master-addr-by-name, its two
+ * strings: ip (iplen bytes) must be an IPv4 or IPv6 address (kembali never
+ * resolves a name on its loop), port (portlen bytes) 1 to 65535 in decimal.
+ * NULL with the address in out (STATE_REDIS_ADDR_MAX bytes) and *port_out,
+ * else the reason, in words, and nothing written. Can't fail otherwise. */
+const char *state_redis_master_addr(const char *ip, size_t iplen, const char *port, size_t portlen, char *out,
+                                    int *port_out);
 
-/* A status word as kembali keeps them: [a-z0-9_]{1,32}. */
-bool state_redis_word_ok(const char *w, size_t n);
+/* The order Sentinels are asked in (order[0..n-1], a permutation): the one
+ * at position pos goes to the front (front: it answered) or to the back (it
+ * named a server that is not a master); the others keep their order. pos
+ * out of 0..n-1: nothing changes. Can't fail. */
+void state_redis_order_move(int *order, int n, int pos, bool front);
 
 #endif

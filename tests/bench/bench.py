@@ -21,6 +21,10 @@ then measures:
   - several hosts (tests/bench/hosts.py): three hosts on one Redis against
     three processes on one state_dir: cross-host wake latency, Redis round
     trips and CPU per cached answer and per held request, reads for 30 tabs;
+  - the streamed page (tests/bench/streamed.py): --buyers concurrent
+    browsers behind nginx on transactions that succeed at random times,
+    streamed and as single answers: first byte, read to end of page, reads
+    per transaction, RSS per request;
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
 Figures, not pass/fail: the tests assert behaviour, this prints numbers.
 A part that cannot run here (no wrk, nginx or php-fpm) says "skipped: why"."""
@@ -43,9 +47,10 @@ import held  # noqa: E402
 import hosts  # noqa: E402
 import flash  # noqa: E402
 import slowpeers  # noqa: E402
+import streamed  # noqa: E402
 import throughput  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed")
 
 
 def raise_nofile():
@@ -223,6 +228,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="throughput: wrk threads")
     ap.add_argument("--connections", type=int, default=32, help="throughput: wrk connections")
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts: " + ", ".join(PARTS))
+    ap.add_argument("--buyers", type=int, default=1000, help="streamed: concurrent buyers (each its own transaction)")
     ap.add_argument("--long", action="store_true", help="also poll a JSON answer for 60 s")
     ap.add_argument("--keep", action="store_true", help="keep the folder of logs and configurations")
     a = ap.parse_args()
@@ -257,6 +263,9 @@ def main():
             print_flash(*flash.run(tmp))
         if "hosts" in parts:
             print_hosts(hosts.run(tmp))
+        if "streamed" in parts:
+            streamed.print_table([streamed.run_case(tmp, a.buyers, mode, shops=max(1, a.buyers // 20))
+                                  for mode in (True, False)])
         if a.long:
             polling(k, sb)
         print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))

@@ -171,13 +171,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK((c->nshops >= 1 || c->nskipped >= 1) && c->default_tpl != NULL);
         for (int i = 0; i < c->nskipped; i++)
             FUZZ_CHECK(c->skipped[i].why[0] != '\0' && (c->skipped[i].collides == NULL ||
-                                                        config_valid_id(c->skipped[i].collides)));
+                                                        ids_valid_id(c->skipped[i].collides)));
         for (int i = 0; i < c->nshops; i++) {
             const struct shop *s = &c->shops[i];
-            FUZZ_CHECK(config_valid_id(s->id));
+            FUZZ_CHECK(ids_valid_id(s->id));
             FUZZ_CHECK(s->secret != NULL && strcmp(s->secret, GOOD_KEY) == 0);
             FUZZ_CHECK(s->tpl != NULL && s->read_budget >= 1);
-            FUZZ_CHECK(config_valid_id(s->id_param));
+            FUZZ_CHECK(ids_valid_id(s->id_param));
             for (int k = i + 1; k < c->nshops; k++)
                 FUZZ_CHECK(strcmp(s->id, c->shops[k].id) != 0);
             FUZZ_CHECK(config_pick_shop(c, s->id, NULL) == s);

@@ -96,7 +96,8 @@ static inline void fuzz_write_templates(const char *rel, int skip_every)
             char page[512];
             int n = snprintf(page, sizeof page,
                              "<!doctype html><html lang=\"%s\" data-status=\"{{status}}\"><title>{{shop_name}}</title>"
-                             "<p>%s {{id}}</p><a href=\"{{shop_url}}\">back</a> <a href=\"{{retry_url}}\">again</a></html>\n",
+                             "<!--card--><p>%s {{id}}</p><a href=\"{{shop_url}}\">back</a> <a href=\"{{retry_url}}\">again</a>"
+                             "<!--/card--></html>\n",
                              locales[l], words[w]);
             snprintf(p, sizeof p, "%s/%s/%s.html", rel, locales[l], words[w]);
             fuzz_write(p, page, (size_t)n, 0644);

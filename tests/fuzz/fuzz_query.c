@@ -5,7 +5,7 @@
  * (QUERY_STRING), an id_param name, a host (HTTP_HOST) and a shop
  * (KEMBALI_SHOP). request_query_param() is asked for several names into a
  * buffer of exactly that capacity (ASan sees any byte written past it), and
- * what it returns goes through config_valid_id(), checked against the
+ * what it returns goes through ids_valid_id(), checked against the
  * interface's rule: 1 to 64 characters of A-Z a-z 0-9 _ -. The host and
  * shop pick a shop of a fixed three-shop configuration (config_pick_shop),
  * checked against interface.md's rules. */
@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "config.h"
+#include "ids.h"
 #include "fuzz.h"
 #include "fuzz_fs.h"
 #include "request.h"
@@ -92,7 +93,7 @@ static void ask(const char *q, const char *name, size_t cap)
          * a piece of the query */
         if (strpbrk(q, "%+") == NULL)
             FUZZ_CHECK(strstr(q, out) != NULL);
-        FUZZ_CHECK(config_valid_id(out) == valid_id_reference(out));
+        FUZZ_CHECK(ids_valid_id(out) == valid_id_reference(out));
     }
     free(out);
 }
@@ -117,8 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (name[0] != '\0')
         ask(q, name, cap);
     FUZZ_CHECK(!request_query_param(NULL, "id", q, 1));
-    FUZZ_CHECK(config_valid_id(q) == valid_id_reference(q));
-    FUZZ_CHECK(!config_valid_id(NULL));
+    FUZZ_CHECK(ids_valid_id(q) == valid_id_reference(q));
+    FUZZ_CHECK(!ids_valid_id(NULL));
 
     free(q);
     free(name);

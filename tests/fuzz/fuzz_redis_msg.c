@@ -7,7 +7,7 @@
  * same message. */
 #include <stdio.h>
 
-#include "config.h"
+#include "ids.h"
 #include "fuzz.h"
 #include "state_redis_msg.h"
 
@@ -17,16 +17,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!state_redis_msg_parse((const char *)data, size, &m))
         return 0;
     uint8_t k[16];
-    FUZZ_CHECK(state_redis_unhex(m.key.hex, strlen(m.key.hex), k, 16));
+    FUZZ_CHECK(ids_unhex(m.key.hex, strlen(m.key.hex), k, 16));
     FUZZ_CHECK(m.ms >= 0 && m.ms <= STATE_REDIS_MSG_MAX_MS);
     static const char kinds[] = "FPWNB";
     FUZZ_CHECK(m.kind >= STATE_REDIS_MSG_FINAL && m.kind <= STATE_REDIS_MSG_BLOCK);
     bool worded = m.kind == STATE_REDIS_MSG_FINAL || m.kind == STATE_REDIS_MSG_STATUS;
     if (m.kind == STATE_REDIS_MSG_BLOCK)
-        FUZZ_CHECK(state_redis_unhex(m.id, strlen(m.id), k, 16));
+        FUZZ_CHECK(ids_unhex(m.id, strlen(m.id), k, 16));
     else
-        FUZZ_CHECK(config_valid_id(m.id));
-    FUZZ_CHECK(worded ? state_redis_word_ok(m.word, strlen(m.word)) : m.word[0] == '\0');
+        FUZZ_CHECK(ids_valid_id(m.id));
+    FUZZ_CHECK(worded ? ids_valid_word(m.word, strlen(m.word)) : m.word[0] == '\0');
     char line[256];
     int n = worded ? snprintf(line, sizeof line, "%c %s %s %lld %s", kinds[m.kind], m.key.hex, m.id, (long long)m.ms, m.word)
                    : snprintf(line, sizeof line, "%c %s %s %lld", kinds[m.kind], m.key.hex, m.id, (long long)m.ms);

@@ -1,14 +1,16 @@
 /* fuzz_templates.c - template pages (templates_load, render_html).
  *
- * Input: 1 byte choosing the page (which word, which locale, whether the
- * other pages come from a fallback folder), the page's bytes up to a 0xFF
+ * Input: 1 byte choosing the page (which word, or waiting.html, which
+ * locale, whether the other pages come from a fallback folder), the page's bytes up to a 0xFF
  * byte (which UTF-8 never holds), then the four values a page shows (id,
  * shop name, shop URL, retry URL), separated by 0xFF, each cut at a NUL byte.
  * The page is written into a private folder (fuzz_fs.h) as
  * own/<locale>/<word>.html; the other pages are those of fallback/ (or
  * missing, so the load must fail). Checked: a loaded set renders every
- * page; each output carries data-status="<word>"; values arrive escaped
- * (html_escape: no raw < > " ' and every & starts an entity). */
+ * page; each output carries data-status="<word>"; a set that streams
+ * renders its waiting top and every result part, whose last data-status
+ * is the word; values arrive escaped (html_escape: no raw < > " ' and
+ * every & starts an entity). */
 #include <stdbool.h>
 
 #include "fuzz.h"
@@ -24,6 +26,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc, (void)argv;
     fuzz_fs_init("templates");
     fuzz_write_templates("fallback", 0);
+    static const char wait[] = "<!doctype html><html data-status=\"{{status}}\"><p>{{shop_name}} {{id}}</p>"
+                               "{{more}}<div role=\"alert\" data-status=\"{{status}}\">{{card}}</div></html>\n";
+    fuzz_write("fallback/id/waiting.html", wait, sizeof wait - 1, 0644);
+    fuzz_write("fallback/en/waiting.html", wait, sizeof wait - 1, 0644);
     fuzz_mkdir("own");
     fuzz_mkdir("own/id");
     fuzz_mkdir("own/en");
@@ -60,7 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         vals[i] = fuzz_field(&in, 0xFF, NULL);
 
     char rel[64], own[PATH_MAX], fb[PATH_MAX];
-    snprintf(rel, sizeof rel, "own/%s/%s.html", loc, wordfile[w]);
+    bool waiting = sel & 0x20; /* the page is waiting.html */
+    snprintf(rel, sizeof rel, "own/%s/%s.html", loc, waiting ? "waiting" : wordfile[w]);
     fuzz_write(rel, page, plen, 0644);
     fuzz_path(own, sizeof own, "own");
     fuzz_path(fb, sizeof fb, "fallback");
@@ -72,16 +79,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(strnlen(err, sizeof err) < sizeof err && err[0] != '\0');
     } else {
         FUZZ_CHECK(with_fallback);
-        FUZZ_CHECK(t->len[w] == plen && memcmp(t->page[w], page, plen) == 0);
+        FUZZ_CHECK(waiting || (t->len[w] == plen && memcmp(t->page[w], page, plen) == 0));
         struct page_vars v = {vals[0], vals[1], vals[2], vals[3]};
         for (int x = 0; x < W_COUNT; x++) {
             struct dynbuf b;
             dynbuf_init(&b, 64 << 20);
             FUZZ_CHECK(render_html(t, (enum word)x, &v, &b) == DYNBUF_OK);
             FUZZ_CHECK(b.p != NULL && strlen(b.p) == b.len);
+            FUZZ_CHECK(render_html_len(t, (enum word)x, &v) == b.len);
             char want[64];
             snprintf(want, sizeof want, "data-status=\"%s\"", word_name((enum word)x));
             FUZZ_CHECK(strstr(b.p, want) != NULL);
+            dynbuf_free(&b);
+        }
+        if (templates_stream(t)) {
+            struct dynbuf b;
+            dynbuf_init(&b, 64 << 20);
+            FUZZ_CHECK(render_wait_top(t, &v, &b) == DYNBUF_OK);
+            FUZZ_CHECK(b.len == 0 || strlen(b.p) == b.len);
+            for (int x = W_SUCCEEDED; x <= W_NOT_FOUND; x++) {
+                struct dynbuf r;
+                dynbuf_init(&r, 64 << 20);
+                FUZZ_CHECK(render_wait_result(t, (enum word)x, &v, &r) == DYNBUF_OK);
+                FUZZ_CHECK(r.p != NULL && strlen(r.p) == r.len);
+                FUZZ_CHECK(render_stream_len(t, (enum word)x, &v) == b.len + r.len); /* what the load-time cap counts */
+                char want[64];
+                snprintf(want, sizeof want, "data-status=\"%s\"", word_name((enum word)x));
+                FUZZ_CHECK(strstr(r.p, want) != NULL);
+                dynbuf_free(&r);
+            }
             dynbuf_free(&b);
         }
         templates_free(t);

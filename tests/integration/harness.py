@@ -1707,6 +1707,94 @@ class Redis:
         return _tail(self.log_path, 1 << 30)
 
 
+REDIS_SENTINEL = "/usr/bin/redis-sentinel"
+
+
+class Sentinel(Redis):
+    """A private redis-sentinel (Debian's redis-sentinel package) for one
+    test, on a free TCP port of 127.0.0.1 (never 26379), monitoring the
+    master ``master_name`` at ``monitor`` (a Redis, or (host, port)) with
+    ``quorum``, ``down_after_ms`` and ``failover_timeout_ms``; the master's
+    password given to it (auth-pass) when the Redis has one; ``password``
+    is the Sentinel's own (requirepass). Its config file (which Sentinel
+    rewrites) is ``<tmpdir>/<name>.conf``, its log ``<name>.log``. Started,
+    paused, stopped and killed as a Redis. A missing redis-sentinel skips
+    the test (fails with KEMBALI_REQUIRE_SERVERS=1)."""
+
+    def __init__(self, tmpdir: str, monitor, master_name: str = "kembali", name: str = "sentinel",
+                 quorum: int = 1, down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
+                 password: str | None = None, start: bool = True):
+        exe = os.environ.get("REDIS_SENTINEL") or shutil.which("redis-sentinel") or REDIS_SENTINEL
+        if not os.path.exists(exe):
+            if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
+                raise AssertionError("%s is missing and KEMBALI_REQUIRE_SERVERS=1" % exe)
+            raise Skip("%s is not installed (Debian's redis-sentinel package)" % exe)
+        self.monitor = monitor
+        self.master_name = master_name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        super().__init__(tmpdir, password=password, name=name, bin=exe, start=False)
+        self.conf_path = os.path.join(tmpdir, name + ".conf")
+        if start:
+            self.start()
+
+    def argv(self, port: int) -> list[str]:
+        if isinstance(self.monitor, Redis):
+            host, mport, mpass = "127.0.0.1", self.monitor.port, self.monitor.password
+        else:
+            (host, mport), mpass = self.monitor, None
+        lines = ["port %d" % port, "bind 127.0.0.1", "protected-mode no", "daemonize no",
+                 "dir %s" % self.dir, "logfile %s" % self.log_path, "loglevel notice",
+                 "sentinel monitor %s %s %d %d" % (self.master_name, host, mport, self.quorum),
+                 "sentinel down-after-milliseconds %s %d" % (self.master_name, self.down_after_ms),
+                 "sentinel failover-timeout %s %d" % (self.master_name, self.failover_timeout_ms)]
+        if mpass is not None:
+            lines.append("sentinel auth-pass %s %s" % (self.master_name, mpass))
+        if self.password is not None:
+            lines.append("requirepass %s" % self.password)
+        # a restart keeps what Sentinel learnt (its rewritten file)
+        if not os.path.exists(self.conf_path):
+            with open(self.conf_path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        else:
+            text = open(self.conf_path).read()
+            with open(self.conf_path, "w") as f:
+                f.write("".join(l + "\n" for l in text.splitlines() if not l.startswith("port ")) +
+                        "port %d\n" % port)
+        return [self.bin, self.conf_path]
+
+    def _ready(self) -> bool:
+        try:
+            with RedisConnection(("127.0.0.1", self.port), self.password, timeout=1.0) as c:
+                return c.cmd("PING") == "PONG"
+        except (OSError, RedisError):
+            return False
+
+    def client(self, tcp: bool = True, db: int = 0, timeout: float = 5.0, raw: bool = False) -> RedisConnection:
+        return RedisConnection(("127.0.0.1", self.port), self.password, timeout=timeout, raw=raw)
+
+    def hostport(self) -> str:
+        """``127.0.0.1:PORT``, as redis-sentinel:// lists it."""
+        return "127.0.0.1:%d" % self.port
+
+    def master_addr(self):
+        """(host, port) Sentinel names for its master now."""
+        got = self.cmd("SENTINEL", "get-master-addr-by-name", self.master_name)
+        return (got[0], int(got[1])) if got else None
+
+    def replicas_ready(self, n: int = 1) -> bool:
+        """Does Sentinel know n replicas of its master, each linked and not down
+        (what SENTINEL FAILOVER needs)?"""
+        reps = self.cmd("SENTINEL", "replicas", self.master_name)
+        good = 0
+        for r in reps:
+            d = dict(zip(r[::2], r[1::2]))
+            if "s_down" not in d.get("flags", "") and d.get("master-link-status") == "ok":
+                good += 1
+        return good >= n
+
+
 # ---------------------------------------------------------------------------
 # Chromium
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-/* test_config.c - unit tests of src/config.c: loading, validation and
+/* test_config.c - unit tests of src/config*.c: loading, validation and
  * error messages (each names the file and the key), shop selection. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -231,6 +231,25 @@ static void test_unknown_top_level_key(void **unused)
     struct config *c = load_fmt(HEAD "\"colour\": \"blue\", \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}",
                                 g_dir);
     expect_error(c, g_cfg, "colour", "unknown key");
+}
+
+/* An error is never cut without a word: a long key name ends in "...",
+ * and a full error buffer ends its last line with "...". */
+static void test_errors_cut_visibly(void **unused)
+{
+    (void)unused;
+    char key[301];
+    memset(key, 'k', 300);
+    key[300] = '\0';
+    struct config *c = load_fmt(HEAD "\"%s\": 1, \"shops\": [{\"id\": \"a\", \"secret_key_file\": \"%s/key_a\"}]}",
+                                key, g_dir);
+    assert_null(c);
+    assert_non_null(strstr(g_err, "kkk...: unknown key"));
+    char small[48];
+    c = config_load(g_cfg, small, sizeof small);
+    assert_null(c);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_string_equal(small + sizeof small - 5, "...\n");
 }
 
 static void test_unknown_shop_key(void **unused)
@@ -1127,6 +1146,48 @@ static void test_rendered_page_cap(void **unused)
     expect_error(load_one_shop(shop), g_cfg, "shops[0].templates_dir", "the failed page would be");
 }
 
+/* The streamed page (its waiting top and the result card for each word,
+ * together) is a page too: a shop whose values make it larger than
+ * RENDER_PAGE_MAX is refused, though each single page fits; with
+ * `progressive` false it never gets one, and loads. */
+static void test_streamed_page_cap(void **unused)
+{
+    (void)unused;
+    make_dir("tpl_wait");
+    make_dir("tpl_wait/id");
+    /* 500 {{shop_url}} in the top and 500 in the failed card: a 300-byte
+     * shop_url makes a 150 KB single page, a 300 KB streamed one */
+    static char page[16 * 1024], wait[16 * 1024];
+    strcpy(page, "<html data-status=\"{{status}}\"><!--card-->");
+    strcpy(wait, "<html data-status=\"{{status}}\">");
+    for (int i = 0; i < 500; i++) {
+        strcat(page, "{{shop_url}}");
+        strcat(wait, "{{shop_url}}");
+    }
+    strcat(page, "<!--/card--></html>");
+    strcat(wait, "{{more}}<div data-status=\"{{status}}\">{{card}}</div></html>");
+    put_file("tpl_wait/id/failed.html", page);
+    put_file("tpl_wait/id/waiting.html", wait);
+    char url[400], shop[1200];
+    snprintf(url, sizeof url, "https://a.example/?");
+    while (strlen(url) < 300)
+        strcat(url, "x");
+    for (int progressive = 0; progressive <= 1; progressive++) {
+        snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"templates_dir\": \"%s/tpl_wait\", "
+                 "\"shop_url\": \"%s\", \"progressive\": %s", g_dir, g_dir, url, progressive ? "true" : "false");
+        struct config *c = load_one_shop(shop);
+        if (!progressive) {
+            expect_ok(c);
+            assert_false(c->shops[0].progressive);
+            assert_true(templates_stream(c->shops[0].tpl));
+            config_unref(c);
+        } else {
+            expect_error(c, g_cfg, "shops[0].templates_dir", "the streamed failed page would be 293 KiB with this "
+                                                             "shop's name and shop_url: at most 256 KiB");
+        }
+    }
+}
+
 /* Key files others can read, or group or others can write, are refused
  * with a message naming the file; 0600 and 0640 are fine. */
 static void test_key_file_modes(void **unused)
@@ -1448,7 +1509,7 @@ static struct config *load_top(const char *top)
 /* load_top with "redis": url; the load succeeds. */
 static struct config *load_redis_ok(const char *url)
 {
-    char top[600];
+    char top[1000];
     snprintf(top, sizeof top, "\"redis\": \"%s\"", url);
     return expect_ok(load_top(top));
 }
@@ -1456,7 +1517,7 @@ static struct config *load_redis_ok(const char *url)
 /* load_top with "redis": url; refused, the message names redis and `also`. */
 static void expect_redis_error(const char *url, const char *also)
 {
-    char top[600];
+    char top[1000];
     snprintf(top, sizeof top, "\"redis\": \"%s\"", url);
     expect_error(load_top(top), g_cfg, "redis: ", also);
 }
@@ -1572,9 +1633,9 @@ static void test_redis_refused_urls(void **unused)
     static const struct {
         const char *url, *why;
     } cases[] = {
-        {"http://127.0.0.1:6379", "must start with redis:// or unix://"},
-        {"127.0.0.1:6379", "must start with redis:// or unix://"},
-        {"REDIS://127.0.0.1:6379", "must start with redis:// or unix://"},
+        {"http://127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
+        {"127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
+        {"REDIS://127.0.0.1:6379", "must start with redis://, unix:// or redis-sentinel://"},
         {"rediss://127.0.0.1:6379", "TLS (rediss://) is not supported"},
         {"redis://127.0.0.1", "the port is missing"},
         {"redis://127.0.0.1:", "the port is missing"},
@@ -1623,6 +1684,119 @@ static void test_redis_refused_urls(void **unused)
     expect_error(load_top("\"redis\": 6379"), g_cfg, "redis: ", "must be a non-empty string");
     expect_error(load_top("\"redis\": \"\""), g_cfg, "redis: ", "must be a non-empty string");
     expect_error(load_top("\"redis\": [\"redis://127.0.0.1:6379\"]"), g_cfg, "redis: ", "non-empty string");
+}
+
+static void test_redis_sentinel_forms(void **unused)
+{
+    (void)unused;
+    struct config *c = load_redis_ok("redis-sentinel://127.0.0.1:26379/mymaster");
+    assert_true(c->redis.on);
+    assert_true(c->redis.sentinel);
+    assert_false(c->redis.unix_socket);
+    assert_int_equal(c->redis.nsentinels, 1);
+    assert_string_equal(c->redis.sentinels[0].host, "127.0.0.1");
+    assert_int_equal(c->redis.sentinels[0].port, 26379);
+    assert_string_equal(c->redis.master, "mymaster");
+    assert_int_equal(c->redis.db, 0);
+    assert_null(c->redis.sentinel_password);
+    expect_address(&c->redis, "redis-sentinel://127.0.0.1:26379/mymaster");
+    config_unref(c);
+
+    c = load_redis_ok("redis-sentinel://s1.example:26379,[::1]:26380,10.0.0.3:1/Shop_m-1.a:b?db=3");
+    assert_int_equal(c->redis.nsentinels, 3);
+    assert_string_equal(c->redis.sentinels[0].host, "s1.example");
+    assert_string_equal(c->redis.sentinels[1].host, "::1");
+    assert_int_equal(c->redis.sentinels[1].port, 26380);
+    assert_string_equal(c->redis.sentinels[2].host, "10.0.0.3");
+    assert_int_equal(c->redis.sentinels[2].port, 1);
+    assert_string_equal(c->redis.master, "Shop_m-1.a:b");
+    assert_int_equal(c->redis.db, 3);
+    expect_address(&c->redis, "redis-sentinel://s1.example:26379,[::1]:26380,10.0.0.3:1/Shop_m-1.a:b?db=3");
+    config_unref(c);
+
+    /* the most Sentinels, and the longest master name */
+    char url[800], name[80];
+    memset(name, 'n', CONFIG_REDIS_MASTER_MAX);
+    name[CONFIG_REDIS_MASTER_MAX] = '\0';
+    int n = snprintf(url, sizeof url, "redis-sentinel://");
+    for (int i = 0; i < CONFIG_REDIS_SENTINELS_MAX; i++)
+        n += snprintf(url + n, sizeof url - (size_t)n, "%s127.0.0.%d:%d", i ? "," : "", i + 1, 26379 + i);
+    snprintf(url + n, sizeof url - (size_t)n, "/%s", name);
+    c = load_redis_ok(url);
+    assert_int_equal(c->redis.nsentinels, CONFIG_REDIS_SENTINELS_MAX);
+    assert_int_equal(c->redis.sentinels[CONFIG_REDIS_SENTINELS_MAX - 1].port, 26379 + CONFIG_REDIS_SENTINELS_MAX - 1);
+    assert_string_equal(c->redis.master, name);
+    config_unref(c);
+    /* one more of each: refused */
+    snprintf(url + n, sizeof url - (size_t)n, "/%sn", name);
+    expect_redis_error(url, "the master's name is longer than 64 characters");
+    snprintf(url + n, sizeof url - (size_t)n, ",127.0.0.9:1/m");
+    expect_redis_error(url, "more than 8 Sentinels");
+}
+
+static void test_redis_sentinel_refused(void **unused)
+{
+    (void)unused;
+    static const struct {
+        const char *url, *why;
+    } cases[] = {
+        {"redis-sentinel://", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel:///m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://127.0.0.1:26379,/m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://,127.0.0.1:26379/m", "a Sentinel's HOST:PORT is missing"},
+        {"redis-sentinel://127.0.0.1/m", "the port is missing after \"127.0.0.1\""},
+        {"redis-sentinel://127.0.0.1:26379,s2/m", "the port is missing after \"s2\""},
+        {"redis-sentinel://127.0.0.1:26379,s2:x/m", "the port \"x\" is not a number"},
+        {"redis-sentinel://127.0.0.1:0/m", "the port 0 is out of range"},
+        {"redis-sentinel://[::1/m", "IPv6 address in brackets is not closed"},
+        {"redis-sentinel://a!b:1/m", "the host \"a!b\" is not a host name"},
+        {"redis-sentinel://127.0.0.1:26379", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/?db=1", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379?db=1", "the master's name is missing"},
+        {"redis-sentinel://127.0.0.1:26379/my/master", "the master's name \"my/master\" may only hold"},
+        {"redis-sentinel://127.0.0.1:26379/m?db=x", "the db \"x\" is not a number"},
+        {"redis-sentinel://127.0.0.1:26379/m?db=", "the db \"\" is not a number"},
+        {"redis-sentinel://127.0.0.1:26379/m?timeout=1", "the only query parameter is db"},
+        {"redis-sentinel://127.0.0.1:26379/m#x", "fragment"},
+        {"redis-sentinel://127.0.0.1:26379 /m", "must not contain spaces"},
+        {"Redis-Sentinel://127.0.0.1:26379/m", "must start with redis://, unix:// or redis-sentinel://"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_redis_error(cases[i].url, cases[i].why);
+    /* a password in the URL is refused without being quoted */
+    expect_redis_error("redis-sentinel://:hunter2@127.0.0.1:26379/m", "redis_sentinel_password_file");
+    assert_null(strstr(g_err, "hunter2"));
+}
+
+static void test_redis_sentinel_password_file(void **unused)
+{
+    (void)unused;
+    char top[700];
+    put_file("redis_pw", "master-pw\n");
+    put_file("sentinel_pw", " sentinel pw \n");
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis-sentinel://127.0.0.1:26379/m\", \"redis_password_file\": \"%s/redis_pw\", "
+             "\"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir, g_dir);
+    struct config *c = expect_ok(load_top(top));
+    assert_string_equal(c->redis.password, "master-pw");
+    assert_string_equal(c->redis.sentinel_password, "sentinel pw");
+    config_unref(c);
+    /* the same rules as redis_password_file: a control character, a missing file */
+    put_file("sentinel_pw", "zqx\001word\n");
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "without control characters");
+    assert_null(strstr(g_err, "zqx"));
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis-sentinel://127.0.0.1:26379/m\", \"redis_sentinel_password_file\": \"%s/nope_pw\"",
+             g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "nope_pw");
+    /* without Sentinels, or without redis: refused */
+    put_file("sentinel_pw", "pw\n");
+    snprintf(top, sizeof top,
+             "\"redis\": \"redis://127.0.0.1:6379\", \"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "redis names no Sentinels");
+    snprintf(top, sizeof top, "\"redis_sentinel_password_file\": \"%s/sentinel_pw\"", g_dir);
+    expect_error(load_top(top), g_cfg, "redis_sentinel_password_file", "is set but redis is not");
 }
 
 static void test_redis_prefix(void **unused)
@@ -1864,37 +2038,6 @@ static void test_redis_reload_reads_again(void **unused)
     config_unref(c3);
 }
 
-static void test_valid_id(void **unused)
-{
-    (void)unused;
-    assert_true(config_valid_id("a"));
-    assert_true(config_valid_id("T1"));
-    assert_true(config_valid_id("txn_01HZX-abc"));
-    assert_true(config_valid_id("ABCxyz0189_-"));
-    assert_true(config_valid_id("-"));
-    char id[80];
-    memset(id, 'a', sizeof id);
-    id[64] = '\0';
-    assert_true(config_valid_id(id)); /* 64 */
-    id[64] = 'b';
-    id[65] = '\0';
-    assert_false(config_valid_id(id)); /* 65 */
-    id[70] = '\0';
-    id[65] = 'c';
-    assert_false(config_valid_id(id));
-    assert_false(config_valid_id(""));
-    assert_false(config_valid_id(NULL));
-    assert_false(config_valid_id("a b"));
-    assert_false(config_valid_id("a/b"));
-    assert_false(config_valid_id("\xc3\xa4"));
-    assert_false(config_valid_id("a\xc3\xa4"));
-    assert_false(config_valid_id("a.b"));
-    assert_false(config_valid_id("a%20"));
-    assert_false(config_valid_id("a\n"));
-    assert_false(config_valid_id("<x>"));
-    assert_false(config_valid_id("a+b"));
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1902,6 +2045,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_refs_and_bind_state),
         cmocka_unit_test(test_unknown_top_level_key),
+        cmocka_unit_test(test_errors_cut_visibly),
         cmocka_unit_test(test_unknown_shop_key),
         cmocka_unit_test(test_api_base),
         cmocka_unit_test(test_schedule),
@@ -1924,6 +2068,7 @@ int main(void)
         cmocka_unit_test(test_pick_no_fallback_with_shops_dir),
         cmocka_unit_test(test_size_caps),
         cmocka_unit_test(test_rendered_page_cap),
+        cmocka_unit_test(test_streamed_page_cap),
         cmocka_unit_test(test_key_file_modes),
         cmocka_unit_test(test_max_held),
         cmocka_unit_test(test_syntax_errors),
@@ -1934,12 +2079,14 @@ int main(void)
         cmocka_unit_test(test_pick_ipv6_host_matching),
         cmocka_unit_test(test_ipv6_host_configurable),
         cmocka_unit_test(test_host_trailing_dot_in_config),
-        cmocka_unit_test(test_valid_id),
         cmocka_unit_test(test_shops_dir_empty),
         cmocka_unit_test(test_redis_absent),
         cmocka_unit_test(test_redis_tcp_forms),
         cmocka_unit_test(test_redis_unix_forms),
         cmocka_unit_test(test_redis_refused_urls),
+        cmocka_unit_test(test_redis_sentinel_forms),
+        cmocka_unit_test(test_redis_sentinel_refused),
+        cmocka_unit_test(test_redis_sentinel_password_file),
         cmocka_unit_test(test_redis_prefix),
         cmocka_unit_test(test_redis_hosts),
         cmocka_unit_test(test_redis_keys_need_redis),

@@ -1094,7 +1094,18 @@ static void test_errors_are_sticky(void **unused)
 /* Parse an answer back and check it is exactly: data in STDOUT records of
  * 65535 bytes but the last, each padded to 8 with zeros, the empty STDOUT,
  * END_REQUEST(0, FCGI_REQUEST_COMPLETE). */
+static void check_answer_split(const uint8_t *out, size_t n, uint16_t id, const uint8_t *data, size_t len,
+                               bool parts);
+
 static void check_answer(const uint8_t *out, size_t n, uint16_t id, const uint8_t *data, size_t len)
+{
+    check_answer_split(out, n, id, data, len, false);
+}
+
+/* The same, and with `parts` a data record may be short before another
+ * (an answer sent in parts). */
+static void check_answer_split(const uint8_t *out, size_t n, uint16_t id, const uint8_t *data, size_t len,
+                               bool parts)
 {
     size_t r = 0, got = 0;
     for (;;) {
@@ -1114,7 +1125,10 @@ static void check_answer(const uint8_t *out, size_t n, uint16_t id, const uint8_
             break;
         }
         /* all records but the last data record are full */
-        assert_int_equal(clen, len - got < 65535 ? len - got : 65535);
+        if (parts)
+            assert_true(clen <= len - got);
+        else
+            assert_int_equal(clen, len - got < 65535 ? len - got : 65535);
         assert_memory_equal(out + r + 8, data + got, clen);
         for (size_t i = 0; i < pad; i++)
             assert_int_equal(out[r + 8 + clen + i], 0);
@@ -1154,6 +1168,42 @@ static void test_encode_answer(void **unused)
     assert_int_equal(fcgi_encode_answer(out, sizeof out, 1, NULL, 0), 24);
     check_answer(out, 24, 1, NULL, 0);
     assert_int_equal(fcgi_encode_answer(out, 0, 1, NULL, 0), 0);
+    free(data);
+}
+
+/* A streamed answer: parts of STDOUT records, then the last part with the
+ * end; concatenated, the data are the whole answer and exactly one empty
+ * STDOUT record and one END_REQUEST close it (check_answer). */
+static void test_encode_stdout_parts(void **unused)
+{
+    (void)unused;
+    static const size_t lens[] = {1, 7, 8, 9, 65535, 65536, 200000};
+    static const size_t sizes[] = {16, 16, 16, 24, 65544, 65560, 200000 + 4 * 8 + 3 * 1 + 5};
+    uint8_t *data = malloc(200000);
+    assert_non_null(data);
+    for (size_t i = 0; i < 200000; i++)
+        data[i] = (uint8_t)(i * 5 + 3);
+    assert_int_equal(fcgi_stdout_size(0), 0);
+    uint8_t none[8];
+    assert_int_equal(fcgi_encode_stdout(none, sizeof none, 1, NULL, 0), 0); /* never an empty record */
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        size_t part = fcgi_stdout_size(lens[i]);
+        assert_int_equal(part, sizes[i]);
+        size_t half = lens[i] / 2, need = fcgi_stdout_size(lens[i] - half) + fcgi_answer_size(half);
+        uint8_t *out = malloc(need + 1);
+        assert_non_null(out);
+        memset(out, 0x55, need + 1);
+        assert_int_equal(fcgi_encode_stdout(out, part - 1, 9, data, lens[i]), 0);
+        assert_int_equal(out[0], 0x55);
+        size_t a = fcgi_encode_stdout(out, need, 9, data, lens[i] - half);
+        assert_int_equal(a, fcgi_stdout_size(lens[i] - half));
+        size_t b = fcgi_encode_answer(out + a, need - a, 9, data + lens[i] - half, half);
+        assert_int_equal(a + b, need);
+        assert_int_equal(out[need], 0x55);
+        check_answer_split(out, need, 9, data, lens[i], true);
+        free(out);
+    }
+    assert_int_equal(fcgi_stdout_size(SIZE_MAX), SIZE_MAX);
     free(data);
 }
 
@@ -1219,6 +1269,7 @@ int main(void)
         cmocka_unit_test(test_types_applications_send),
         cmocka_unit_test(test_errors_are_sticky),
         cmocka_unit_test(test_encode_answer),
+        cmocka_unit_test(test_encode_stdout_parts),
         cmocka_unit_test(test_answer_size_saturates),
         cmocka_unit_test(test_encode_end),
     };

@@ -124,9 +124,18 @@ static void fill(struct app_metrics *am, struct metrics_src *src, bool redis)
     src->front.connections = n++;
     src->front.accepted = n++;
     src->has_redis = redis;
-    l = (long *)&src->redis;
-    for (size_t i = 0; i < sizeof src->redis / sizeof(long); i++)
+    l = (long *)&src->redis; /* its longs, up to the master's address */
+    for (size_t i = 0; i < offsetof(struct state_redis_metrics, master) / sizeof(long); i++)
         l[i] = n++;
+    src->redis.sentinel = 0;
+}
+
+/* fill(), with Sentinels that named the master `master` ("": none yet). */
+static void fill_sentinel(struct app_metrics *am, struct metrics_src *src, const char *master)
+{
+    fill(am, src, true);
+    src->redis.sentinel = 1;
+    snprintf(src->redis.master, sizeof src->redis.master, "%s", master);
 }
 
 static char *render(const struct metrics_src *src)
@@ -139,16 +148,17 @@ static char *render(const struct metrics_src *src)
     return s;
 }
 
-static void check_page(bool redis)
+/* Every family of the page of src: one HELP, one TYPE, a sample at least,
+ * counters and only they named _total; Redis's only with Redis, and the
+ * Sentinels' (kembali_redis_master..., kembali_redis_sentinel_...) only
+ * with Sentinels. Returns the page. */
+static char *check_src(const struct metrics_src *src)
 {
-    struct app_metrics am;
-    struct metrics_src src;
-    fill(&am, &src, redis);
-    char *text = render(&src);
+    char *text = render(src);
     struct page pg;
     parse(text, &pg);
     assert_true(pg.n >= 28);
-    bool saw_redis = false;
+    bool saw_redis = false, saw_sentinel = false;
     for (int i = 0; i < pg.n; i++) {
         struct family *f = &pg.f[i];
         if (f->helps != 1 || f->types != 1 || f->samples < 1)
@@ -164,9 +174,20 @@ static void check_page(bool redis)
             assert_false(ends_with(f->name, "_total"));
         }
         saw_redis |= strncmp(f->name, "kembali_redis_", 14) == 0;
+        saw_sentinel |= strncmp(f->name, "kembali_redis_master", 20) == 0 ||
+                        strncmp(f->name, "kembali_redis_sentinel_", 23) == 0;
     }
-    assert_int_equal(saw_redis, redis);
-    free(text);
+    assert_int_equal(saw_redis, src->has_redis);
+    assert_int_equal(saw_sentinel, src->has_redis && src->redis.sentinel);
+    return text;
+}
+
+static void check_page(bool redis)
+{
+    struct app_metrics am;
+    struct metrics_src src;
+    fill(&am, &src, redis);
+    free(check_src(&src));
 }
 
 static void test_every_metric_has_help_and_type(void **unused)
@@ -174,6 +195,38 @@ static void test_every_metric_has_help_and_type(void **unused)
     (void)unused;
     check_page(false);
     check_page(true);
+}
+
+/* With Sentinels, their rows: the master joined as a label (value 1), left
+ * out, HELP and TYPE too, before the first join; the counts always. */
+static void test_sentinel_rows(void **unused)
+{
+    (void)unused;
+    struct app_metrics am;
+    struct metrics_src src;
+    fill_sentinel(&am, &src, "192.0.2.7:6380");
+    char *text = check_src(&src);
+    char want[256];
+    assert_non_null(strstr(text, "\n# HELP kembali_redis_master The master (named by the Sentinels) last joined.\n"
+                                 "# TYPE kembali_redis_master gauge\n"
+                                 "kembali_redis_master{address=\"192.0.2.7:6380\"} 1\n"));
+    snprintf(want, sizeof want, "\nkembali_redis_master_changes_total %ld\n", src.redis.master_changes);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "\nkembali_redis_sentinel_asks_total %ld\n", src.redis.sentinel_asks);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "\nkembali_redis_sentinel_failures_total %ld\n", src.redis.sentinel_failures);
+    assert_non_null(strstr(text, want));
+    free(text);
+
+    fill_sentinel(&am, &src, "");
+    text = check_src(&src);
+    assert_null(strstr(text, "kembali_redis_master "));
+    assert_null(strstr(text, "kembali_redis_master{"));
+    assert_non_null(strstr(text, "\nkembali_redis_sentinel_asks_total "));
+    free(text);
+
+    src.has_redis = false; /* Sentinels configured, but no Redis part: nothing of them */
+    free(check_src(&src));
 }
 
 /* The names dashboards and tests use, each with the value of its field. */
@@ -255,6 +308,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_metric_has_help_and_type),
         cmocka_unit_test(test_values_from_their_fields),
+        cmocka_unit_test(test_sentinel_rows),
         cmocka_unit_test(test_too_small_a_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

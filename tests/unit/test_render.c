@@ -81,20 +81,6 @@ static char *escaped(const char *s)
     return e;
 }
 
-/* ---- words ---- */
-
-static void test_words(void **unused)
-{
-    (void)unused;
-    static const int http[W_COUNT] = {200, 200, 200, 200, 200, 404, 400, 404};
-    for (int w = 0; w < W_COUNT; w++) {
-        assert_string_equal(word_name((enum word)w), all_words[w]);
-        assert_int_equal(word_http((enum word)w), http[w]);
-    }
-    assert_string_equal(word_name(W_COUNT), "checking");
-    assert_string_equal(word_name((enum word)99), "checking");
-}
-
 /* ---- escaping ---- */
 
 static void test_html_escape(void **unused)
@@ -355,6 +341,146 @@ static void test_refuses_bad_files(void **state)
     assert_non_null(strstr(err, "/nonexistent/kembali"));
 }
 
+/* ---- the streamed page ---- */
+
+/* The last data-status="..." value in s, into out. */
+static void last_status(const char *s, char *out, size_t cap)
+{
+    const char *last = NULL;
+    for (const char *p = s; (p = strstr(p, "data-status=\"")) != NULL; p++)
+        last = p + 13;
+    assert_non_null(last);
+    size_t n = strcspn(last, "\"");
+    assert_true(n < cap);
+    memcpy(out, last, n);
+    out[n] = '\0';
+}
+
+static void check_stream_locale(const char *locale)
+{
+    struct templates *t = load_ok(TEMPLATES, NULL, locale);
+    assert_true(templates_stream(t));
+    struct page_vars v = {.id = "TX<1>", .shop_name = "Toko <A> & \"B\"", .shop_url = "https://a.example/",
+                          .retry_url = "?id=TX"};
+    struct dynbuf top;
+    dynbuf_init(&top, 1 << 20);
+    assert_int_equal(render_wait_top(t, &v, &top), DYNBUF_OK);
+    assert_non_null(strstr(top.p, "role=\"status\""));
+    assert_non_null(strstr(top.p, "TX&lt;1&gt;"));       /* the reference, escaped */
+    assert_non_null(strstr(top.p, "Toko &lt;A&gt; &amp; &quot;B&quot;"));
+    assert_null(strstr(top.p, "{{"));
+    assert_null(strstr(top.p, "<script"));
+    assert_null(strstr(top.p, "</html>"));                /* more to come */
+    assert_non_null(strstr(top.p, "prefers-reduced-motion"));
+    char w0[32];
+    last_status(top.p, w0, sizeof w0);
+    assert_string_equal(w0, "checking");
+    for (int w = W_SUCCEEDED; w <= W_NOT_FOUND; w++) {
+        struct dynbuf res, single;
+        dynbuf_init(&res, 1 << 20);
+        dynbuf_init(&single, 1 << 20);
+        assert_int_equal(render_wait_result(t, (enum word)w, &v, &res), DYNBUF_OK);
+        assert_int_equal(render_html(t, (enum word)w, &v, &single), DYNBUF_OK);
+        assert_null(strstr(res.p, "{{"));
+        assert_null(strstr(res.p, "TX<1>"));
+        assert_non_null(strstr(res.p, "</html>"));
+        /* the word's own card, byte for byte as on its single page */
+        const char *a = strstr(single.p, "<!--card-->"), *b = strstr(single.p, "<!--/card-->");
+        assert_true(a != NULL && b != NULL && b > a);
+        a += strlen("<!--card-->");
+        char *card = strndup(a, (size_t)(b - a));
+        assert_non_null(card);
+        assert_non_null(strstr(res.p, card));
+        free(card);
+        /* the last data-status of the whole page is its final word */
+        struct dynbuf page;
+        dynbuf_init(&page, 1 << 20);
+        assert_int_equal(dynbuf_add(&page, top.p, top.len), DYNBUF_OK);
+        assert_int_equal(dynbuf_add(&page, res.p, res.len), DYNBUF_OK);
+        char last[32];
+        last_status(page.p, last, sizeof last);
+        assert_string_equal(last, all_words[w]);
+        assert_non_null(strstr(res.p, "role=\"alert\""));
+        /* the streamed page's length, as the load-time cap counts it */
+        assert_int_equal(render_stream_len(t, (enum word)w, &v), page.len);
+        dynbuf_free(&page);
+        dynbuf_free(&res);
+        dynbuf_free(&single);
+    }
+    dynbuf_free(&top);
+    templates_free(t);
+}
+
+static void test_stream_default_templates(void **unused)
+{
+    (void)unused;
+    check_stream_locale("id");
+    check_stream_locale("en");
+}
+
+static void test_stream_custom(void **state)
+{
+    const char *dir = *state;
+    write_all(dir, "en", "<html data-status=\"{{status}}\">x<!--card-->C {{shop_name}} {{status}}<!--/card-->y</html>");
+    write_file(dir, "en", "waiting.html",
+               "<html data-status=\"{{status}}\">T {{id}}{{more}}<p data-status=\"{{status}}\">{{card}}</p></html>");
+    struct templates *t = load_ok(dir, NULL, "en");
+    assert_true(templates_stream(t));
+    struct page_vars v = {.id = "a&b", .shop_name = "<S>"};
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
+    assert_int_equal(render_wait_top(t, &v, &b), DYNBUF_OK);
+    assert_string_equal(b.p, "<html data-status=\"checking\">T a&amp;b");
+    dynbuf_free(&b);
+    assert_int_equal(render_wait_result(t, W_FAILED, &v, &b), DYNBUF_OK);
+    assert_string_equal(b.p, "<p data-status=\"failed\">C &lt;S&gt; failed</p></html>");
+    dynbuf_free(&b);
+    assert_int_equal(render_html(t, W_FAILED, &v, &b), DYNBUF_OK); /* the single page is unchanged, markers and all */
+    assert_string_equal(b.p, "<html data-status=\"failed\">x<!--card-->C &lt;S&gt; failed<!--/card-->y</html>");
+    dynbuf_free(&b);
+    /* over its buffer's ceiling, a part is an error and holds nothing, never a part cut short */
+    assert_int_equal(render_stream_len(t, W_FAILED, &v), 38 + 53);
+    dynbuf_init(&b, 37);
+    assert_int_equal(render_wait_top(t, &v, &b), DYNBUF_TOO_BIG);
+    assert_int_equal(dynbuf_len(&b), 0);
+    dynbuf_free(&b);
+    dynbuf_init(&b, 52);
+    assert_int_equal(render_wait_result(t, W_FAILED, &v, &b), DYNBUF_TOO_BIG);
+    assert_int_equal(dynbuf_len(&b), 0);
+    dynbuf_free(&b);
+    dynbuf_init(&b, 53);
+    assert_int_equal(render_wait_result(t, W_FAILED, &v, &b), DYNBUF_OK);
+    dynbuf_free(&b);
+    templates_free(t);
+
+    /* a word's page without its card: single answers only */
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\">no card</html>");
+    t = load_ok(dir, NULL, "en");
+    assert_false(templates_stream(t));
+    templates_free(t);
+
+    /* {{card}} and {{more}} belong in waiting.html only */
+    char err[1024] = "";
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\">{{card}}</html>");
+    assert_null(templates_load(dir, NULL, "en", NULL, err, sizeof err));
+    assert_non_null(strstr(err, "expired.html"));
+    write_file(dir, "en", "expired.html", "<html data-status=\"{{status}}\"><!--card-->c<!--/card--></html>");
+
+    /* the top must end before the result, which carries its word */
+    static const char *const bad[] = {
+        "<html data-status=\"{{status}}\">{{card}}{{more}}<p data-status=\"{{status}}\"></p></html>",
+        "<html data-status=\"{{status}}\">{{more}}<p>{{card}}</p></html>",
+        "<html data-status=\"{{status}}\"><p data-status=\"{{status}}\">{{card}}</p></html>",
+        "<html data-status=\"{{status}}\">{{more}}{{more}}<p data-status=\"{{status}}\">{{card}}</p></html>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(dir, "en", "waiting.html", bad[i]);
+        err[0] = '\0';
+        assert_null(templates_load(dir, NULL, "en", NULL, err, sizeof err));
+        assert_non_null(strstr(err, "waiting.html"));
+    }
+}
+
 /* ---- JSON ---- */
 
 static void check_json(const char *id, const char *status, bool final)
@@ -431,7 +557,6 @@ static void test_render_json(void **unused)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_words),
         cmocka_unit_test(test_html_escape),
         cmocka_unit_test_setup_teardown(test_render_substitutes_and_escapes, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_render_over_the_ceiling, setup_dir, teardown_dir),
@@ -443,6 +568,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_bad_files, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_render_len_is_the_rendered_length, setup_dir, teardown_dir),
         cmocka_unit_test(test_render_json),
+        cmocka_unit_test(test_stream_default_templates),
+        cmocka_unit_test_setup_teardown(test_stream_custom, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

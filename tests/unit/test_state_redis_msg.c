@@ -75,23 +75,81 @@ static void test_refused(void **unused)
     assert_false(state_redis_msg_parse(big, sizeof big, &m));
 }
 
-static void test_hex(void **unused)
+static const char *addr(const char *ip, const char *port, char *out, int *p)
+{
+    return state_redis_master_addr(ip, strlen(ip), port, strlen(port), out, p);
+}
+
+/* A Sentinel's answer: an address and a port, nothing else. */
+static void test_master_addr(void **unused)
 {
     (void)unused;
-    uint8_t b[16], back[16];
-    for (int i = 0; i < 16; i++)
-        b[i] = (uint8_t)(i * 17 + 3);
-    char hex[33];
-    state_redis_hex(b, 16, hex);
-    assert_int_equal(strlen(hex), 32);
-    assert_true(state_redis_unhex(hex, 32, back, 16));
-    assert_memory_equal(b, back, 16);
-    assert_false(state_redis_unhex(hex, 31, back, 16));
-    hex[5] = 'G';
-    assert_false(state_redis_unhex(hex, 32, back, 16));
-    assert_true(state_redis_word_ok("expired", 7));
-    assert_false(state_redis_word_ok("", 0));
-    assert_false(state_redis_word_ok("a-b", 3));
+    char out[STATE_REDIS_ADDR_MAX];
+    int port = 0;
+    assert_null(addr("10.0.0.5", "6379", out, &port));
+    assert_string_equal(out, "10.0.0.5");
+    assert_int_equal(port, 6379);
+    assert_null(addr("2001:db8::1", "1", out, &port));
+    assert_string_equal(out, "2001:db8::1");
+    assert_int_equal(port, 1);
+    assert_null(addr("::ffff:255.255.255.255", "65535", out, &port));
+    assert_int_equal(port, 65535);
+    /* not written when refused */
+    strcpy(out, "kept");
+    port = 7;
+    assert_string_equal(addr("redis-1.internal", "6379", out, &port),
+                        "the Sentinel names a host name, not an address (kembali takes addresses)");
+    assert_string_equal(out, "kept");
+    assert_int_equal(port, 7);
+    assert_non_null(strstr(addr("", "6379", out, &port), "not an address"));
+    assert_non_null(strstr(addr("10.0.0.5 ", "6379", out, &port), "host name"));
+    assert_non_null(strstr(addr("1.2.3.4.5", "6379", out, &port), "host name"));
+    char longip[80];
+    memset(longip, '1', sizeof longip - 1);
+    longip[sizeof longip - 1] = '\0';
+    assert_non_null(strstr(addr(longip, "6379", out, &port), "not an address"));
+    static const char *const ports[] = {"", "0", "65536", "-1", "+1", "63 79", "6379x", "99999999999"};
+    for (size_t i = 0; i < sizeof ports / sizeof ports[0]; i++)
+        assert_string_equal(addr("10.0.0.5", ports[i], out, &port), "the Sentinel's answer has no valid port");
+    assert_int_equal(port, 7);
+    /* lengths are what counts, not a NUL: "10.0.0.5" then bytes beyond */
+    assert_null(state_redis_master_addr("10.0.0.5xyz", 8, "6379999", 4, out, &port));
+    assert_string_equal(out, "10.0.0.5");
+    assert_int_equal(port, 6379);
+    assert_non_null(state_redis_master_addr("10.0\0.0.5", 10, "6379", 4, out, &port));
+}
+
+static void order_is(const int *order, int n, const char *want)
+{
+    char got[32] = "";
+    for (int i = 0; i < n; i++)
+        got[i] = (char)('0' + order[i]);
+    assert_string_equal(got, want);
+}
+
+/* The Sentinel that answered goes first; one that named a replica last. */
+static void test_order_move(void **unused)
+{
+    (void)unused;
+    int o[4] = {0, 1, 2, 3};
+    state_redis_order_move(o, 4, 2, true);
+    order_is(o, 4, "2013");
+    state_redis_order_move(o, 4, 0, true);
+    order_is(o, 4, "2013");
+    state_redis_order_move(o, 4, 3, true);
+    order_is(o, 4, "3201");
+    state_redis_order_move(o, 4, 0, false);
+    order_is(o, 4, "2013");
+    state_redis_order_move(o, 4, 3, false);
+    order_is(o, 4, "2013");
+    state_redis_order_move(o, 4, 1, false);
+    order_is(o, 4, "2130");
+    state_redis_order_move(o, 4, 4, true); /* out of range: nothing */
+    state_redis_order_move(o, 4, -1, false);
+    order_is(o, 4, "2130");
+    int one[1] = {0};
+    state_redis_order_move(one, 1, 0, false);
+    order_is(one, 1, "0");
 }
 
 int main(void)
@@ -99,7 +157,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_kind),
         cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_hex),
+        cmocka_unit_test(test_master_addr),
+        cmocka_unit_test(test_order_move),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
