@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import atexit
 import http.client
-import inspect
 import json
 import os
-import queue
 import re
 import select
 import shutil
@@ -93,8 +91,14 @@ def sandbox_bin() -> str:
         top_builddir(), "tests", "sandbox", "kasera-sandbox")
 
 
-class Skip(Exception):
-    """Raise in a test to skip it (reported as ``ok - name # SKIP reason``)."""
+try:
+    import pytest
+    Skip = pytest.skip.Exception  # raise Skip("why") in a test: pytest reports it skipped
+except ImportError:  # the scripts that are not tests (tests/soak, tests/bench) run without pytest
+    pytest = None
+
+    class Skip(Exception):
+        """A missing program, for a script that is not run by pytest."""
 
 
 # ---------------------------------------------------------------------------
@@ -425,7 +429,11 @@ def get(addr, query: str = "", method: str = "GET", accept: str | None = None,
 # Process tracking (every process a test starts is killed when it ends)
 # ---------------------------------------------------------------------------
 
-class _TestContext:
+class TestContext:
+    """What one test started: its processes (killed when it ends), cleanups
+    (run then) and final checks (run when it passed; they may fail it).
+    tests/integration/conftest.py makes one per test."""
+
     def __init__(self, name: str, tmpdir: str):
         self.name = name
         self.tmpdir = tmpdir
@@ -435,18 +443,38 @@ class _TestContext:
         self.lock = threading.Lock()
 
 
-_local = threading.local()
-_contexts: list[_TestContext] = []
+# The running test's context: pytest runs one test at a time in a process
+# (pytest-xdist: one per worker process), and threads a test starts share it.
+_current: list[TestContext] = []
 _all_procs: list[subprocess.Popen] = []
 _registry_lock = threading.Lock()
 
 
-def current_test() -> _TestContext | None:
-    return getattr(_local, "ctx", None)
+def current_test() -> TestContext | None:
+    return _current[-1] if _current else None
+
+
+def begin_test(ctx: TestContext) -> None:
+    """Make ``ctx`` the running test's (conftest.py, at its setup)."""
+    _current.append(ctx)
+
+
+def end_test(ctx: TestContext) -> None:
+    """Kill what the test started and run its cleanups (conftest.py, at its teardown)."""
+    if ctx in _current:
+        _current.remove(ctx)
+    with ctx.lock:
+        procs = list(ctx.procs)
+    _kill_all(procs)
+    for cleanup in ctx.cleanups:
+        try:
+            cleanup()
+        except Exception:
+            traceback.print_exc()
 
 
 def current_tmpdir() -> str | None:
-    """The running test's tmpdir (None outside the runner's test threads)."""
+    """The running test's tmpdir (None outside a test)."""
     ctx = current_test()
     return ctx.tmpdir if ctx else None
 
@@ -466,11 +494,6 @@ def _track(proc: subprocess.Popen, tmpdir: str | None = None) -> None:
     ctx = current_test()
     with _registry_lock:
         _all_procs.append(proc)
-        if ctx is None and tmpdir:
-            path = os.path.abspath(tmpdir) + os.sep
-            best = [c for c in _contexts if path.startswith(os.path.abspath(c.tmpdir) + os.sep)]
-            if best:
-                ctx = max(best, key=lambda c: len(c.tmpdir))
     if ctx is not None:
         with ctx.lock:
             ctx.procs.append(proc)
@@ -1905,165 +1928,20 @@ def wait_for(predicate, timeout: float, interval: float = 0.02, msg: str = ""):
 
 
 # ---------------------------------------------------------------------------
-# Runner
+# Time limits (pytest-timeout: hang detectors; conftest.py sets the default
+# and multiplies every limit by $HARNESS_TIMEOUT_SCALE)
 # ---------------------------------------------------------------------------
 
 DEFAULT_TIMEOUT = 120.0
 
 
 def timeout(seconds: float):
-    """Decorator: this test's time limit (default 120 s)."""
-    def deco(fn):
-        fn.harness_timeout = seconds
-        return fn
-    return deco
+    """Decorator: this test's time limit (default 120 s), after which it
+    fails with its stack; a hang detector, not a measure."""
+    return pytest.mark.timeout(seconds)
 
 
-class Result:
-    def __init__(self, name, outcome, elapsed, detail="", tmpdir=None):
-        self.name, self.outcome, self.elapsed, self.detail, self.tmpdir = name, outcome, elapsed, detail, tmpdir
-
-
-class Summary:
-    def __init__(self, results: list[Result]):
-        self.results = results
-        self.passed = sum(r.outcome == "pass" for r in results)
-        self.failed = sum(r.outcome == "fail" for r in results)
-        self.skipped = sum(r.outcome == "skip" for r in results)
-
-    def line(self) -> str:
-        s = "%d passed, %d failed" % (self.passed, self.failed)
-        return s + (", %d skipped" % self.skipped if self.skipped else "")
-
-
-def collect(tests) -> list[tuple[str, object]]:
-    if not isinstance(tests, dict):
-        tests = vars(tests)
-    return [(n, f) for n, f in tests.items() if n.startswith("test_") and callable(f)]
-
-
-def _comment(text: str) -> str:
-    return "".join("# " + l + "\n" for l in text.rstrip("\n").splitlines())
-
-
-def run_tests(tests, parallel: bool = True, max_workers: int = 32, out=None,
-              select_names=None, default_timeout: float = DEFAULT_TIMEOUT) -> Summary:
-    """Run the ``test_*`` callables of ``tests`` (a dict or module); print a
-    line per test to ``out``; return a Summary (does not exit)."""
-    out = out or sys.stdout
-    todo = collect(tests)
-    if select_names:
-        todo = [(n, f) for n, f in todo if any(s in n for s in select_names)]
-    scale = float(os.environ.get("HARNESS_TIMEOUT_SCALE") or 1)
-    workers = max(1, max_workers if parallel else 1)
-    results: list[Result] = []
-    done_q: queue.Queue = queue.Queue()
-    out_lock = threading.Lock()
-
-    def emit(text):
-        with out_lock:
-            out.write(text)
-            out.flush()
-
-    emit("1..%d\n" % len(todo))
-
-    def body(name, fn, ctx, started):
-        _local.ctx = ctx
-        outcome, detail = "pass", ""
-        try:
-            params = inspect.signature(fn).parameters
-            fn(ctx.tmpdir) if params else fn()
-            for check in list(ctx.checks):
-                check()
-        except Skip as e:
-            outcome, detail = "skip", str(e)
-        except BaseException:
-            outcome, detail = "fail", traceback.format_exc()
-        finally:
-            with ctx.lock:
-                procs = list(ctx.procs)
-            _kill_all(procs)
-            for cleanup in ctx.cleanups:
-                try:
-                    cleanup()
-                except Exception:
-                    traceback.print_exc()
-        done_q.put((name, outcome, detail, time.monotonic() - started))
-
-    def finish(res: Result, ctx: _TestContext):
-        with _registry_lock:
-            if ctx in _contexts:
-                _contexts.remove(ctx)
-        if res.outcome == "fail":
-            res.tmpdir = ctx.tmpdir
-            emit("not ok - %s (%.1fs)\n%s# kept tmpdir: %s\n" % (res.name, res.elapsed, _comment(res.detail), ctx.tmpdir))
-        else:
-            shutil.rmtree(ctx.tmpdir, ignore_errors=True)
-            if res.outcome == "skip":
-                emit("ok - %s # SKIP %s\n" % (res.name, res.detail))
-            else:
-                emit("ok - %s (%.1fs)\n" % (res.name, res.elapsed))
-        results.append(res)
-
-    pending = list(todo)
-    running: dict[str, tuple] = {}
-    while pending or running:
-        while pending and len(running) < workers:
-            name, fn = pending.pop(0)
-            tmpdir = tempfile.mkdtemp(prefix="kb-%s-" % name[5:][:24])
-            ctx = _TestContext(name, tmpdir)
-            with _registry_lock:
-                _contexts.append(ctx)
-            limit = float(getattr(fn, "harness_timeout", default_timeout)) * scale
-            started = time.monotonic()
-            th = threading.Thread(target=body, args=(name, fn, ctx, started), daemon=True,
-                                  name="test:" + name)
-            running[name] = (th, ctx, started, started + limit, limit)
-            th.start()
-        next_deadline = min(v[3] for v in running.values())
-        try:
-            name, outcome, detail, elapsed = done_q.get(timeout=max(0.0, min(1.0, next_deadline - time.monotonic())))
-            if name in running:
-                _, ctx, *_ = running.pop(name)
-                finish(Result(name, outcome, elapsed, detail), ctx)
-        except queue.Empty:
-            pass
-        now = time.monotonic()
-        for name, (th, ctx, started, deadline, limit) in list(running.items()):
-            if now >= deadline:
-                del running[name]
-                frame = sys._current_frames().get(th.ident)
-                stack = "".join(traceback.format_stack(frame)) if frame else "(thread gone)\n"
-                with ctx.lock:
-                    procs = list(ctx.procs)
-                _kill_all(procs)
-                finish(Result(name, "fail", now - started,
-                              "timed out after %g s; the test was at:\n%s" % (limit, stack)), ctx)
-    summary = Summary(results)
-    emit(summary.line() + "\n")
-    return summary
-
-
-def run(tests, parallel: bool = True, max_workers: int = 32):
-    """Run the tests (see ``run_tests``), print ``N passed, M failed``, exit
-    1 if any failed, else 0. Arguments on the command line select tests by
-    substring; ``-j N`` sets the workers (also env HARNESS_JOBS)."""
-    argv = sys.argv[1:]
-    names = []
-    while argv:
-        a = argv.pop(0)
-        if a == "-j" and argv:
-            max_workers = int(argv.pop(0))
-        elif a.startswith("-j") and a[2:].isdigit():
-            max_workers = int(a[2:])
-        else:
-            names.append(a)
-    if os.environ.get("HARNESS_JOBS"):
-        max_workers = int(os.environ["HARNESS_JOBS"])
-    summary = run_tests(tests, parallel, max_workers, select_names=names)
-    _kill_all(list(_all_procs))
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A timed-out test's thread may still be blocked: do not wait for it.
-    os._exit(1 if summary.failed else 0)
+def run(tests) -> None:
+    """``python3 test_x.py [pytest args]``: pytest on that file (the
+    ``if __name__ == "__main__": harness.run(globals())`` trailer)."""
+    sys.exit(pytest.main([tests["__file__"]] + sys.argv[1:]))
