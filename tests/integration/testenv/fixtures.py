@@ -9,7 +9,8 @@ tests/integration/conftest.py (and tests/package/conftest.py).
 - A passing test then runs the final checks it registered (e.g.
   ``Kembali.final_check``: SIGTERM gives exit 0, no sanitizer report), which
   may fail it.
-- Time limits (pytest-timeout, hang detectors only): ``@harness.timeout(N)``,
+- Time limits (pytest-timeout, hang detectors only): ``@harness.timeout(N)``
+  (``env.timeout``),
   else 120 s, each multiplied by $HARNESS_TIMEOUT_SCALE (slow sanitizer
   builds).
 """
@@ -20,28 +21,28 @@ import tempfile
 
 import pytest
 
-import harness
+from . import env, procs
 
 
 def pytest_collection_modifyitems(config, items):
     scale = float(os.environ.get("HARNESS_TIMEOUT_SCALE") or 1)
     for item in items:
         mark = item.get_closest_marker("timeout")
-        seconds = mark.args[0] if mark is not None and mark.args else harness.DEFAULT_TIMEOUT
+        seconds = mark.args[0] if mark is not None and mark.args else env.DEFAULT_TIMEOUT
         item.add_marker(pytest.mark.timeout(seconds * scale), append=False)
 
 
 @pytest.fixture(autouse=True)
 def harness_context(request):
-    """The running test's harness.TestContext (its folder, processes, checks)."""
+    """The running test's procs.TestContext (its folder, processes, checks)."""
     name = request.node.name
-    ctx = harness.TestContext(name, tempfile.mkdtemp(prefix="kb-%s-" % name[5:][:24]))
+    ctx = procs.TestContext(name, tempfile.mkdtemp(prefix="kb-%s-" % name[5:][:24]))
     request.node.harness_ctx = ctx
-    harness.begin_test(ctx)
+    procs.begin_test(ctx)
     try:
         yield ctx
     finally:
-        harness.end_test(ctx)
+        procs.end_test(ctx)
         reports = [getattr(request.node, "harness_rep_" + w, None) for w in ("setup", "call")]
         if not any(r is not None and r.failed for r in reports):
             shutil.rmtree(ctx.tmpdir, ignore_errors=True)
