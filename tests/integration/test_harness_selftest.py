@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-test of harness.py, without the real kembali or sandbox.
+"""Self-test of the harness (testenv/), without the real kembali or sandbox.
 
 The FastCGI client is tested against a small FastCGI responder written here
 (its record parsing is written separately from the harness's on purpose);
