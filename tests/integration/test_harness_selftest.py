@@ -400,6 +400,14 @@ def test_slow():
     p.wait()
 def test_check_fails_it(tmpdir):
     harness.current_test().checks.append(lambda: harness.assert_eq("checked", "ok", "final check"))
+def test_then_gone():
+    notes = dict(l.split(" ", 1) for l in open(SEEN).read().splitlines())
+    for what in ("fail_pid", "slow_pid"):
+        try:
+            os.kill(int(notes[what]), 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError("%%s %%s still runs after its test" %% (what, notes[what]))
 """ % seen)
     out = p.stdout + p.stderr
     assert_eq(p.returncode, 1, out)
@@ -411,7 +419,8 @@ def test_check_fails_it(tmpdir):
     assert_in("Timeout", out)
     assert_in("p.wait()", out)
     assert_in("final check: expected 'ok'", out)
-    assert_in("3 failed, 1 passed, 1 skipped", out)
+    assert_in("t_fixtures.py::test_then_gone PASSED", out)
+    assert_in("3 failed, 2 passed, 1 skipped", out)
     notes = dict(l.split(" ", 1) for l in open(seen).read().splitlines())
     assert not os.path.exists(notes["pass_tmpdir"]), "a passing test's tmpdir is removed"
     assert os.path.isdir(notes["fail_tmpdir"]), "a failing test's tmpdir is kept"
@@ -813,10 +822,17 @@ def test_redis_paused_is_killed_at_cleanup(tmpdir):
     """A test that ends with its Redis paused: cleaned up at once (SIGCONT
     with the SIGTERM), not after the SIGKILL grace."""
     pidfile = os.path.join(tmpdir, "pid")
-    p = run_pytest(tmpdir, "def test_paused(tmpdir):\n"
+    p = run_pytest(tmpdir, "import os\n"
+                           "def test_paused(tmpdir):\n"
                            "    r = harness.Redis(tmpdir)\n"
                            "    open(%r, 'w').write(str(r.pid))\n"
-                           "    r.pause()\n" % pidfile)
+                           "    r.pause()\n"
+                           "def test_then_gone():\n"
+                           "    try:\n"
+                           "        os.kill(int(open(%r).read()), 0)\n"
+                           "    except ProcessLookupError:\n"
+                           "        return\n"
+                           "    raise AssertionError('redis-server still runs after its test')\n" % (pidfile, pidfile))
     assert_eq(p.returncode, 0, p.stdout + p.stderr)
     m = __import__("re").search(r"([\d.]+)s teardown +t_fixtures.py::test_paused", p.stdout)
     assert m, p.stdout
