@@ -12,7 +12,8 @@ re-exports them all; conftest.py loads fixtures.py):
 - kembali: ``Kembali``, the program under test, its files and log;
 - nginx: ``Nginx`` in front of a FastCGI socket, ``http_get``;
 - redis: ``Redis``, ``Sentinel`` and a small RESP client;
-- chromium: headless Chromium's DOM dumps and screenshots;
+- chromium: headless Chromium's DOM dumps and screenshots; cdp: Chromium
+  driven over its DevTools protocol (cdp.py re-exports it);
 - fixtures: pytest's hooks and fixtures (a folder per test, processes
   killed, final checks, time limits).
 """
