@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-test of harness.py, without the real kembali or sandbox.
+"""Self-test of the harness (testenv/), without the real kembali or sandbox.
 
 The FastCGI client is tested against a small FastCGI responder written here
 (its record parsing is written separately from the harness's on purpose);
@@ -7,10 +7,9 @@ Kembali and Sandbox are tested against stand-ins that this same file becomes
 when run with --fake-kembali or --fake-sandbox; nginx and chromium are
 exercised for real in front of the responder.
 
-    python3 tests/integration/test_harness_selftest.py [NAME_SUBSTRING ...]
+    python3 -m pytest tests/integration/test_harness_selftest.py [-k NAME]
 """
 
-import io
 import json
 import os
 import signal
@@ -356,79 +355,88 @@ def test_assert_helpers(tmpdir):
 
 
 # ---------------------------------------------------------------------------
-# The runner
+# The fixtures (testenv/fixtures.py), on a test file of their own run by pytest
 # ---------------------------------------------------------------------------
 
-def test_runner_pass_fail_skip_timeout(tmpdir):
-    seen = {}
-
-    def t_pass(tmpdir):
-        seen["pass_tmpdir"] = tmpdir
-        assert_eq(harness.current_tmpdir(), tmpdir)
-        open(os.path.join(tmpdir, "f"), "w").close()
-
-    def t_skip(tmpdir):
-        raise harness.Skip("not here")
-
-    def t_fail(tmpdir):
-        seen["fail_tmpdir"] = tmpdir
-        seen["proc"] = harness.spawn(["sleep", "60"])
-        assert_eq(1, 2, "deliberate")
-
-    @harness.timeout(1.5)  # long enough to be in wait() even when a busy machine forks slowly
-    def t_slow():
-        seen["slow_proc"] = harness.spawn(["sleep", "60"])
-        seen["slow_proc"].wait()
-
-    out = io.StringIO()
-    tests = {"test_pass": t_pass, "test_skip": t_skip, "test_fail": t_fail, "test_slow": t_slow,
-             "helper": t_fail, "test_value": 3}
-    t0 = time.monotonic()
-    s = harness.run_tests(tests, out=out)
-    text = out.getvalue()
-    lines = text.splitlines()
-    assert_eq((s.passed, s.failed, s.skipped), (1, 2, 1), text)
-    assert_eq(lines[0], "1..4")
-    assert_eq(lines[-1], "1 passed, 2 failed, 1 skipped")
-    assert_in("ok - test_skip # SKIP not here", lines)
-    assert any(l.startswith("ok - test_pass (") and l.endswith("s)") for l in lines), text
-    assert any(l.startswith("not ok - test_fail (") for l in lines), text
-    assert_in("# AssertionError: deliberate: expected 2", text)
-    assert_in("timed out after 1.5 s", text)
-    assert_in("seen[\"slow_proc\"].wait()", text.replace("'", '"'))
-    assert_between(time.monotonic() - t0, 0, 60, "the runner waited for the hung test")
-    assert not os.path.exists(seen["pass_tmpdir"]), "a passing test's tmpdir is removed"
-    assert os.path.isdir(seen["fail_tmpdir"]), "a failing test's tmpdir is kept"
-    assert_in("# kept tmpdir: " + seen["fail_tmpdir"], text)
-    assert seen["proc"].poll() is not None, "the failing test's process was killed"
-    assert seen["slow_proc"].poll() is not None, "the timed-out test's process was killed"
-    for r in s.results:
-        if r.tmpdir:
-            harness.shutil.rmtree(r.tmpdir, ignore_errors=True)
-    s = harness.run_tests({"test_only_skip": t_skip, "test_x": t_pass}, out=io.StringIO(),
-                          select_names=["skip"])
-    assert_eq(s.line(), "0 passed, 0 failed, 1 skipped")
-    s = harness.run_tests({"test_a": lambda: None}, out=io.StringIO(), parallel=False)
-    assert_eq(s.line(), "1 passed, 0 failed")
-
-
-def test_run_exit_codes(tmpdir):
-    script = os.path.join(tmpdir, "t.py")
+def run_pytest(tmpdir, source, *args):
+    """pytest on ``source`` (written to <tmpdir>/t_fixtures.py) with the
+    harness's fixtures (a conftest.py as tests/package has); its
+    CompletedProcess (stdout and stderr as text)."""
+    script = os.path.join(tmpdir, "t_fixtures.py")
     with open(script, "w") as f:
-        f.write("import sys; sys.path.insert(0, %r)\nimport harness\n"
-                "def test_ok(tmpdir): pass\n"
-                "def test_skipped(): raise harness.Skip('x')\n"
-                "def test_bad(): assert False\n"
-                "if __name__ == '__main__': harness.run(globals())\n" % os.path.dirname(SELF))
-    p = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=30)
-    assert_eq(p.returncode, 1, p.stdout + p.stderr)
-    assert_eq(p.stdout.splitlines()[-1], "1 passed, 1 failed, 1 skipped")
-    kept = [l.split(": ", 1)[1] for l in p.stdout.splitlines() if l.startswith("# kept tmpdir: ")]
-    assert_eq(len(kept), 1, p.stdout)
-    harness.shutil.rmtree(kept[0])
-    p = subprocess.run([sys.executable, script, "ok", "skipped"], capture_output=True, text=True, timeout=30)
+        f.write("import harness\n" + source)
+    with open(os.path.join(tmpdir, "conftest.py"), "w") as f:
+        f.write("from testenv.fixtures import *\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(SELF), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "--rootdir", tmpdir, "-v", "-rs", "--durations=0", "--durations-min=0", script] + list(args),
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmpdir)
+
+
+def test_fixtures_folders_processes_checks_timeouts(tmpdir):
+    """A passing test's folder is removed, a failing test's kept (its path in
+    the report); every process a test started is killed when it ends, a
+    timed-out one's too; a registered final check fails a passing test."""
+    seen = os.path.join(tmpdir, "seen")
+    p = run_pytest(tmpdir, """
+import os
+SEEN = %r
+def note(what, value):
+    with open(SEEN, "a") as f:
+        f.write("%%s %%s\\n" %% (what, value))
+def test_pass(tmpdir):
+    assert isinstance(tmpdir, str) and harness.current_tmpdir() == tmpdir
+    note("pass_tmpdir", tmpdir)
+def test_skip(tmpdir):
+    raise harness.Skip("not here")
+def test_fail(tmpdir):
+    note("fail_tmpdir", tmpdir)
+    note("fail_pid", harness.spawn(["sleep", "60"]).pid)
+    harness.assert_eq(1, 2, "deliberate")
+@harness.timeout(1.5)
+def test_slow():
+    p = harness.spawn(["sleep", "60"])
+    note("slow_pid", p.pid)
+    p.wait()
+def test_check_fails_it(tmpdir):
+    harness.current_test().checks.append(lambda: harness.assert_eq("checked", "ok", "final check"))
+def test_then_gone():
+    notes = dict(l.split(" ", 1) for l in open(SEEN).read().splitlines())
+    for what in ("fail_pid", "slow_pid"):
+        try:
+            os.kill(int(notes[what]), 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError("%%s %%s still runs after its test" %% (what, notes[what]))
+""" % seen)
+    out = p.stdout + p.stderr
+    assert_eq(p.returncode, 1, out)
+    assert_in("t_fixtures.py::test_pass PASSED", out)
+    assert_in("SKIPPED [1] t_fixtures.py", out)
+    assert_in(": not here", out)
+    assert_in("t_fixtures.py::test_fail FAILED", out)
+    assert_in("AssertionError: deliberate: expected 2", out)
+    assert_in("Timeout", out)
+    assert_in("p.wait()", out)
+    assert_in("final check: expected 'ok'", out)
+    assert_in("t_fixtures.py::test_then_gone PASSED", out)
+    assert_in("3 failed, 2 passed, 1 skipped", out)
+    notes = dict(l.split(" ", 1) for l in open(seen).read().splitlines())
+    assert not os.path.exists(notes["pass_tmpdir"]), "a passing test's tmpdir is removed"
+    assert os.path.isdir(notes["fail_tmpdir"]), "a failing test's tmpdir is kept"
+    assert_in("kept tmpdir", out)
+    assert_in(notes["fail_tmpdir"], out)
+    harness.shutil.rmtree(notes["fail_tmpdir"], ignore_errors=True)
+    for what in ("fail_pid", "slow_pid"):
+        try:
+            os.kill(int(notes[what]), 0)
+        except ProcessLookupError:
+            pass
+        else:
+            raise AssertionError("%s %s still runs: %s" % (what, notes[what], out))
+    p = run_pytest(tmpdir, "def test_ok(tmpdir): pass\ndef test_skipped(): raise harness.Skip('x')\n", "-k", "ok")
     assert_eq(p.returncode, 0, p.stdout + p.stderr)
-    assert_eq(p.stdout.splitlines()[-1], "1 passed, 0 failed, 1 skipped")
+    assert_in("1 passed, 1 deselected", p.stdout)
 
 
 # ---------------------------------------------------------------------------
@@ -814,17 +822,19 @@ def test_redis_paused_is_killed_at_cleanup(tmpdir):
     """A test that ends with its Redis paused: cleaned up at once (SIGCONT
     with the SIGTERM), not after the SIGKILL grace."""
     pidfile = os.path.join(tmpdir, "pid")
-    script = os.path.join(tmpdir, "t_paused.py")
-    with open(script, "w") as f:
-        f.write("import sys; sys.path.insert(0, %r)\nimport harness\n"
-                "def test_paused(tmpdir):\n"
-                "    r = harness.Redis(tmpdir)\n"
-                "    open(%r, 'w').write(str(r.pid))\n"
-                "    r.pause()\n"
-                "if __name__ == '__main__': harness.run(globals())\n" % (os.path.dirname(SELF), pidfile))
-    p = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    p = run_pytest(tmpdir, "import os\n"
+                           "def test_paused(tmpdir):\n"
+                           "    r = harness.Redis(tmpdir)\n"
+                           "    open(%r, 'w').write(str(r.pid))\n"
+                           "    r.pause()\n"
+                           "def test_then_gone():\n"
+                           "    try:\n"
+                           "        os.kill(int(open(%r).read()), 0)\n"
+                           "    except ProcessLookupError:\n"
+                           "        return\n"
+                           "    raise AssertionError('redis-server still runs after its test')\n" % (pidfile, pidfile))
     assert_eq(p.returncode, 0, p.stdout + p.stderr)
-    m = __import__("re").search(r"ok - test_paused \(([\d.]+)s\)", p.stdout)
+    m = __import__("re").search(r"([\d.]+)s teardown +t_fixtures.py::test_paused", p.stdout)
     assert m, p.stdout
     assert float(m.group(1)) < 2.5, "cleanup waited for the SIGKILL grace: " + p.stdout
     pid = int(open(pidfile).read())

@@ -9,8 +9,9 @@ systemd does; no systemd needed) against the local Kasera sandbox, answering
 through that socket; then purged, leaving nothing of kembali.
 
 Needs: root, git, dpkg-dev, debhelper, lintian, fakeroot (contrib/deps) and
-the build's sandbox (top_builddir). Run:
-    top_builddir=build top_srcdir=. python3 tests/package/test_package.py
+the build's sandbox (top_builddir), pytest (tests/package/conftest.py gives
+it the integration tests' fixtures). Run:
+    top_builddir=build top_srcdir=. python3 -m pytest tests/package/test_package.py
 """
 
 import glob
@@ -271,6 +272,3 @@ def test_package(tmpdir):
     assert_eq(installed(), False)
     assert_eq(leftovers(), [], "nothing of kembali after apt-get purge:\n" + out)
 
-
-if __name__ == "__main__":
-    harness.run(globals())
