@@ -88,8 +88,10 @@ def ep_slow_first(sb, ks, id):
     starts 1.1 s after that answer, not when the schedule's 1.1 s is up."""
     sb.put_tx(id, "pending", responses=[{"http": 200, "delay_ms": 1500,
                                          "body": pending(id)["body"]}])
+    # the second request's deadline (0.5 + 4.8 s) lies 0.5 s after the fourth
+    # read's turn (4.8 s) and 0.6 s before a fifth's: margins for a busy machine
     return [status(r) for r in kit.parallel([lambda: get(ks[0], "id=%s" % id, timeout=60),
-                                             later(0.3, lambda: get(ks[1], "id=%s" % id, timeout=60))])]
+                                             later(0.5, lambda: get(ks[1], "id=%s" % id, timeout=60))])]
 
 
 def ep_tabs(sb, ks, id):
@@ -97,7 +99,9 @@ def ep_tabs(sb, ks, id):
     sb.put_tx(id, "pending")
     fs = [lambda: get(ks[0], "id=%s" % id, timeout=60),
           later(0.2, lambda: get(ks[1], "id=%s" % id, timeout=60)),
-          later(1.5, lambda: get(ks[0], "id=%s" % id, timeout=60)),
+          # its deadline (1.2 + 4.8 s) 0.5 s after the sixth read's turn, 0.6 s
+          # before a seventh's: margins for a busy machine
+          later(1.2, lambda: get(ks[0], "id=%s" % id, timeout=60)),
           later(2.5, lambda: get(ks[1], "id=%s&format=json" % id, timeout=60).json()["status"])]
     return [x if isinstance(x, str) else status(x) for x in kit.parallel(fs)]
 
@@ -113,8 +117,11 @@ def ep_paid(sb, ks, id):
 def ep_retry_seconds(sb, ks, id):
     sb.put_tx(id, "pending", responses=[{"http": 429, "headers": {"Retry-After": "2"},
                                          "body": err("rate_limited", "at most one read per second per transaction")}])
+    # the second request's deadline (1.0 + 4.8 s) lies 0.5 s after the fifth
+    # read's turn (5.3 s) and 0.6 s before a sixth's: a busy machine's late
+    # thread or timer changes no read
     return [status(r) for r in kit.parallel([lambda: get(ks[0], "id=%s" % id, timeout=60),
-                                             later(0.3, lambda: get(ks[1], "id=%s" % id, timeout=60))])]
+                                             later(1.0, lambda: get(ks[1], "id=%s" % id, timeout=60))])]
 
 
 def ep_retry_date(sb, ks, id):
@@ -262,7 +269,7 @@ FAST_TABLE = [
     ("tabs", ep_tabs, [0, 1.1, 2.2, 3.3, 4.4, 5.5], ["checking"] * 3 + ["pending"], SLACK),
     ("paid", ep_paid, [0, 1.1, 2.2], ["succeeded"] * 3, SLACK),
     ("slow_first", ep_slow_first, [0, 2.6, 3.7, 4.8], ["checking"] * 2, SLACK),
-    ("retry_s", ep_retry_seconds, [0, 2.0, 3.1, 4.2], ["checking"] * 2, SLACK),
+    ("retry_s", ep_retry_seconds, [0, 2.0, 3.1, 4.2, 5.3], ["checking"] * 2, SLACK),
     ("retry_date", ep_retry_date, None, ["checking"], 1.0 + SLACK),
     ("unverified", ep_unverified, [0], ["checking"] * 2, SLACK),
     ("nf", ep_404, [0], ["not_found"] * 2, SLACK),
