@@ -158,7 +158,8 @@ struct state {
 };
 
 /* The longest a time can honestly lie ahead of `now`: anything later was
- * written by another boot's clock (a restored file) or is damage. */
+ * written by another boot's clock (a restored file) or is damage
+ * (st_region_check clamps to these; state_defer too). */
 #define SPAN_LEASE (STATE_LEASE_MAX_MS + 1000)
 #define SPAN_RETRY (RL_MAX_WAIT_MS > PACE_EPISODE_MS + 1 ? RL_MAX_WAIT_MS : PACE_EPISODE_MS + 1)
 #define SPAN_KEY_PAUSE (RL_MAX_WAIT_MS > STATE_UNAUTH_PAUSE_MS ? RL_MAX_WAIT_MS : STATE_UNAUTH_PAUSE_MS)
@@ -221,7 +222,8 @@ void st_key_recount(struct state *st);
  * unless a request holds it, and a request's entry of that key finds
  * room only by evicting one of the key's own. `k`: the key's entry when
  * the caller has it, else NULL. */
-struct st_tx *st_tx_get(struct state *st, const struct state_key *key, const char *id, int64_t now, bool told, struct st_keyent *k);
+struct st_tx *st_tx_get(struct state *st, const struct state_key *key, const char *id, int64_t now, bool told,
+                        struct st_keyent *k);
 
 /* The bucket of key in the key table. */
 uint32_t st_key_bucket(const struct state *st, const struct state_key *key);
@@ -250,7 +252,8 @@ int32_t st_client_home(const struct state *st, const struct state_client *c);
  * ends long before its lease, and a held request must not give up on a
  * lease past its deadline). When it may, its read is counted in flight
  * until `lease_until`. A client that finds no room is not counted (true). */
-bool st_client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until, int64_t now, int64_t *until);
+bool st_client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until,
+                   int64_t now, int64_t *until);
 
 /* Client id's read of `what` ended (or was never made): no longer in
  * flight. Returns whether it was. */
@@ -281,10 +284,12 @@ void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t 
 
 /* The plan's verdict on a read of e now (the pace allowing one); on
  * PLAN_NO, *retry is when it may change. */
-enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k, const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry);
+enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                               const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry);
 
 /* May e (waiting) reserve a last-chance read at `at`? */
-bool st_plan_reserve_at(struct state *st, const struct st_tx *e, const struct st_keyent *k, const struct pace_schedule *sched, int budget, int64_t at, int64_t now);
+bool st_plan_reserve_at(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                        const struct pace_schedule *sched, int budget, int64_t at, int64_t now);
 
 /* ---- state.c: the public calls ---- */
 
