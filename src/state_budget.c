@@ -1,0 +1,230 @@
+/* state_budget.c - the budget ring (the last reads of a key) and the
+ * plan's fields: who waits, what is reserved (plan.h decides). */
+#include "state_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* When may the key read again under `budget` reads per any 60 s span? */
+int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now)
+{
+    if (k == NULL || budget <= 0)
+        return now;
+    if (budget > STATE_BUDGET_MAX)
+        budget = STATE_BUDGET_MAX;
+    /* ring entries from newest backwards; the budget-th newest decides */
+    if (k->ring_n < budget)
+        return now;
+    int32_t idx = (k->ring_head - budget + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX;
+    int64_t t = k->ring[idx] + PLAN_BUDGET_SPAN_MS + 1;
+    return t > now ? t : now;
+}
+
+void st_budget_push(struct st_keyent *k, int64_t now)
+{
+    k->ring[k->ring_head] = now;
+    k->ring_head = (k->ring_head + 1) % STATE_BUDGET_MAX;
+    if (k->ring_n < STATE_BUDGET_MAX)
+        k->ring_n++;
+}
+
+/* Take back one read started at t (the newest such) from the ring: the
+ * newer ones move down a place. */
+void st_budget_unpush(struct st_keyent *k, int64_t t)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] != t)
+            continue;
+        for (; j > 0; j--) {
+            int32_t newer = (i + 1) % STATE_BUDGET_MAX;
+            k->ring[i] = k->ring[newer];
+            i = newer;
+        }
+        k->ring_head = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        k->ring_n--;
+        return;
+    }
+}
+
+/* ---- the budget plan (plan.h): who waits, what is reserved ---- */
+
+/* Entry idx of the key's waiting set still waits at `now`. */
+struct st_tx *st_waiting_tx(struct state *st, const struct st_keyent *k, int32_t idx, int64_t now)
+{
+    if (idx < 0 || idx >= st->txn)
+        return NULL;
+    struct st_tx *e = &st->txs[idx];
+    if (e->used != 1 || memcmp(e->key.b, k->key.b, 16) != 0 || e->holders <= 0 || e->hold_until <= now)
+        return NULL;
+    if (e->known_until > now && (e->not_found || tx_status_final((enum tx_status)e->status)))
+        return NULL; /* answered from the cache from now on */
+    return e;
+}
+
+void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t now)
+{
+    int32_t w = 0;
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        if (k->waiting[i] == idx)
+            return;
+        if (st_waiting_tx(st, k, k->waiting[i], now) != NULL)
+            k->waiting[w++] = k->waiting[i]; /* drop the stale ones on the way */
+    }
+    k->nwaiting = w;
+    if (w < ST_WAITING_MAX)
+        k->waiting[k->nwaiting++] = idx;
+}
+
+/* The pace alone (and its own windows) let e read now. */
+static bool tx_may_read_now(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
+{
+    return e->inflight_until <= now && e->not_before <= now && e->remote_until <= now &&
+           e->remote_not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
+}
+
+static int cmp_time(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The times the key's budget spans hold (reads of the last 60 s and the
+ * reservations of waiting transactions, an overdue one at `now`), sorted,
+ * into ev (capacity STATE_BUDGET_MAX + ST_WAITING_MAX). Returns how many. */
+static int plan_events(struct state *st, const struct st_keyent *k, int64_t now, int64_t *ev)
+{
+    int n = 0;
+    for (int32_t i = k->ring_n - 1; i >= 0; i--) { /* oldest first */
+        int64_t t = k->ring[(k->ring_head - 1 - i + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX];
+        if (t > now - PLAN_BUDGET_SPAN_MS)
+            ev[n++] = t;
+    }
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        const struct st_tx *e = st_waiting_tx(st, k, k->waiting[i], now);
+        if (e != NULL && e->resv_at != 0)
+            ev[n++] = e->resv_at > now ? e->resv_at : now;
+    }
+    qsort(ev, (size_t)n, sizeof *ev, cmp_time);
+    return n;
+}
+
+/* Reads e's schedule still wants from `now` to its latest deadline (one,
+ * for a transaction not held: the read asked for). */
+static int tx_demand(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
+{
+    if (e == NULL || e->holders <= 0 || e->hold_until <= now)
+        return 1;
+    int reads = pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
+    int64_t t = reads > 0 ? pace_next_read(sched, reads, e->last_start, now) : now;
+    if (t < now)
+        t = now;
+    int n = 0;
+    while (t <= e->hold_until && n < 64) {
+        n++;
+        int step = reads + n < sched->n ? reads + n : sched->n - 1;
+        t += sched->wait_ms[step] > PACE_MIN_WAIT_MS ? sched->wait_ms[step] : PACE_MIN_WAIT_MS;
+    }
+    return n;
+}
+
+/* The plan's view of key k for transaction self (NULL: not tracked yet). */
+static void plan_gather(struct state *st, const struct st_keyent *k, const struct st_tx *self,
+                        const struct pace_schedule *sched, int budget, int64_t now, struct plan_key *pk,
+                        int64_t *arrivals_change, int64_t *ev, int *nev)
+{
+    memset(pk, 0, sizeof *pk);
+    pk->budget = budget > STATE_BUDGET_MAX ? STATE_BUDGET_MAX : budget;
+    pk->hold_ms = pace_hold_ms(sched);
+    pk->eligible = 1; /* the one asking */
+    int64_t *oldest_arrival = arrivals_change;
+    *oldest_arrival = INT64_MAX;
+    for (int32_t i = 0; i < k->arr_n; i++) {
+        int64_t t = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
+        if (t <= now - PLAN_RATE_LONG_MS)
+            break;
+        /* when the oldest arrival that counts leaves its span, the headroom shrinks */
+        int64_t leaves = t + PLAN_RATE_LONG_MS + 1;
+        pk->arrivals_long++;
+        if (t > now - PLAN_RATE_MS) {
+            pk->arrivals++;
+            leaves = t + PLAN_RATE_MS + 1;
+        }
+        if (leaves < *oldest_arrival)
+            *oldest_arrival = leaves;
+    }
+    pk->demand = tx_demand(self, sched, now);
+    pk->schedule_reads = pace_reads_within(sched, pace_hold_ms(sched));
+    for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
+        const struct st_tx *e = st_waiting_tx(st, k, k->waiting[i], now);
+        if (e == NULL || e == self)
+            continue;
+        if (e->inflight_until <= now && pk->demand <= pk->budget) /* past the budget the sum decides nothing */
+            pk->demand += tx_demand(e, sched, now);
+        if (tx_may_read_now(e, sched, now)) {
+            pk->eligible++;
+            if (e->early_reads == 0)
+                pk->starved = true;
+        }
+    }
+    *nev = plan_events(st, k, now, ev);
+    for (int i = 0; i < *nev && ev[i] <= now; i++)
+        pk->recent += ev[i] > now - PLAN_BUDGET_SPAN_MS; /* reads (and overdue reservations) */
+    pk->busiest = plan_busiest(ev, *nev, now, INT64_MIN);
+    pk->busiest_late = plan_busiest(ev, *nev, now, now - plan_late_span(pk));
+}
+
+/* The plan's verdict on a read of e now (the pace allowing one); on
+ * PLAN_NO, *retry is when it may change. */
+enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                                   const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry)
+{
+    struct plan_key pk;
+    int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
+    int nev;
+    plan_gather(st, k, e, sched, budget, now, &pk, &oldest, ev, &nev);
+    struct plan_tx pt = {0};
+    if (e != NULL && st_waiting_tx(st, k, (int32_t)(e - st->txs), now) != NULL) {
+        pt.reserved = e->resv_at != 0;
+        pt.resv_at = e->resv_at;
+    }
+    int reads = e != NULL && pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
+    if (reads > 0)
+        pt.early_reads = e->early_reads;
+    pt.next_gap = pace_next_read(sched, reads + 1, now, now + 1) - now; /* the wait after this read */
+    if (pt.reserved) {
+        /* where the seed's schedule, counted back from the reservation (its
+         * last read), puts this read: later than that, the schedule no longer
+         * ends at the reserved read */
+        int64_t due = e->resv_at - pace_sum(sched);
+        for (int i = 1; i <= reads; i++)
+            due += sched->wait_ms[i < sched->n ? i : sched->n - 1];
+        pt.drifted = e->withheld && now > due + PLAN_DRIFT_MS;
+    }
+    enum plan_read r = plan_may_read(&pk, &pt, now);
+    if (r != PLAN_NO)
+        return r;
+    /* what can change it: a read leaving the spans, the rush ending, its
+     * own reservation's time, or another's turn */
+    int64_t t = now + ST_PLAN_RETRY_MS;
+    if (nev > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < t)
+        t = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
+    if (pt.reserved && pt.resv_at < t)
+        t = pt.resv_at;
+    if (oldest < t)
+        t = oldest; /* the rush may have thinned by then */
+    *retry = t > now ? t : now + 1;
+    return PLAN_NO;
+}
+
+/* May e (waiting) reserve a last-chance read at `at`? */
+bool st_plan_reserve_at(struct state *st, const struct st_tx *e, const struct st_keyent *k,
+                            const struct pace_schedule *sched, int budget, int64_t at, int64_t now)
+{
+    struct plan_key pk;
+    int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
+    int nev;
+    plan_gather(st, k, e, sched, budget, now, &pk, &oldest, ev, &nev);
+    return plan_may_reserve(&pk, plan_busiest(ev, nev, at, INT64_MIN));
+}
+

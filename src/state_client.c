@@ -1,0 +1,275 @@
+/* state_client.c - clients: the 404s charged to an address and its
+ * reads in flight of ids nobody knew, its block, and the address's hash. */
+#include "state_private.h"
+
+#include <string.h>
+#include <arpa/inet.h>
+
+#include "siphash.h"
+#include "util.h"
+
+/* ---- clients: 404s charged to an address ---- */
+
+bool st_client_none(const struct state_client *c)
+{
+    static const struct state_client zero;
+    return memcmp(c->b, zero.b, sizeof c->b) == 0;
+}
+
+int32_t st_client_home(const struct state *st, const struct state_client *c)
+{
+    uint32_t v;
+    memcpy(&v, c->b + 4, sizeof v); /* a keyed hash already */
+    return (int32_t)(v % (uint32_t)st->cln);
+}
+
+/* Forget the reads in flight whose lease ended (a process that died
+ * mid-read, a finish that never came). */
+static void client_fly_expire(struct st_client *c, int64_t now)
+{
+    int keep = 0;
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_until[i] > now) {
+            c->fly_what[keep] = c->fly_what[i];
+            c->fly_until[keep] = c->fly_until[i];
+            keep++;
+        }
+    c->nfly = (uint8_t)keep;
+}
+
+/* Is the entry worth keeping at `now`? A block, a 404 inside the window,
+ * or a read in flight. */
+static bool client_busy(const struct st_client *c, int64_t now)
+{
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_until[i] > now)
+            return true;
+    return c->blocked_until > now || (c->nhits > 0 && c->hit_at[c->nhits - 1] > now - STATE_CLIENT_WINDOW_MS);
+}
+
+/* Find the client's entry among its ways; with `create`, make one: a free
+ * way, else the least recently used idle one, else the least recently used
+ * that is not blocked (its 404s forgotten: only a flood of addresses in one
+ * set does that). NULL when every way holds a blocked client (client_full). */
+static struct st_client *client_get(struct state *st, const struct state_client *id, int64_t now, bool create)
+{
+    int32_t home = st_client_home(st, id), ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
+    int32_t free_i = -1, idle = -1, open = -1;
+    for (int32_t w = 0; w < ways; w++) {
+        int32_t i = (home + w) % st->cln;
+        struct st_client *c = &st->clients[i];
+        if (c->used && memcmp(c->id.b, id->b, sizeof id->b) == 0)
+            return c;
+        if (!c->used) {
+            if (free_i < 0)
+                free_i = i;
+        } else if (!client_busy(c, now)) {
+            if (idle < 0 || c->last_used < st->clients[idle].last_used)
+                idle = i;
+        } else if (c->blocked_until <= now) {
+            if (open < 0 || c->last_used < st->clients[open].last_used)
+                open = i;
+        }
+    }
+    if (!create)
+        return NULL;
+    int32_t i = free_i >= 0 ? free_i : idle >= 0 ? idle : open;
+    if (i < 0) {
+        st->h->client_full++;
+        return NULL;
+    }
+    struct st_client *c = &st->clients[i];
+    memset(c, 0, sizeof *c);
+    c->used = 1;
+    c->id = *id;
+    c->last_used = now;
+    return c;
+}
+
+/* Forget the 404s that left the window, and (what != 0) an earlier 404 of
+ * `what`. */
+static void client_hits_expire(struct st_client *c, uint32_t what, int64_t now)
+{
+    int keep = 0;
+    for (int i = 0; i < c->nhits; i++)
+        if (c->hit_at[i] > now - STATE_CLIENT_WINDOW_MS && (what == 0 || c->hit_what[i] != what)) {
+            c->hit_what[keep] = c->hit_what[i];
+            c->hit_at[keep] = c->hit_at[i];
+            keep++;
+        }
+    c->nhits = (uint8_t)keep;
+}
+
+/* May client id's read of `what` (an id nobody knows) start at `now`? Not
+ * while it is blocked, nor while its 404s in the window and its reads in
+ * flight are STATE_CLIENT_404S together: false, *until the block's end, or
+ * the first lease to end but at most STATE_CLIENT_RECHECK_MS away (a read
+ * ends long before its lease, and a held request must not give up on a
+ * lease past its deadline). When it may, its read is counted in flight
+ * until `lease_until`. A client that finds no room is not counted (true). */
+bool st_client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until,
+                       int64_t now, int64_t *until)
+{
+    struct st_client *c = client_get(st, id, now, true);
+    if (c == NULL)
+        return true;
+    c->last_used = now;
+    if (c->blocked_until > now) {
+        *until = c->blocked_until;
+        return false;
+    }
+    client_fly_expire(c, now);
+    client_hits_expire(c, 0, now);
+    if (c->nhits + c->nfly >= STATE_CLIENT_404S) {
+        *until = now + STATE_CLIENT_RECHECK_MS;
+        for (int i = 0; i < c->nfly; i++)
+            if (c->fly_until[i] < *until)
+                *until = c->fly_until[i];
+        return false;
+    }
+    c->fly_what[c->nfly] = what;
+    c->fly_until[c->nfly] = lease_until;
+    c->nfly++;
+    return true;
+}
+
+/* Client id's read of `what` ended (or was never made): no longer in
+ * flight. Returns whether it was. */
+bool st_client_land(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
+{
+    struct st_client *c = client_get(st, id, now, false);
+    if (c == NULL)
+        return false;
+    for (int i = 0; i < c->nfly; i++)
+        if (c->fly_what[i] == what) {
+            c->nfly--;
+            c->fly_what[i] = c->fly_what[c->nfly];
+            c->fly_until[i] = c->fly_until[c->nfly];
+            return true;
+        }
+    return false;
+}
+
+/* Charge a 404 for `what` to client id at `now`. Returns true when this
+ * starts the client's block. */
+bool st_client_charge(struct state *st, const struct state_client *id, uint32_t what, int64_t now)
+{
+    struct st_client *c = client_get(st, id, now, true);
+    if (c == NULL || c->blocked_until > now)
+        return false;
+    c->last_used = now;
+    client_hits_expire(c, what, now);
+    int keep = c->nhits;
+    if (keep >= STATE_CLIENT_404S) /* cannot happen: a full window blocks */
+        keep = STATE_CLIENT_404S - 1;
+    c->hit_what[keep] = what;
+    c->hit_at[keep] = now;
+    c->nhits = (uint8_t)(keep + 1);
+    if (c->nhits < STATE_CLIENT_404S)
+        return false;
+    c->blocked_until = now + STATE_CLIENT_BLOCK_MS;
+    c->nhits = 0;
+    st->h->client_blocks++;
+    return true;
+}
+
+void state_client_id(const struct state *st, const struct state_key *key, const char *addr,
+                     struct state_client *out)
+{
+    /* the address's hash, hashed again with the key: another client of
+     * each key (its charge and block are the key's) */
+    struct state_client a;
+    uint8_t buf[32];
+    state_client_hash(st->h->salt, addr, &a);
+    memcpy(buf, a.b, 16);
+    memcpy(buf + 16, key->b, 16);
+    uint8_t salt2[16];
+    memcpy(salt2, st->h->salt, 16);
+    salt2[5] ^= 0xa5; /* neither the address's hash nor a key id's */
+    uint64_t x = siphash24(salt2, buf, sizeof buf);
+    salt2[6] ^= 0x3c;
+    uint64_t y = siphash24(salt2, buf, sizeof buf);
+    memcpy(out->b, &x, 8);
+    memcpy(out->b + 8, &y, 8);
+    if (st_client_none(out))
+        out->b[0] = 1; /* all zero means "no client" */
+}
+
+void state_client_hash(const uint8_t salt[16], const char *addr, struct state_client *out)
+{
+    /* the address as a client: IPv4 whole; IPv6 by its /64 (one site or
+     * household, whose interface ids it chooses freely); an IPv4-mapped
+     * IPv6 as its IPv4; anything else as written */
+    uint8_t buf[1 + 64];
+    size_t n;
+    char a[64];
+    util_copy(a, sizeof a, addr != NULL ? addr : "");
+    char *zone = strchr(a, '%');
+    if (zone != NULL)
+        *zone = '\0';
+    struct in_addr v4;
+    struct in6_addr v6;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, a, &v4) == 1) {
+        buf[0] = 4;
+        memcpy(buf + 1, &v4, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1 && memcmp(v6.s6_addr, mapped, 12) == 0) {
+        buf[0] = 4;
+        memcpy(buf + 1, v6.s6_addr + 12, 4);
+        n = 5;
+    } else if (inet_pton(AF_INET6, a, &v6) == 1) {
+        buf[0] = 6;
+        memcpy(buf + 1, v6.s6_addr, 8);
+        n = 9;
+    } else {
+        buf[0] = 0;
+        n = strlen(a);
+        memcpy(buf + 1, a, n);
+        n++;
+    }
+    uint8_t salt2[16];
+    memcpy(salt2, salt, 16);
+    salt2[1] ^= 0xc1; /* not the key ids' hash */
+    salt2[2] ^= 0x1e;
+    uint64_t x = siphash24(salt2, buf, n);
+    salt2[3] ^= 0x77;
+    uint64_t y = siphash24(salt2, buf, n);
+    memcpy(out->b, &x, 8);
+    memcpy(out->b + 8, &y, 8);
+    if (st_client_none(out))
+        out->b[0] = 1; /* all zero means "no client" */
+}
+
+bool state_client_blocked(struct state *st, const struct state_client *c, int64_t now)
+{
+    if (st_client_none(c))
+        return false;
+    st_lock(st, now);
+    const struct st_client *e = client_get(st, c, now, false);
+    bool blocked = e != NULL && e->blocked_until > now;
+    st_unlock(st);
+    return blocked;
+}
+
+void state_client_block(struct state *st, const struct state_client *client, int64_t until, int64_t now)
+{
+    if (st_client_none(client))
+        return;
+    if (until > now + STATE_CLIENT_BLOCK_MS)
+        until = now + STATE_CLIENT_BLOCK_MS;
+    if (until <= now)
+        return;
+    st_lock(st, now);
+    struct st_client *c = client_get(st, client, now, true); /* NULL: counted as client_full */
+    if (c != NULL) {
+        c->last_used = now;
+        if (c->blocked_until <= now) { /* a block starts, as st_client_charge's */
+            c->nhits = 0;
+            st->h->client_blocks++;
+        }
+        st_pause_until(&c->blocked_until, until);
+    }
+    st_unlock(st);
+}
+
