@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "plan.h"
 #include "rules.h"
 
 /* ---- the scripts (Redis's Lua 5.1), run on Redis's clock ---- */
@@ -107,7 +108,19 @@ static const char lua_claim[] =
     "  if c and tonumber(e) > now then resv = resv + tonumber(c)\n"
     "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
     "end\n"
-    "if ARGV[8] ~= 'last' and used + resv >= tonumber(ARGV[2]) then\n"
+    /* plan.c's decision (plan_lua), on what Redis holds of the key today:
+     * the reads of the last 60 s and every host's reservations, all counted
+     * in the span that holds `now`. It does not hold the rest of what
+     * plan_gather() gathers (the waiting transactions' demand, taken as more
+     * than the budget: never plenty; the arrivals: none; the others waiting:
+     * none, so no fair share across hosts); each host shares its own early
+     * reads fairly before it claims (state.c) */
+    "local budget = tonumber(ARGV[2])\n"
+    "local pk = {budget = budget, recent = used, schedule_reads = 0, demand = budget + 1,\n"
+    "            busiest = used + resv, busiest_late = used + resv, arrivals = 0, arrivals_long = 0,\n"
+    "            eligible = 1, starved = false, hold_ms = tonumber(ARGV[12])}\n"
+    "local pt = {reserved = ARGV[8] == 'last', resv_at = now, next_gap = 0, drifted = false, early_reads = 0}\n"
+    "if plan_may_read(pk, pt, now) == 'no' then\n"
     "  return {'wait', PLAN_RECHECK, 'plan'}\n"
     "end\n"
     "ser = ser + 1\n"
@@ -215,13 +228,14 @@ static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell};
 char *state_redis_script_text(int script)
 {
     const char *body = scripts[script];
-    char prelude[2048];
+    char prelude[2048], plan[4096] = "";
     int n = rules_lua_prelude(prelude, sizeof prelude);
-    if (n < 0)
+    int m = script == SCRIPT_CLAIM ? plan_lua(plan, sizeof plan) : 0; /* the claim decides as plan.c */
+    if (n < 0 || m < 0)
         return NULL;
-    size_t len = (size_t)n + strlen(body) + 1;
+    size_t len = (size_t)n + (size_t)m + strlen(body) + 1;
     char *t = malloc(len);
     if (t != NULL)
-        snprintf(t, len, "%s%s", prelude, body);
+        snprintf(t, len, "%s%s%s", prelude, plan, body);
     return t;
 }
