@@ -9,6 +9,7 @@ answer the file gives, the one tests/unit/test_plan.c asserts of plan.c:
 one table, both versions, case by case."""
 
 import os
+import re
 import subprocess
 
 import harness
@@ -86,7 +87,6 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
 def test_the_lua_plan_has_no_number_of_its_own(tmpdir):
     # plan.c's constants are written in by the C: the Lua's functions (after
     # the line that names them) hold no number but 0 and 1
-    import re
     body = plan_lua().split("\n", 1)[1]
     assert_eq(sorted(set(re.findall(r"\b\d+\b", body))), ["0", "1"])
 
