@@ -34,6 +34,7 @@
 #define KEMBALI_PLAN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "pace.h"
@@ -101,5 +102,18 @@ int plan_busiest(const int64_t *ev, int n, int64_t t, int64_t from);
 /* The span before `now` within which a span holding `now` also holds the
  * last-chance reads of buyers arriving now: 60 s minus (hold - lead). */
 int64_t plan_late_span(const struct plan_key *k);
+
+/* The functions above in Lua 5.1 (Redis's), for a script that must decide
+ * as this module does: local functions plan_late_span(k), plan_headroom(k),
+ * plan_may_reserve(k, busiest), plan_busiest(ev, t, from) (ev a sorted
+ * array, from nil for no bound) and plan_may_read(k, t, now) returning
+ * 'no', 'early' or 'last'; k and t are tables with the fields of struct
+ * plan_key and struct plan_tx (the booleans as Lua booleans). The
+ * constants are this module's, written in by the C: no number is typed in
+ * the Lua. Written into buf (NUL-terminated); returns its length, or -1
+ * when buf is too small. tests/unit/plan_vectors.txt holds the cases both
+ * versions must decide alike (tests/unit/test_plan.c for the C,
+ * tests/integration/test_plan_lua.py for the Lua on a real Redis). */
+int plan_lua(char *buf, size_t len);
 
 #endif

@@ -487,6 +487,120 @@ static void test_two_processes_one_plan(void **unused)
     state_free(s.st);
 }
 
+/* ---- the shared cases (plan_vectors.txt): the C's answers; the Lua's
+ * are checked on a real Redis by tests/integration/test_plan_lua.py ---- */
+
+struct vector {
+    struct plan_key k;
+    struct plan_tx t;
+    int64_t now, at_busiest, tt, from;
+    bool has_from;
+    int64_t ev[16];
+    int nev;
+};
+
+/* One FIELD=VALUE of a case into v; false when the field is unknown. */
+static bool vector_field(struct vector *v, const char *name, const char *val)
+{
+    long long x = strtoll(val, NULL, 10);
+    struct {
+        const char *name;
+        int *i;
+        int64_t *l;
+        bool *b;
+    } f[] = {
+        {"budget", &v->k.budget, NULL, NULL},         {"recent", &v->k.recent, NULL, NULL},
+        {"schedule_reads", &v->k.schedule_reads, NULL, NULL},
+        {"demand", &v->k.demand, NULL, NULL},         {"busiest", &v->k.busiest, NULL, NULL},
+        {"busiest_late", &v->k.busiest_late, NULL, NULL},
+        {"arrivals", &v->k.arrivals, NULL, NULL},     {"arrivals_long", &v->k.arrivals_long, NULL, NULL},
+        {"eligible", &v->k.eligible, NULL, NULL},     {"starved", NULL, NULL, &v->k.starved},
+        {"hold_ms", NULL, &v->k.hold_ms, NULL},       {"reserved", NULL, NULL, &v->t.reserved},
+        {"resv_at", NULL, &v->t.resv_at, NULL},       {"next_gap", NULL, &v->t.next_gap, NULL},
+        {"drifted", NULL, NULL, &v->t.drifted},       {"early_reads", &v->t.early_reads, NULL, NULL},
+        {"now", NULL, &v->now, NULL},                 {"at_busiest", NULL, &v->at_busiest, NULL},
+        {"t", NULL, &v->tt, NULL},                    {"from", NULL, &v->from, NULL},
+    };
+    if (strcmp(name, "ev") == 0) {
+        for (const char *p = val; *p != '\0' && v->nev < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+            v->ev[v->nev++] = strtoll(p, NULL, 10);
+        return true;
+    }
+    if (strcmp(name, "from") == 0)
+        v->has_from = true;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (strcmp(f[i].name, name) != 0)
+            continue;
+        if (f[i].i)
+            *f[i].i = (int)x;
+        else if (f[i].l)
+            *f[i].l = x;
+        else
+            *f[i].b = x != 0;
+        return true;
+    }
+    return false;
+}
+
+/* plan.c's answer to one case, as the file writes it. */
+static void vector_answer(const char *op, const struct vector *v, char *out, size_t cap)
+{
+    if (strcmp(op, "late_span") == 0) {
+        snprintf(out, cap, "%lld", (long long)plan_late_span(&v->k));
+    } else if (strcmp(op, "headroom") == 0) {
+        snprintf(out, cap, "%d", plan_headroom(&v->k));
+    } else if (strcmp(op, "reserve") == 0) {
+        snprintf(out, cap, "%d", plan_may_reserve(&v->k, (int)v->at_busiest) ? 1 : 0);
+    } else if (strcmp(op, "busiest") == 0) {
+        snprintf(out, cap, "%d", plan_busiest(v->ev, v->nev, v->tt, v->has_from ? v->from : INT64_MIN));
+    } else if (strcmp(op, "read") == 0) {
+        enum plan_read r = plan_may_read(&v->k, &v->t, v->now);
+        snprintf(out, cap, "%s", r == PLAN_LAST_CHANCE ? "last" : r == PLAN_EARLY ? "early" : "no");
+    } else {
+        snprintf(out, cap, "?op");
+    }
+}
+
+static void test_shared_vectors(void **unused)
+{
+    (void)unused;
+    FILE *fp = fopen(TEST_SRCDIR "/tests/unit/plan_vectors.txt", "r");
+    assert_non_null(fp);
+    char line[1024];
+    int cases = 0, wrong = 0;
+    while (fgets(line, sizeof line, fp) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        char copy[1024], *save = NULL, *want = strstr(line, "->");
+        assert_non_null(want);
+        want += 2;
+        while (*want == ' ')
+            want++;
+        snprintf(copy, sizeof copy, "%.*s", (int)(strstr(line, "->") - line), line);
+        struct vector v = {0};
+        char *op = strtok_r(copy, " ", &save);
+        assert_non_null(op);
+        for (char *tok; (tok = strtok_r(NULL, " ", &save)) != NULL;) {
+            char *eq = strchr(tok, '=');
+            assert_non_null(eq);
+            *eq = '\0';
+            if (!vector_field(&v, tok, eq + 1))
+                fail_msg("unknown field %s in: %s", tok, line);
+        }
+        char got[32];
+        vector_answer(op, &v, got, sizeof got);
+        if (strcmp(got, want) != 0) {
+            print_message("plan.c answers %s to: %s\n", got, line);
+            wrong++;
+        }
+        cases++;
+    }
+    fclose(fp);
+    assert_true(cases >= 30);
+    assert_int_equal(wrong, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -502,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_arrivals_spread_over_a_minute),
         cmocka_unit_test(test_a_key_pause_in_the_middle),
         cmocka_unit_test(test_two_processes_one_plan),
+        cmocka_unit_test(test_shared_vectors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

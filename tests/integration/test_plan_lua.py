@@ -1,0 +1,95 @@
+"""The budget plan decided alike in C and in Redis's Lua (issue 16: where
+Redis decides on its side, its Lua decides exactly what plan.c does).
+
+plan_lua() (plan.h) writes plan.c's functions in Lua, with plan.c's
+constants written in by the C. This test runs that Lua, as
+tests/unit/plan-lua prints it, on a real redis-server (EVAL, Redis's own
+Lua 5.1) for every case of tests/unit/plan_vectors.txt and asserts the
+answer the file gives, the one tests/unit/test_plan.c asserts of plan.c:
+one table, both versions, case by case."""
+
+import os
+import re
+import subprocess
+
+import harness
+from harness import assert_eq
+
+# Test code only: the case's fields into the tables plan_lua()'s functions
+# take (an absent field is 0, a boolean 0 or 1, as the file says), then the
+# function the case names.
+DRIVER = r"""
+local op, k, t, ev = ARGV[1], {}, {}, {}
+for _, f in ipairs({'budget', 'recent', 'schedule_reads', 'demand', 'busiest', 'busiest_late',
+                    'arrivals', 'arrivals_long', 'eligible', 'hold_ms'}) do k[f] = 0 end
+for _, f in ipairs({'resv_at', 'next_gap', 'early_reads'}) do t[f] = 0 end
+k.starved, t.reserved, t.drifted = false, false, false
+local now, at, tt, from = 0, 0, 0, nil
+for i = 2, #ARGV do
+  local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
+  if name == 'ev' then
+    for x in string.gmatch(val, '-?%d+') do ev[#ev + 1] = tonumber(x) end
+  elseif name == 'starved' then k.starved = val == '1'
+  elseif name == 'reserved' or name == 'drifted' then t[name] = val == '1'
+  elseif name == 'now' then now = tonumber(val)
+  elseif name == 'at_busiest' then at = tonumber(val)
+  elseif name == 't' then tt = tonumber(val)
+  elseif name == 'from' then from = tonumber(val)
+  elseif name and k[name] ~= nil then k[name] = tonumber(val)
+  elseif name and t[name] ~= nil then t[name] = tonumber(val)
+  else return redis.error_reply('unknown field ' .. tostring(ARGV[i])) end
+end
+if op == 'late_span' then return tostring(plan_late_span(k)) end
+if op == 'headroom' then return tostring(plan_headroom(k)) end
+if op == 'reserve' then return plan_may_reserve(k, at) and '1' or '0' end
+if op == 'busiest' then return tostring(plan_busiest(ev, tt, from)) end
+if op == 'read' then return plan_may_read(k, t, now) end
+return redis.error_reply('unknown op ' .. op)
+"""
+
+
+def vectors():
+    """The cases: (line, op, [FIELD=VALUE ...], answer)."""
+    out = []
+    with open(os.path.join(harness.top_srcdir(), "tests", "unit", "plan_vectors.txt")) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            case, want = line.split("->")
+            words = case.split()
+            out.append((line, words[0], words[1:], want.strip()))
+    return out
+
+
+def plan_lua():
+    exe = os.path.join(harness.top_builddir(), "tests", "unit", "plan-lua")
+    return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+
+
+@harness.timeout(60)
+def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
+    redis = harness.Redis(tmpdir)
+    script = plan_lua() + DRIVER
+    cases = vectors()
+    assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
+    assert_eq(sorted({c[1] for c in cases}), ["busiest", "headroom", "late_span", "read", "reserve"])
+    wrong = []
+    with redis.client() as c:
+        for line, op, fields, want in cases:
+            got = c.cmd("EVAL", script, "0", op, *fields)
+            if got != want:
+                wrong.append("Lua answers %s to: %s" % (got, line))
+    assert_eq(wrong, [])
+
+
+@harness.timeout(60)
+def test_the_lua_plan_has_no_number_of_its_own(tmpdir):
+    # plan.c's constants are written in by the C: the Lua's functions (after
+    # the line that names them) hold no number but 0 and 1
+    body = plan_lua().split("\n", 1)[1]
+    assert_eq(sorted(set(re.findall(r"\b\d+\b", body))), ["0", "1"])
+
+
+if __name__ == "__main__":
+    harness.run(globals())

@@ -1,0 +1,17 @@
+/* plan_lua_print.c - print plan_lua() (plan.h), the budget plan's Lua twin,
+ * for tests/integration/test_plan_lua.py to run on a real Redis. */
+#include <stdio.h>
+
+#include "plan.h"
+
+int main(void)
+{
+    char buf[8192];
+    int n = plan_lua(buf, sizeof buf);
+    if (n < 0) {
+        fprintf(stderr, "plan_lua: the buffer is too small\n");
+        return 1;
+    }
+    fputs(buf, stdout);
+    return 0;
+}
