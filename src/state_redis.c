@@ -432,7 +432,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "rt", NULL); /* times: not an older host's "r" counts */
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
     rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
     client_args(climit, sizeof climit, cwin, sizeof cwin);
