@@ -11,7 +11,7 @@ struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, co
         return NULL;
     const struct state_ticket *t = &cr->ticket;
     struct state_redis_plan plan = {.last_chance = t->undo.last_chance, .host = *host};
-    plan.reserved = state_key_reserved(st, &t->key, now);
+    plan.reserved = state_key_reserved(st, &t->key, now, plan.resv_in);
     return state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
                              t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, fn, data);
 }

@@ -483,14 +483,17 @@ void state_unhold(struct state *st, const struct state_key *key, const char *id,
     st_unlock(st);
 }
 
-int state_key_reserved(struct state *st, const struct state_key *key, int64_t now)
+_Static_assert(ST_WAITING_MAX <= STATE_KEY_RESV_MAX, "every waiting transaction's reservation fits");
+
+int state_key_reserved(struct state *st, const struct state_key *key, int64_t now, int64_t *at)
 {
     int n = 0;
     st_lock(st, now);
     const struct st_keyent *k = st_key_find(st, key);
     for (int32_t i = 0; k != NULL && i < k->nwaiting && i < ST_WAITING_MAX; i++) {
         const struct st_tx *e = st_waiting_tx(st, k, k->waiting[i], now);
-        n += e != NULL && e->resv_at != 0;
+        if (e != NULL && e->resv_at != 0)
+            at[n++] = e->resv_at > now ? e->resv_at - now : 0; /* as plan_events() counts it */
     }
     st_unlock(st);
     return n;

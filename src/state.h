@@ -446,8 +446,10 @@ void state_unhold(struct state *st, const struct state_key *key, const char *id,
 
 /* The last-chance reads reserved now for the requests held with `key`
  * (state_hold), on this state: what another host's plan must leave room
- * for (state_redis.h). This function can't fail. */
-int state_key_reserved(struct state *st, const struct state_key *key, int64_t now);
+ * for (state_redis.h). Their times, each as ms from `now` (an overdue one
+ * 0), go to at[0..STATE_KEY_RESV_MAX); returns how many. Can't fail. */
+#define STATE_KEY_RESV_MAX 512
+int state_key_reserved(struct state *st, const struct state_key *key, int64_t now, int64_t *at);
 
 /* Counters and gauges for the metrics page (clients_blocked counts the
  * client table: bounded by client_slots). This function can't fail. */

@@ -427,17 +427,20 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kres[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
-        sb[16], sl[24], sr[16], climit[16], cwin[24], crecheck[24], shold[24];
+        sb[16], sl[24], sr[STATE_KEY_RESV_MAX * 21 + 1], climit[16], cwin[24], crecheck[24], shold[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "rt", NULL); /* times: not an older host's "r" counts */
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
     rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
-    snprintf(sr, sizeof sr, "%d", plan->reserved > 0 ? plan->reserved : 0);
+    size_t at = 0; /* this host's reservations: their times in ms from now, comma-separated */
+    sr[0] = '\0';
+    for (int i = 0; i < plan->reserved && i < STATE_KEY_RESV_MAX; i++)
+        at += (size_t)snprintf(sr + at, sizeof sr - at, "%s%lld", i ? "," : "", (long long)plan->resv_in[i]);
     snprintf(shold, sizeof shold, "%lld", (long long)rules_hold_ms(s));
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);

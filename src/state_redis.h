@@ -166,7 +166,8 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
  * every host has reserved for its held requests. */
 struct state_redis_plan {
     bool last_chance;          /* this read uses its transaction's reservation */
-    int reserved;              /* this host's reservations for the key now (state_key_reserved) */
+    int reserved;              /* this host's reservations for the key now (state_key_reserved), */
+    int64_t resv_in[STATE_KEY_RESV_MAX]; /* each one's time, in ms from now */
     struct state_redis_id host; /* this host (its state_dir), the same in each of its processes */
 };
 

@@ -55,7 +55,7 @@
 
 /* KEYS: tx, key, budget, block, reservations, client's 404s, client's
  * reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5 id,
- * 6 this host's reservations, 7 host, 8 "last" for a last-chance read
+ * 6 this host's reservations (ms from now, comma-separated), 7 host, 8 "last" for a last-chance read
  * (plan.h), 9 the client's 404s that block (with its reads in flight), 10
  * their window (ms), 11 the recheck (ms) of a client at its count, 12 a
  * hold's length (ms, rules_hold_ms). */
@@ -98,27 +98,37 @@ static const char lua_claim[] =
     "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
     "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
     "end\n"
-    /* every host's reserved last-chance reads, as each said at its last
-     * claim (for a hold's length, ARGV[12]): an early read must leave room */
-    "redis.call('HSET', KEYS[5], ARGV[7], ARGV[6] .. ':' .. (now + tonumber(ARGV[12])))\n"
-    "redis.call('PEXPIREAT', KEYS[5], now + math.max(KEEP, tonumber(ARGV[12])))\n"
-    "local resv, all = 0, redis.call('HGETALL', KEYS[5])\n"
+    /* the times plan_events() gathers: the reads of the last 60 s and every
+     * host's reservations, as each said at its last claim (ms from then,
+     * kept for a hold's length, ARGV[12]), an overdue one at `now` */
+    "local hold = tonumber(ARGV[12])\n"
+    "local mine = {}\n"
+    "for d in string.gmatch(ARGV[6], '%d+') do mine[#mine + 1] = now + tonumber(d) end\n"
+    "redis.call('HSET', KEYS[5], ARGV[7], table.concat(mine, ',') .. ':' .. (now + hold))\n"
+    "redis.call('PEXPIREAT', KEYS[5], now + math.max(KEEP, hold))\n"
+    "local ev, rd = {}, redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')\n"
+    "for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"
+    "local all = redis.call('HGETALL', KEYS[5])\n"
     "for i = 1, #all, 2 do\n"
-    "  local c, e = string.match(all[i + 1], '^(%d+):(%d+)$')\n"
-    "  if c and tonumber(e) > now then resv = resv + tonumber(c)\n"
+    "  local ts, e = string.match(all[i + 1], '^([%d,]*):(%d+)$')\n"
+    "  if ts and tonumber(e) > now then\n"
+    "    for x in string.gmatch(ts, '%d+') do ev[#ev + 1] = math.max(tonumber(x), now) end\n"
     "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
     "end\n"
-    /* plan.c's decision (plan_lua), on what Redis holds of the key today:
-     * the reads of the last 60 s and every host's reservations, all counted
-     * in the span that holds `now`. It does not hold the rest of what
+    "table.sort(ev)\n"
+    "local recent = 0\n"
+    "for i = 1, #ev do if ev[i] <= now then recent = recent + 1 end end\n"
+    /* plan.c's decision (plan_lua) on them, as plan_gather() makes recent,
+     * busiest and busiest_late. Redis does not hold the rest of what
      * plan_gather() gathers (the waiting transactions' demand, taken as more
      * than the budget: never plenty; the arrivals: none; the others waiting:
      * none, so no fair share across hosts); each host shares its own early
      * reads fairly before it claims (state.c) */
     "local budget = tonumber(ARGV[2])\n"
-    "local pk = {budget = budget, recent = used, schedule_reads = 0, demand = budget + 1,\n"
-    "            busiest = used + resv, busiest_late = used + resv, arrivals = 0, arrivals_long = 0,\n"
-    "            eligible = 1, starved = false, hold_ms = tonumber(ARGV[12])}\n"
+    "local pk = {budget = budget, recent = recent, schedule_reads = 0, demand = budget + 1,\n"
+    "            busiest = plan_busiest(ev, now, nil), busiest_late = 0, arrivals = 0, arrivals_long = 0,\n"
+    "            eligible = 1, starved = false, hold_ms = hold}\n"
+    "pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
     "local pt = {reserved = ARGV[8] == 'last', resv_at = now, next_gap = 0, drifted = false, early_reads = 0}\n"
     "if plan_may_read(pk, pt, now) == 'no' then\n"
     "  return {'wait', PLAN_RECHECK, 'plan'}\n"

@@ -29,6 +29,7 @@ SLACK = 0.35
 
 KEY3 = "sk_test_kembali_0000000000000003"
 ISSUE = [0, 1100, 12000, 25000]   # issue 16's case: the hold is 39.6 s
+LONG = [0, 1100, 30000, 30000]    # a hold of 62.6 s: a reservation 61.1 s after its request
 
 
 def err(code, message):
@@ -253,6 +254,18 @@ def ep_scarce(sb, ks, id):
     return [status(r) for r in kit.parallel(fs)]
 
 
+def ep_far_reservations(sb, ks, id):
+    """A budget of 2, a hold of 62.6 s (LONG): two buyers held 0.3 s apart,
+    one on each process or host, each reserving its last-chance read 61.1 s
+    after it comes. Those lie past every 60 s span that holds the first
+    reads, so both buyers read at once (plan_busiest); then the budget is
+    spent until the last-chance reads."""
+    for i in range(2):
+        kit.pending_then(sb, "%s%d" % (id, i), 99, "succeeded")
+    fs = [later(0.3 * i, lambda i=i: get(ks[i], "id=%s%d" % (id, i), timeout=90)) for i in range(2)]
+    return [status(r) for r in kit.parallel(fs)]
+
+
 def ep_auth_429(sb, ks, id):
     """The failed-authentication 429: no read with any key on that host for
     60 s (a second shop's request on the same process: checking, no read)."""
@@ -285,6 +298,10 @@ FAST_TABLE = [
 
 SCARCE_TABLE = [
     ("scarce", ep_scarce, None, None, SLACK),
+]
+
+FAR_TABLE = [
+    ("far", ep_far_reservations, [2, 2], ["checking"] * 2, SLACK),
 ]
 
 PROBE_TABLE = [
@@ -389,6 +406,13 @@ def test_fast_schedule_episodes_alike_in_both_stores(tmpdir):
 @harness.timeout(240)
 def test_scarce_budget_alike_in_both_stores(tmpdir):
     differ(tmpdir, SCARCE_TABLE, kit.FAST, budget=6, ids=lambda name: ["%s%d" % (name, i) for i in range(3)])
+
+
+@harness.timeout(240)
+def test_reservations_past_the_span_alike_in_both_stores(tmpdir):
+    # Redis counts every host's reservations where plan_busiest() counts
+    # each at its time: the second buyer's first read tells them apart
+    differ(tmpdir, FAR_TABLE, LONG, budget=2, ids=lambda name: ["%s%d" % (name, i) for i in range(2)])
 
 
 @harness.timeout(240)

@@ -2176,8 +2176,9 @@ static void test_unclaim_stale_does_nothing(void **unused)
 }
 
 /* state_key_reserved: the reservations of one key's held transactions,
- * not another key's; a transaction nobody holds any more has none; one
- * whose last-chance read was claimed has used it. */
+ * not another key's, each at its time from now (what plan_events() counts);
+ * a transaction nobody holds any more has none; one whose last-chance read
+ * was claimed has used it. */
 static void test_key_reserved(void **unused)
 {
     (void)unused;
@@ -2186,19 +2187,24 @@ static void test_key_reserved(void **unused)
     struct pace_schedule s = sched_default();
     struct state_ticket t;
     struct state_fact f;
+    int64_t at[STATE_KEY_RESV_MAX];
     int64_t deadline = T0 + pace_hold_ms(&s);
-    assert_int_equal(state_key_reserved(st, &k, T0), 0);
+    assert_int_equal(state_key_reserved(st, &k, T0, at), 0);
     assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
-    assert_true(state_hold(st, &k, "T2", &s, BUDGET, deadline, T0));
+    assert_true(state_hold(st, &k, "T2", &s, BUDGET, deadline + 500, T0));
     assert_true(state_hold(st, &k2, "T3", &s, BUDGET, deadline, T0));
-    assert_int_equal(state_key_reserved(st, &k, T0 + 1), 2);
-    assert_int_equal(state_key_reserved(st, &k2, T0 + 1), 1);
+    assert_int_equal(state_key_reserved(st, &k, T0 + 1, at), 2);
+    assert_int_equal(at[0], deadline - PLAN_LEAD_MS - (T0 + 1));
+    assert_int_equal(at[1], deadline + 500 - PLAN_LEAD_MS - (T0 + 1));
+    assert_int_equal(state_key_reserved(st, &k2, T0 + 1, at), 1);
     state_unhold(st, &k, "T2", T0 + 2);
-    assert_int_equal(state_key_reserved(st, &k, T0 + 3), 1);
+    assert_int_equal(state_key_reserved(st, &k, T0 + 3, at), 1);
+    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 7, at), 1);
+    assert_int_equal(at[0], 0); /* overdue: counted at now */
     assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS, &t, &f));
     assert_true(t.undo.last_chance);
-    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 1), 0);
-    assert_int_equal(state_key_reserved(st, &k2, deadline + 1), 0); /* its hold is over */
+    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 1, at), 0);
+    assert_int_equal(state_key_reserved(st, &k2, deadline + 1, at), 0); /* its hold is over */
     state_free(st);
 }
 
