@@ -65,6 +65,8 @@ struct front_conn {
     bool eof;                 /* the peer will send nothing more */
     bool close_after_write;
     bool dead;                /* to be freed by the outermost caller */
+    bool in_part;             /* front_reply_part at work: a close now is that part's
+                               * failure, told by its return value, not by on_gone */
     int busy;                 /* nesting of functions working on it */
     struct front_conn *prev, *next;
 };
@@ -120,7 +122,10 @@ static void conn_close(struct front_conn *c)
     if (c->dead)
         return;
     c->dead = true;
-    if (c->req.live) {
+    if (c->req.live && c->in_part) {
+        c->req.live = false; /* front_reply_part returns -1: its caller forgets it */
+        c->req.user = NULL;
+    } else if (c->req.live) {
         c->req.live = false;
         c->busy++;
         c->f->h.on_gone(c->f->h.ctx, &c->req, c->req.user);
@@ -661,6 +666,7 @@ int front_reply_part(struct front *f, struct front_req *r, const void *part, siz
     size_t need = fcgi_stdout_size(len);
     uint8_t *b = need == SIZE_MAX ? NULL : malloc(need);
     c->busy++;
+    c->in_part = true;
     int rc = 0;
     if (b == NULL || fcgi_encode_stdout(b, need, fcgi_request_id(&c->p), part, len) != need ||
         !conn_queue(c, b, need)) {
@@ -672,7 +678,10 @@ int front_reply_part(struct front *f, struct front_req *r, const void *part, siz
     }
     free(b);
     if (!c->dead)
-        conn_after_output(c);
+        conn_after_output(c); /* may close c (epoll or a timer failing) */
+    if (c->dead)
+        rc = -1;
+    c->in_part = false;
     conn_release(c);
     return rc;
 }
