@@ -110,7 +110,8 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
     int64_t n = reply_int(x->element[1]);
     if (n < 0)
         n = 0;
-    c->ms = n;
+    /* a wait, bounded as a published one is (the callers add it to now) */
+    c->ms = n > STATE_REDIS_MSG_MAX_MS ? STATE_REDIS_MSG_MAX_MS : n;
     if (strcmp(v, "go") == 0) {
         c->v = STATE_REDIS_GO;
         c->serial = (uint64_t)n;
