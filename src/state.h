@@ -351,7 +351,7 @@ void state_unclaim(struct state *st, const struct state_ticket *ticket, int64_t 
 enum state_told {
     STATE_TOLD_RECORDED = 0, /* recorded as if a read had just returned it */
     STATE_TOLD_KEPT,         /* valid, but a final status already known stays */
-    STATE_TOLD_FULL,         /* no room: not returned any more (a told status always finds room) */
+    STATE_TOLD_FULL,         /* no room: every slot in use, none of them this key's */
     STATE_TOLD_BAD,          /* not a Kasera status word's status, or a bad id */
 };
 
@@ -372,19 +372,19 @@ enum state_told {
  * A read's outcome (state_finish) keeps the same order while the final
  * status it would replace is cached.
  *
- * A told status always finds room: a new entry of a key at its quota takes
- * the slot of that key's least recently used idle entry; otherwise (the key
+ * A told status finds room: a new entry of a key at its quota takes the
+ * slot of that key's least recently used idle entry; otherwise (the key
  * under its quota, or none of its entries idle) a free slot, else the least
  * recently used idle entry of any key. Only when every slot holds an entry
- * in use does it take one in use: one of the key with the most entries
- * (another key's, unless they are all its own), with no read in flight and
- * no held request if there is one, least recently used first. Each key
- * holds at most tx_per_key entries in use (a told entry is idle unless a
- * request holds it), so a table full of them is at least
- * tx_slots / tx_per_key keys (four, by default) each flooded up to its
- * quota: the flood loses one entry (its pace or its hold's reservation),
- * the shop's buyer gets their status. Returns what was done; never blocks
- * on anything but the state's lock. */
+ * in use does it take one in use, and only one of its own key's (no read
+ * in flight and no held request if there is one, least recently used
+ * first): another key's entry in use is never taken, so one tenant's
+ * notifies cannot cost another tenant's buyers their pace or reservation.
+ * Each key holds at most tx_per_key entries in use, so STATE_TOLD_FULL
+ * (the notify POST's 503, --notify's exit 1) needs at least
+ * tx_slots / tx_per_key other keys (four, by default) each flooded up to
+ * its quota while this key has no entry; the shop's webhook tries again.
+ * Returns what was done; never blocks on anything but the state's lock. */
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 

@@ -115,30 +115,27 @@ static int32_t tx_lru_idle(struct state *st, const struct state_key *only, int64
 }
 
 /* Every slot holds an entry in use, and a told status of `key` needs one
- * (state_tell, state.h): the entry whose loss harms least, or -1 only for
- * an empty table. Ranked, first to last: another key's before `key`'s
- * own; no read in flight (forgetting one would let a second read start
- * beside it); of the key with the most entries (a flood, when the table is
- * full of entries in use: at least tx_slots / tx_per_key keys at their
- * quota); no held request (its reservation would go); least recently
- * used. O(slots): only with every slot in use. */
+ * (state_tell, state.h): the one of `key`'s own entries whose loss harms
+ * least, or -1 when `key` has none (another key's entry in use is never
+ * taken: one tenant's notifies must not cost another tenant's buyers their
+ * pace or reservation). Ranked, first to last: no read in flight
+ * (forgetting one would let a second read start beside it); no held
+ * request (its reservation would go); least recently used. O(slots): only
+ * with every slot in use. */
 static int32_t tx_least_harm(struct state *st, const struct state_key *key, int64_t now)
 {
     int32_t best = -1;
-    int64_t best_rank[4] = {0, 0, 0, 0};
+    int64_t best_rank[2] = {0, 0};
     for (int32_t i = 0; i < st->txn; i++) {
         const struct st_tx *e = &st->txs[i];
-        if (!e->used)
+        if (!e->used || memcmp(e->key.b, key->b, 16) != 0)
             continue;
-        const struct st_keyent *k = st_key_find(st, &e->key);
-        int64_t rank[4] = {
-            memcmp(e->key.b, key->b, 16) != 0,
+        int64_t rank[2] = {
             e->inflight_until <= now,
-            k != NULL ? k->ntx : 0,
             !(e->holders > 0 && e->hold_until > now),
         };
         int c = 0;
-        for (int j = 0; j < 4 && c == 0; j++)
+        for (int j = 0; j < 2 && c == 0; j++)
             c = rank[j] > best_rank[j] ? 1 : rank[j] < best_rank[j] ? -1 : 0;
         if (best < 0 || c > 0 || (c == 0 && e->last_used < st->txs[best].last_used)) {
             best = i;
@@ -158,7 +155,8 @@ static int32_t tx_least_harm(struct state *st, const struct state_key *key, int6
  *   - otherwise a free slot, else the least recently used idle entry of
  *     any key (counted: evictions); with none, no room (counted: full),
  *     unless `told`: a status told by the shop (state_tell) then takes
- *     the slot of an entry in use (tx_least_harm) and always finds room.
+ *     the slot of one of its own key's entries in use (tx_least_harm), if
+ *     the key has any.
  * A told entry may so take a key past its quota; it is idle (evictable)
  * unless a request holds it, and a request's entry of that key finds
  * room only by evicting one of the key's own. `k`: the key's entry when

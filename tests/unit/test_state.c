@@ -1904,8 +1904,10 @@ static void test_quota_all_own_busy(void **unused)
 }
 
 /* Every slot in use by four flooded keys, each at its quota: a request of
- * a fifth key gets checking, its told status finds room all the same, in
- * the least harmful place: no read in flight, least recently used. */
+ * a fifth key gets checking, and so does its told status (STATE_TOLD_FULL:
+ * another key's entry in use is never taken); a flooded key's own told
+ * status takes the least harmful of its own: no read in flight, least
+ * recently used. */
 static void test_tell_finds_room_in_a_busy_table(void **unused)
 {
     (void)unused;
@@ -1925,31 +1927,45 @@ static void test_tell_finds_room_in_a_busy_table(void **unused)
     state_metrics(st, &m);
     assert_int_equal(m.full, 1);
     assert_int_equal(m.tx_used, 32);
-    assert_int_equal(tell(st, &k[4], "paid", TXS_SUCCEEDED, T0 + 500), STATE_TOLD_RECORDED);
-    f = lookup(st, &k[4], "paid", T0 + 500);
-    assert_true(f.final);
-    assert_int_equal(f.status, TXS_SUCCEEDED);
-    /* the one entry that went: B0 (no read in flight, least recently used) */
-    assert_int_equal(lookup(st, &k[1], "B0", T0 + 500).status, TXS_NONE);
-    for (int i = 1; i < 8; i++) {
-        char id[16];
-        snprintf(id, sizeof id, "B%d", i);
-        assert_int_equal(lookup(st, &k[1], id, T0 + 500).status, TXS_PENDING);
-    }
-    for (int i = 0; i < 8; i++) {
-        char id[16];
-        snprintf(id, sizeof id, "A%d", i);
-        assert_true(lookup(st, &k[0], id, T0 + 500).in_flight);
-    }
-    /* told again, and for more ids: always room, never the table's own */
+    /* the fifth key has no entry of its own: refused, nothing taken */
     for (int i = 0; i < 40; i++) {
         char id[16];
         snprintf(id, sizeof id, "P%d", i);
-        assert_int_equal(tell(st, &k[4], id, TXS_SUCCEEDED, T0 + 600 + i), STATE_TOLD_RECORDED);
-        assert_true(lookup(st, &k[4], id, T0 + 600 + i).final);
+        assert_int_equal(tell(st, &k[4], id, TXS_SUCCEEDED, T0 + 500 + i), STATE_TOLD_FULL);
+        assert_false(lookup(st, &k[4], id, T0 + 500 + i).final);
+    }
+    for (int i = 0; i < 8; i++) {
+        char a[16], b[16];
+        snprintf(a, sizeof a, "A%d", i);
+        snprintf(b, sizeof b, "B%d", i);
+        assert_true(lookup(st, &k[0], a, T0 + 600).in_flight);
+        assert_int_equal(lookup(st, &k[1], b, T0 + 600).status, TXS_PENDING);
+    }
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 0);
+    /* a flooded key's own told status: its own B0 goes (no read in flight,
+     * least recently used); no other key loses anything */
+    assert_int_equal(tell(st, &k[1], "paid-b", TXS_SUCCEEDED, T0 + 700), STATE_TOLD_RECORDED);
+    assert_true(lookup(st, &k[1], "paid-b", T0 + 700).final);
+    assert_int_equal(lookup(st, &k[1], "B0", T0 + 700).status, TXS_NONE);
+    for (int i = 1; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_int_equal(lookup(st, &k[1], id, T0 + 700).status, TXS_PENDING);
+    }
+    /* a key whose every entry has a read in flight: one of them goes, the
+     * least recently used (A0), and still no other key's */
+    assert_int_equal(tell(st, &k[0], "paid-a", TXS_SUCCEEDED, T0 + 800), STATE_TOLD_RECORDED);
+    assert_true(lookup(st, &k[0], "paid-a", T0 + 800).final);
+    assert_int_equal(lookup(st, &k[0], "A0", T0 + 800).status, TXS_NONE);
+    for (int i = 0; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "C%d", i);
+        assert_true(lookup(st, &k[2], id, T0 + 800).in_flight);
     }
     state_metrics(st, &m);
     assert_int_equal(m.tx_used, 32);
+    assert_int_equal(m.evictions, 2);
     state_free(st);
 }
 
