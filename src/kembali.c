@@ -197,15 +197,27 @@ static int listen_unix(const char *path, const struct unix_perm *perm, char *err
     umask(old);
     errno = e;
     const char *step = NULL;
+    /* by path, so never through a link: a socket swapped for a symbolic
+     * link after bind (a folder others may write) is refused, not followed
+     * to whatever file it names */
     if (b != 0)
         step = "cannot listen there";
-    else if (perm->gid != (gid_t)-1 && chown(path, (uid_t)-1, perm->gid) != 0)
+    else if (lstat(path, &st) != 0)
+        step = "the socket is gone after it was made";
+    else if (!S_ISSOCK(st.st_mode))
+        step = "the socket was replaced after it was made";
+    else if (perm->gid != (gid_t)-1 && fchownat(AT_FDCWD, path, (uid_t)-1, perm->gid, AT_SYMLINK_NOFOLLOW) != 0)
         step = "--socket-group: cannot give the socket that group";
-    else if (chmod(path, perm->mode) != 0)
+    else if (fchmodat(AT_FDCWD, path, perm->mode, AT_SYMLINK_NOFOLLOW) != 0)
         step = "--socket-mode: cannot set the socket's mode";
     else if (listen(fd, SOCKET_BACKLOG) != 0)
         step = "cannot listen there";
     if (step != NULL) {
+        if (b == 0 && lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+            snprintf(err, errlen, "--listen %s: %s", path, step); /* not ours: left alone */
+            close(fd);
+            return -1;
+        }
         snprintf(err, errlen, "--listen %s: %s (%s)", path, step, strerror(errno));
         if (b == 0)
             unlink(path);
