@@ -283,10 +283,10 @@ def ep_auth_429(sb, ks, id):
 # (name, episode, the reads interface.md says (None: judged between the
 # stores only), the answers it says, the tolerance of the reads' times)
 FAST_TABLE = [
-    ("tabs", ep_tabs, [0, 1.1, 2.2, 3.3, 4.4, 5.5], ["checking"] * 3 + ["pending"], SLACK),
+    ("tabs", ep_tabs, [0, 1.1, 2.2, 3.3, 4.4, [5.5]], ["checking"] * 3 + ["pending"], SLACK),
     ("paid", ep_paid, [0, 1.1, 2.2], ["succeeded"] * 3, SLACK),
-    ("slow_first", ep_slow_first, [0, 2.6, 3.7, 4.8], ["checking"] * 2, SLACK),
-    ("retry_s", ep_retry_seconds, [0, 2.0, 3.1, 4.2, 5.3], ["checking"] * 2, SLACK),
+    ("slow_first", ep_slow_first, [0, 2.6, 3.7, [4.8]], ["checking"] * 2, SLACK),
+    ("retry_s", ep_retry_seconds, [0, 2.0, 3.1, 4.2, [5.3]], ["checking"] * 2, SLACK),
     ("unverified", ep_unverified, [0], ["checking"] * 2, SLACK),
     ("nf", ep_404, [0], ["not_found"] * 2, SLACK),
     ("5xx", ep_5xx, [0, 1.1], ["succeeded"] * 2, SLACK),
@@ -365,6 +365,24 @@ def run_store(tmpdir, kind, table, schedule, budget, out, ids=None):
     out["_left"] = any(k.find_log(event="redis_left") for k in ks)
 
 
+def required_reads(want):
+    """(reads interface.md requires, reads it allows besides): a read
+    written [t] in a table is the last one before a hold's deadline, which
+    it may miss on a slow machine (the floor counts from the previous
+    read's answer, and a sanitizer build answers late), in either store."""
+    if want is None:
+        return 0, 0
+    opt = sum(1 for w in want if isinstance(w, list))
+    return len(want) - opt, opt
+
+
+def reads_fit(reads, want, tol):
+    short, extra = required_reads(want)
+    times = [w[0] if isinstance(w, list) else w for w in want]
+    return (short <= len(reads) <= short + extra and
+            all(w - 0.003 <= g <= w + tol for g, w in zip(reads, times)))
+
+
 def differ(tmpdir, table, schedule, budget=None, ids=None):
     res = {"file": {}, "redis": {}}
     errs = []
@@ -391,12 +409,13 @@ def differ(tmpdir, table, schedule, budget=None, ids=None):
         for kind, (reads, answers) in (("file", f), ("redis", r)):
             if want_answers is not None and answers != want_answers:
                 bad.append("%s %s: answers %r, interface.md says %r" % (kind, name, answers, want_answers))
-            if want_reads is not None and (len(reads) != len(want_reads) or
-                                           any(not (w - 0.003 <= g <= w + tol) for g, w in zip(reads, want_reads))):
+            if want_reads is not None and (not reads_fit(reads, want_reads, tol)):
                 bad.append("%s %s: reads %r, interface.md says %r" % (kind, name, reads, want_reads))
         if f[1] != r[1]:
             bad.append("%s: answers differ: file %r, redis %r" % (name, f[1], r[1]))
-        if len(f[0]) != len(r[0]) or any(abs(a - b) > tol for a, b in zip(f[0], r[0])):
+        short, extra = required_reads(want_reads)
+        if ((len(f[0]) != len(r[0]) and not (want_reads is not None and min(len(f[0]), len(r[0])) >= short))
+                or any(abs(a - b) > tol for a, b in zip(f[0], r[0]))):
             bad.append("%s: reads differ: file %r, redis %r" % (name, f[0], r[0]))
     assert not bad, "\n".join(bad)
 
