@@ -530,10 +530,25 @@ static void send_tell(struct state_redis *r, const char *secret, const char *id,
     send_tell_op(r, secret, id, word, final, sched, NULL);
 }
 
+/* Keep (secret, id)'s final status for the write-back: its latest word
+ * where it is kept already; else a new entry while the queue, and the key's
+ * share of it, have room (the oldest are kept: Redis's own TTLs would have
+ * dropped the rest first; a key's share keeps one tenant's flood of told
+ * statuses from crowding out every other key's). */
 static void writeback_add(struct state_redis *r, const char *secret, const char *id, const char *word)
 {
-    if (r->nwb >= STATE_REDIS_WRITEBACK_MAX)
-        return; /* the oldest are kept: Redis's own TTLs would have dropped the rest first */
+    size_t mine = 0;
+    for (size_t i = 0; i < r->nwb; i++) {
+        if (strcmp(r->wb[i].secret, secret) != 0)
+            continue;
+        if (strcmp(r->wb[i].id, id) == 0) {
+            util_copy(r->wb[i].word, sizeof r->wb[i].word, word);
+            return;
+        }
+        mine++;
+    }
+    if (r->nwb >= STATE_REDIS_WRITEBACK_MAX || mine >= STATE_REDIS_WRITEBACK_PER_KEY)
+        return;
     struct writeback *w = &r->wb[r->nwb];
     w->secret = strdup(secret);
     if (w->secret == NULL)

@@ -66,6 +66,7 @@
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
 #define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024
+#define STATE_REDIS_WRITEBACK_PER_KEY (STATE_REDIS_WRITEBACK_MAX / 4) /* one key's share: no tenant fills it */
 #define STATE_REDIS_SENTINEL_MS 300  /* one Sentinel: connect, authenticate and answer within this */
 #define STATE_REDIS_SENTINEL_CHECK_MS 1000 /* while up: the Sentinels are asked this often for the master */
 
@@ -193,7 +194,9 @@ void state_redis_cancel(struct state_redis_op *op);
 
 /* Record a read's outcome (after state_finish() here) and publish it. A
  * read made while down is not sent; its final status is kept (at most
- * STATE_REDIS_WRITEBACK_MAX) and written back when Redis answers again.
+ * STATE_REDIS_WRITEBACK_MAX, of which at most STATE_REDIS_WRITEBACK_PER_KEY
+ * with one key, the latest word of an id replacing its earlier one) and
+ * written back when Redis answers again.
  * Never fails: what cannot be sent is dropped (Redis's lease and TTLs
  * forget a claim whose outcome never came). */
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
@@ -203,7 +206,8 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
  * state_tell() rules: a final status never moves backwards (`sched`, the
  * shop's schedule, tells the others when a read may next start; NULL: the
  * shortest). While down,
- * a final status is kept for the write-back. Never fails. */
+ * a final status is kept for the write-back (as state_redis_finish's).
+ * Never fails. */
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
                       const struct pace_schedule *sched);
 

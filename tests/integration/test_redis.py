@@ -296,6 +296,33 @@ def test_redis_stopped_killed_and_restarted(tmpdir):
     kit.check_one_pace(sb, ks, "s3")
 
 
+@harness.timeout(150)
+def test_write_back_keeps_room_for_every_key(tmpdir):
+    """While Redis is gone, one shop is told 1,100 final statuses (more than
+    the whole write-back queue, 1,024) and then another shop's buyer pays:
+    when Redis is back, the other shop's status is written back too (one
+    key holds at most 256 of the queue), and the second host answers it
+    from Redis with no read of its own."""
+    redis, sb, ks = hosts(tmpdir, n=2, two_shops=True)
+    redis.kill()
+    ks[0].wait_log(15, event="redis_left")
+    told = 1100
+    for i in range(told):
+        r = kit.notify(ks[0], "f%d" % i, {"status": "failed"}, extra={"HTTP_HOST": "toko-a.test"})
+        assert_eq(r.status, 204, r.text)
+    sb.put_tx("w1", "succeeded")
+    assert_eq(ks[0].get("id=w1", host="toko-b.test").header("kembali-status"), "succeeded")
+    redis.restart()
+    ks[0].wait_log(15, event="redis_rejoined")
+    harness.wait_for(lambda: redis.keys("kembali:*t:w1"), 30, msg="w1's final status is in the new Redis")
+    written = ks[0].metrics()["kembali_redis_written_back_total"]
+    print("# %d statuses told to toko-a while Redis was gone: %d written back in all" % (told, written))
+    assert_eq(written, 256 + 1)
+    ks[1].wait_log(15, event="redis_rejoined")
+    assert_eq(ks[1].get("id=w1", host="toko-b.test").header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("w1")), 1, "the second host learnt w1 from Redis")
+
+
 def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     """Redis down when kembali starts: one log line, requests answered on
     the host's own state; once Redis runs (with a password), every host
