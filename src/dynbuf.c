@@ -60,6 +60,14 @@ enum dynbuf_rc dynbuf_add(struct dynbuf *b, const void *s, size_t n)
 {
     if (n == 0)
         return b->err;
+    if (n < b->cap - b->len) {
+        /* the usual case, room for it and the NUL: under the ceiling too
+         * (cap <= max + 1), and a failed buffer has no room (cap == 0) */
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+        b->p[b->len] = '\0';
+        return DYNBUF_OK;
+    }
     enum dynbuf_rc rc = reserve(b, n);
     if (rc != DYNBUF_OK)
         return rc;
