@@ -1,6 +1,7 @@
 """CPU instructions per cached answer, counted by callgrind.
 
     python3 tests/bench/instructions.py [--bin KEMBALI] [--templates DIR]
+                                        [--compare OTHER_KEMBALI] [--compare-templates DIR]
                                         [--counts 2000,4000] [--top 25] [--keep]
     make bench-instructions                       (from a build directory)
 
@@ -19,8 +20,10 @@ prints that figure and the functions whose exclusive Ir per request
 differs most from zero (callgrind_annotate of both runs, subtracted): where
 the instructions of one cached answer go.
 
---bin runs another kembali binary (an older build: KEMBALI_BIN works too);
---templates gives the templates that build expects (default: the
+--bin runs another kembali binary (KEMBALI_BIN works too); --compare
+measures a second one (an older commit's build) in the same way and lists
+the functions by how much they changed between the two; --templates and
+--compare-templates give the templates each build expects (default: the
 templates folder beside its build directory, else this tree's).
 The count is deterministic up to timers that fire while the runs last
 (a few hundred instructions per request at most); run twice to see it."""
@@ -121,10 +124,40 @@ def per_function(path):
     return out
 
 
+def measure(sb, tmp, tag, bin, templates, n1, n2):
+    """(instructions per answer, {function: exclusive Ir per answer}) of one build."""
+    d = os.path.join(tmp, tag)
+    os.makedirs(d)
+    p1 = run_once(d, sb, n1, bin, templates)
+    p2 = run_once(d, sb, n2, bin, templates)
+    ir1, ir2 = total_ir(p1), total_ir(p2)
+    print("%s: %s" % (tag, bin))
+    print("  Ir(%d) = %d, Ir(%d) = %d" % (n1, ir1, n2, ir2))
+    print("  instructions per cached answer: %.0f" % ((ir2 - ir1) / (n2 - n1)))
+    f1, f2 = per_function(p1), per_function(p2)
+    return (ir2 - ir1) / (n2 - n1), {k: (f2.get(k, 0) - f1.get(k, 0)) / (n2 - n1) for k in set(f1) | set(f2)}
+
+
+def short(name):
+    """A function's name without its file's directories (the same in two builds)."""
+    where, _, fn = name.rpartition(":")
+    return "%s:%s" % (os.path.basename(where), fn)
+
+
+def templates_of(bin, given):
+    if given is not None:
+        return given
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(bin))), "templates")
+    return beside if os.path.isdir(beside) else os.path.join(harness.top_srcdir(), "templates")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=None, help="the kembali binary (default: this build's)")
     ap.add_argument("--templates", default=None, help="the templates folder that binary uses")
+    ap.add_argument("--compare", default=None, metavar="BIN",
+                    help="measure this other kembali binary too and list the functions that changed")
+    ap.add_argument("--compare-templates", default=None, help="the templates folder --compare's binary uses")
     ap.add_argument("--counts", default="2000,4000", help="two request counts (default 2000,4000)")
     ap.add_argument("--top", type=int, default=25, help="functions to list (0: none)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (the profiles)")
@@ -133,30 +166,33 @@ def main():
         print("skipped: valgrind (callgrind) is not installed")
         return 0
     bin = os.path.abspath(opts.bin or harness.kembali_bin())
-    templates = opts.templates
-    if templates is None:
-        beside = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(bin))), "templates")
-        templates = beside if os.path.isdir(beside) else os.path.join(harness.top_srcdir(), "templates")
     n1, n2 = (int(x) for x in opts.counts.split(","))
     tmp = tempfile.mkdtemp(prefix="kembali-instr-")
     sb = harness.Sandbox(tmp)
     try:
         sb.put_tx(TX, "succeeded")
-        p1 = run_once(tmp, sb, n1, bin, templates)
-        p2 = run_once(tmp, sb, n2, bin, templates)
+        builds = [("this", bin, templates_of(bin, opts.templates))]
+        if opts.compare:
+            other = os.path.abspath(opts.compare)
+            builds.insert(0, ("other", other, templates_of(other, opts.compare_templates)))
+        got = [measure(sb, tmp, tag, b, t, n1, n2) for tag, b, t in builds]
     finally:
         sb.stop()
-    ir1, ir2 = total_ir(p1), total_ir(p2)
-    print("kembali: %s" % bin)
-    print("Ir(%d) = %d, Ir(%d) = %d" % (n1, ir1, n2, ir2))
-    print("instructions per cached answer: %.0f" % ((ir2 - ir1) / (n2 - n1)))
     if opts.top:
-        f1, f2 = per_function(p1), per_function(p2)
-        rows = [((f2.get(k, 0) - f1.get(k, 0)) / (n2 - n1), k) for k in set(f1) | set(f2)]
-        rows.sort(key=lambda r: -abs(r[0]))
-        print("exclusive Ir per request, by function:")
-        for v, k in rows[:opts.top]:
-            print("  %9.1f  %s" % (v, k))
+        fns = {}
+        for i, (_, per) in enumerate(got):
+            for k, v in per.items():
+                fns.setdefault(short(k), [0.0] * len(got))[i] += v
+        rows = sorted(fns.items(), key=lambda kv: -abs(kv[1][-1] - (kv[1][0] if len(got) > 1 else 0)))
+        if len(got) == 1:
+            print("exclusive Ir per request, by function:")
+            for k, (v,) in rows[:opts.top]:
+                print("  %9.1f  %s" % (v, k))
+        else:
+            print("exclusive Ir per request, by function: other, this, this - other (largest changes first):")
+            for k, (a, b) in rows[:opts.top]:
+                print("  %9.1f %9.1f %+9.1f  %s" % (a, b, b - a, k))
+            print("  %9.0f %9.0f %+9.0f  in all" % (got[0][0], got[1][0], got[1][0] - got[0][0]))
     if opts.keep:
         print("profiles kept in %s" % tmp)
     else:
