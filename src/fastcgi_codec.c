@@ -211,16 +211,21 @@ static const char *params_index(struct fcgi_parser *p)
     uint16_t t[INDEX_SLOTS] = {0};
     while (r < n) {
         size_t nl, vl;
-        if (!read_len(b, n, &r, &nl) || !read_len(b, n, &r, &vl))
+        if (n - r >= 2 && b[r] < 0x80 && b[r + 1] < 0x80) { /* the usual short lengths, inline */
+            nl = b[r];
+            vl = b[r + 1];
+            r += 2;
+        } else if (!read_len(b, n, &r, &nl) || !read_len(b, n, &r, &vl)) {
             return "a PARAMS name-value length runs past the end of the params";
+        }
         if (nl > n - r || vl > n - r - nl)
             return "a PARAMS name-value pair runs past the end of the params";
         const uint8_t *name = b + r, *value = b + r + nl;
         r += nl + vl;
-        if (memchr(name, 0, nl))
+        const uint8_t *nul = memchr(name, 0, nl + vl); /* name and value are adjacent: one search */
+        if (nul != NULL && nul < value)
             continue;
-        const uint8_t *nul = memchr(value, 0, vl);
-        if (nul)
+        if (nul != NULL)
             vl = (size_t)(nul - value);
         size_t at = w;
         memmove(b + w, name, nl);
