@@ -74,7 +74,8 @@ enum dynbuf_rc dynbuf_error(const struct dynbuf *b);
 const char *dynbuf_strerror(enum dynbuf_rc rc);
 
 /* Free what b holds; b is then empty and usable again with the same
- * ceiling, its failure and its dynbuf_expect() hint forgotten. This function can't fail. */
+ * ceiling, its failure and its dynbuf_expect() hint forgotten. This
+ * function can't fail. */
 void dynbuf_free(struct dynbuf *b);
 
 #endif
