@@ -14,6 +14,11 @@ void dynbuf_init(struct dynbuf *b, size_t max)
     b->max = max;
 }
 
+void dynbuf_expect(struct dynbuf *b, size_t total)
+{
+    b->expect = total < SIZE_MAX ? total + 1 : SIZE_MAX; /* and the NUL */
+}
+
 /* Fail b with rc: what it held is freed. Returns rc. */
 static enum dynbuf_rc fail(struct dynbuf *b, enum dynbuf_rc rc)
 {
@@ -37,6 +42,8 @@ static enum dynbuf_rc reserve(struct dynbuf *b, size_t n)
     if (need <= b->cap)
         return DYNBUF_OK;
     size_t cap = b->cap ? b->cap : DYNBUF_FIRST;
+    if (cap < b->expect)
+        cap = b->expect;
     while (cap < need)
         cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
     if (cap > b->max + 1 && b->max < SIZE_MAX)
@@ -53,6 +60,14 @@ enum dynbuf_rc dynbuf_add(struct dynbuf *b, const void *s, size_t n)
 {
     if (n == 0)
         return b->err;
+    if (n < b->cap - b->len) {
+        /* the usual case, room for it and the NUL: under the ceiling too
+         * (cap <= max + 1), and a failed buffer has no room (cap == 0) */
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+        b->p[b->len] = '\0';
+        return DYNBUF_OK;
+    }
     enum dynbuf_rc rc = reserve(b, n);
     if (rc != DYNBUF_OK)
         return rc;

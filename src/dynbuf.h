@@ -27,6 +27,7 @@ struct dynbuf {
     char *p;                /* NULL while nothing is held */
     size_t len, cap;
     size_t max;             /* the ceiling: len never exceeds it */
+    size_t expect;          /* dynbuf_expect(): the size the next allocation is made for (0: none) */
     enum dynbuf_rc err;     /* DYNBUF_OK, or why the buffer failed */
 };
 
@@ -35,6 +36,13 @@ struct dynbuf {
 /* Make b empty with the ceiling `max` bytes (max >= 1). Allocates nothing;
  * this function can't fail. */
 void dynbuf_init(struct dynbuf *b, size_t max);
+
+/* A hint: b is expected to hold `total` bytes in all, so its next
+ * allocation makes room for them at once (clamped to the ceiling) instead
+ * of growing in steps. Changes no write's outcome: the ceiling and the
+ * failures are as without it. Allocates nothing; this function can't
+ * fail. */
+void dynbuf_expect(struct dynbuf *b, size_t total);
 
 /* Append the n bytes at s (n may be 0; s may be NULL when n is 0).
  * DYNBUF_OK, or b's failure (see the top of this file). */
@@ -66,7 +74,8 @@ enum dynbuf_rc dynbuf_error(const struct dynbuf *b);
 const char *dynbuf_strerror(enum dynbuf_rc rc);
 
 /* Free what b holds; b is then empty and usable again with the same
- * ceiling, its failure forgotten. This function can't fail. */
+ * ceiling, its failure and its dynbuf_expect() hint forgotten. This
+ * function can't fail. */
 void dynbuf_free(struct dynbuf *b);
 
 #endif

@@ -19,6 +19,13 @@ enum { M_SKIP, M_BEGIN, M_ABORT, M_PARAMS, M_STDIN, M_GET_VALUES, M_UNKNOWN };
 enum { GV_NLEN, GV_VLEN, GV_NAME, GV_VALUE };
 
 #define BUF_START 512
+#define INDEX_SLOTS 64 /* a power of two, above FCGI_CODEC_INDEX_NAMES: a probe always ends */
+/* The params' first allocation: a block of BUF_START (nginx's stock
+ * fastcgi_params make about 450 bytes) and the index after it. */
+#define PARAMS_START (BUF_START + INDEX_SLOTS * sizeof(uint16_t))
+_Static_assert(INDEX_SLOTS > FCGI_CODEC_INDEX_NAMES && (INDEX_SLOTS & (INDEX_SLOTS - 1)) == 0,
+               "the index has a free slot and a mask");
+_Static_assert(FCGI_CODEC_PARAMS_MAX <= UINT16_MAX + 1, "a name's offset + 1 fits the index's uint16_t");
 #define END_RECORD_LEN (FCGI_HEADER_LEN + sizeof(FCGI_EndRequestBody))
 #define ANSWER_TAIL (FCGI_HEADER_LEN + END_RECORD_LEN) /* the empty STDOUT and END_REQUEST */
 #define FULL_RECORD (FCGI_HEADER_LEN + FCGI_MAX_LENGTH + 1) /* 65535 bytes and one of padding */
@@ -71,6 +78,7 @@ static void free_request_buffers(struct fcgi_parser *p)
     p->params = NULL;
     p->params_len = p->params_cap = 0;
     p->params_ready = false;
+    p->index = NULL;
     free(p->in);
     p->in = NULL;
     p->in_len = p->in_cap = 0;
@@ -87,17 +95,18 @@ void fcgi_parser_free(struct fcgi_parser *p)
     free_request_buffers(p);
 }
 
-/* Append n bytes to *buf (length *len, capacity *cap) unless that passes
- * max. Returns 1 when appended, 0 when it would pass max (nothing changed),
- * -1 when out of memory. */
-static int buf_add(uint8_t **buf, size_t *len, size_t *cap, size_t max, const uint8_t *src, size_t n)
+/* Append n bytes to *buf (length *len, capacity *cap; first made `start`
+ * bytes) unless that passes max. Returns 1 when appended, 0 when it would
+ * pass max (nothing changed), -1 when out of memory. */
+static int buf_add(uint8_t **buf, size_t *len, size_t *cap, size_t start, size_t max, const uint8_t *src,
+                   size_t n)
 {
     if (n > max - *len)
         return 0;
     if (n == 0)
         return 1;
     if (*len + n > *cap) {
-        size_t c = *cap ? *cap : BUF_START;
+        size_t c = *cap ? *cap : start;
         while (c < *len + n)
             c = c > max / 2 ? max : c * 2;
         uint8_t *q = realloc(*buf, c);
@@ -128,35 +137,110 @@ static bool read_len(const uint8_t *b, size_t n, size_t *r, size_t *out)
     return true;
 }
 
+/* The index's first slot for the name s of n bytes: from its length and
+ * three of its bytes, not a loop over it. (nginx's stock fastcgi_params
+ * take 20 different slots, and the names kembali looks up that nginx does
+ * not send fall on free ones.) */
+static size_t name_slot(const char *s, size_t n)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    if (n == 0)
+        return 0;
+    size_t h = n ^ ((size_t)u[n > 1 ? n - 2 : 0] << 1) ^ ((size_t)u[n / 2] << 2) ^ (size_t)u[n - 1] * 3;
+    return h & (INDEX_SLOTS - 1);
+}
+
+/* The slot of t holding the name s (n bytes, no NUL) of the w bytes of
+ * pairs at b, or the free slot where it goes. A stored name equals s when
+ * its first n bytes do and a NUL follows them. (Compared here, not by
+ * memcmp(): a call would cost more than the few short names compared.) */
+static size_t index_find(const uint16_t *t, const char *b, size_t w, const char *s, size_t n)
+{
+    for (size_t i = name_slot(s, n);; i = (i + 1) & (INDEX_SLOTS - 1)) {
+        if (t[i] == 0)
+            return i;
+        const char *o = b + t[i] - 1;
+        if ((size_t)(o - b) + n >= w || o[n] != 0)
+            continue;
+        size_t j = 0;
+        while (j < n && o[j] == s[j])
+            j++;
+        if (j == n)
+            return i;
+    }
+}
+
+/* Put the index t of the w bytes of pairs in p->params after them, in the
+ * same buffer (grown for it when short). None (lookups scan) when the
+ * table would take the buffer past FCGI_CODEC_PARAMS_MAX or memory runs
+ * out: never an error. */
+static void index_keep(struct fcgi_parser *p, size_t w, const uint16_t *t)
+{
+    size_t at = w + (w & 1), need = at + INDEX_SLOTS * sizeof *t;
+    if (need > FCGI_CODEC_PARAMS_MAX)
+        return;
+    if (need > p->params_cap) {
+        uint8_t *q = realloc(p->params, need);
+        if (q == NULL)
+            return;
+        p->params = q;
+        p->params_cap = need;
+    }
+    memcpy(p->params + at, t, INDEX_SLOTS * sizeof *t);
+    p->index = (const uint16_t *)(const void *)(p->params + at);
+}
+
+/* The value of `name` by the index (p->index set). */
+static const char *index_get(const struct fcgi_parser *p, const char *name)
+{
+    const char *b = (const char *)p->params;
+    size_t n = strlen(name), i = index_find(p->index, b, p->params_len, name, n);
+    return p->index[i] != 0 ? b + p->index[i] - 1 + n + 1 : NULL;
+}
+
 /* Check the raw pairs in p->params and rebuild them in place as
  * name\0value\0 ... (never longer: each pair loses at least 2 length bytes
- * and gains 2 NULs). Returns NULL, or why the block is malformed. */
+ * and gains 2 NULs), indexing the names as they go (a name sent again
+ * takes its earlier slot: the last value counts); the index is kept for
+ * 1 to FCGI_CODEC_INDEX_NAMES pairs (index_keep). Returns NULL, or why the
+ * block is malformed. */
 static const char *params_index(struct fcgi_parser *p)
 {
     uint8_t *b = p->params;
-    size_t n = p->params_len, r = 0, w = 0;
+    size_t n = p->params_len, r = 0, w = 0, k = 0;
+    uint16_t t[INDEX_SLOTS] = {0};
     while (r < n) {
         size_t nl, vl;
-        if (!read_len(b, n, &r, &nl) || !read_len(b, n, &r, &vl))
+        if (n - r >= 2 && b[r] < 0x80 && b[r + 1] < 0x80) { /* the usual short lengths, inline */
+            nl = b[r];
+            vl = b[r + 1];
+            r += 2;
+        } else if (!read_len(b, n, &r, &nl) || !read_len(b, n, &r, &vl)) {
             return "a PARAMS name-value length runs past the end of the params";
+        }
         if (nl > n - r || vl > n - r - nl)
             return "a PARAMS name-value pair runs past the end of the params";
         const uint8_t *name = b + r, *value = b + r + nl;
         r += nl + vl;
-        if (memchr(name, 0, nl))
+        const uint8_t *nul = memchr(name, 0, nl + vl); /* name and value are adjacent: one search */
+        if (nul != NULL && nul < value)
             continue;
-        const uint8_t *nul = memchr(value, 0, vl);
-        if (nul)
+        if (nul != NULL)
             vl = (size_t)(nul - value);
+        size_t at = w;
         memmove(b + w, name, nl);
         w += nl;
         b[w++] = 0;
         memmove(b + w, value, vl);
         w += vl;
         b[w++] = 0;
+        if (++k <= FCGI_CODEC_INDEX_NAMES)
+            t[index_find(t, (const char *)b, w, (const char *)b + at, nl)] = (uint16_t)(at + 1);
     }
     p->params_len = w;
     p->params_ready = true;
+    if (k > 0 && k <= FCGI_CODEC_INDEX_NAMES)
+        index_keep(p, w, t);
     return NULL;
 }
 
@@ -314,7 +398,7 @@ static enum fcgi_ev on_content(struct fcgi_parser *p, const uint8_t *b, size_t n
     case M_PARAMS:
         if (p->too_large || p->taken)
             break;
-        r = buf_add(&p->params, &p->params_len, &p->params_cap, FCGI_CODEC_PARAMS_MAX, b, n);
+        r = buf_add(&p->params, &p->params_len, &p->params_cap, PARAMS_START, FCGI_CODEC_PARAMS_MAX, b, n);
         if (r < 0)
             return fail(p, ev, "out of memory");
         if (r == 0) {
@@ -328,7 +412,8 @@ static enum fcgi_ev on_content(struct fcgi_parser *p, const uint8_t *b, size_t n
         size_t keep = FCGI_CODEC_STDIN_KEEP - p->in_len;
         if (n > keep)
             p->truncated = true;
-        if (buf_add(&p->in, &p->in_len, &p->in_cap, FCGI_CODEC_STDIN_KEEP, b, n < keep ? n : keep) < 0)
+        if (buf_add(&p->in, &p->in_len, &p->in_cap, BUF_START, FCGI_CODEC_STDIN_KEEP, b,
+                    n < keep ? n : keep) < 0)
             return fail(p, ev, "out of memory");
         break;
     }
@@ -456,6 +541,8 @@ const char *fcgi_param(const struct fcgi_parser *p, const char *name)
 {
     if (!p->params_ready || !p->params)
         return NULL;
+    if (p->index != NULL)
+        return index_get(p, name);
     const char *s = (const char *)p->params, *end = s + p->params_len, *last = NULL;
     while (s < end) {
         const char *v = s + strlen(s) + 1;
@@ -473,6 +560,11 @@ void fcgi_params_get(const struct fcgi_parser *p, const char *const *names, size
         values[i] = NULL;
     if (!p->params_ready || !p->params || n > FCGI_CODEC_GET_MAX)
         return;
+    if (p->index != NULL) {
+        for (size_t i = 0; i < n; i++)
+            values[i] = index_get(p, names[i]);
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         lens[i] = strlen(names[i]);
     /* to the end: a name sent again overrides, the last value counts */

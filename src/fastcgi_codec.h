@@ -97,6 +97,9 @@ struct fcgi_parser {
     bool keep_conn, params_done, params_ready, stdin_done, taken, too_large, truncated;
     uint8_t *params;         /* raw pairs, then (params_ready) name\0value\0 ... */
     size_t params_len, params_cap;
+    const uint16_t *index;   /* params_ready: a hash table of the names in params (their
+                                offsets + 1, 0 for a free slot), after them in the same
+                                buffer; NULL (no pairs, too many, no room): a scan */
     uint8_t *in;             /* the kept stdin */
     size_t in_len, in_cap;
 };
@@ -124,13 +127,17 @@ enum fcgi_ev fcgi_feed(struct fcgi_parser *p, const uint8_t *in, size_t len, siz
  * with its last value, as PHP-FPM has it, so nginx's `fastcgi_param` after
  * `include fastcgi_params` overrides), NUL-terminated, or NULL (also for
  * every name when fcgi_params_too_large()). The pointer is valid
- * until fcgi_request_taken() or fcgi_request_done(). */
+ * until fcgi_request_taken() or fcgi_request_done(). The names are indexed
+ * once, when the params end, so a lookup does not scan them (up to
+ * FCGI_CODEC_INDEX_NAMES pairs; with more, lookups scan, with the same
+ * results). */
+#define FCGI_CODEC_INDEX_NAMES 48
 const char *fcgi_param(const struct fcgi_parser *p, const char *name);
 
-/* Look up n names (n <= FCGI_CODEC_GET_MAX) in one pass over the
- * parameters: values[i] is the last value of names[i] (NUL-terminated), or
- * NULL; all NULL when n is larger. Same validity as fcgi_param(). This
- * function can't fail. */
+/* Look up n names (n <= FCGI_CODEC_GET_MAX) at once, as fcgi_param() each:
+ * values[i] is the last value of names[i] (NUL-terminated), or NULL; all
+ * NULL when n is larger. Same validity as fcgi_param(). This function
+ * can't fail. */
 #define FCGI_CODEC_GET_MAX 16
 void fcgi_params_get(const struct fcgi_parser *p, const char *const *names, size_t n, const char **values);
 

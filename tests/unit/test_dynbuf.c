@@ -56,6 +56,42 @@ static void test_grows(void **unused)
     free(long_arg);
 }
 
+/* dynbuf_expect(): the first allocation holds the expected total, so
+ * writing it in small steps never grows the buffer again; the ceiling is
+ * kept whatever the hint, and dynbuf_free() forgets it. */
+static void test_expect(void **unused)
+{
+    (void)unused;
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
+    dynbuf_expect(&b, 3000);
+    assert_null(b.p); /* a hint allocates nothing */
+    assert_int_equal(dynbuf_adds(&b, "<"), DYNBUF_OK);
+    char *first = b.p;
+    size_t cap = b.cap;
+    assert_true(cap >= 3001);
+    for (int i = 1; i < 3000; i++)
+        assert_int_equal(dynbuf_add(&b, "x", 1), DYNBUF_OK);
+    assert_int_equal(dynbuf_len(&b), 3000);
+    assert_ptr_equal(b.p, first); /* never reallocated */
+    assert_int_equal(b.cap, cap);
+    assert_int_equal(dynbuf_adds(&b, "y"), DYNBUF_OK); /* past the hint: grows as usual */
+    assert_int_equal(dynbuf_len(&b), 3001);
+    assert_int_equal(strlen(dynbuf_ptr(&b)), 3001);
+    dynbuf_free(&b);
+    assert_int_equal(dynbuf_adds(&b, "<"), DYNBUF_OK);
+    assert_true(b.cap < 3001); /* forgotten */
+    dynbuf_free(&b);
+
+    dynbuf_init(&b, 10);
+    dynbuf_expect(&b, 4096);
+    assert_int_equal(dynbuf_adds(&b, "0123456789"), DYNBUF_OK);
+    assert_true(b.cap <= 11); /* the ceiling bounds the allocation */
+    assert_int_equal(dynbuf_adds(&b, "a"), DYNBUF_TOO_BIG);
+    assert_null(b.p);
+    dynbuf_free(&b);
+}
+
 /* Exactly the ceiling fits; one byte more fails the buffer and frees what
  * it held; it stays failed until freed, then works again. */
 static void test_ceiling(void **unused)
@@ -158,6 +194,7 @@ int main(void)
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_grows),
         cmocka_unit_test(test_ceiling),
+        cmocka_unit_test(test_expect),
         cmocka_unit_test(test_ceiling_formatted),
         cmocka_unit_test(test_ceiling_every_size),
         cmocka_unit_test(test_bad_format),

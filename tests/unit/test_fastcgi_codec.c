@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -774,6 +775,108 @@ static void test_params_last_wins(void **unused)
     msg_free(&m);
 }
 
+/* Names the index must tell apart: the empty name, one and two bytes,
+ * prefixes of each other, names that take the same first slot (same
+ * length and the same bytes where the slot is taken from), a long one. */
+static const char *const index_pool[] = {
+    "", "A", "AB", "SCRIPT", "SCRIPT_NAME", "SCRIPT_NAMEX", "AxBCD", "AyBCD", "AzBCD", "QUERY_STRING",
+    "REQUEST_METHOD", "HTTP_HOST", "SERVER_NAME", "REMOTE_ADDR", "REMOTE_USER", "REMOTE_PORT", long_name,
+};
+#define INDEX_POOL (sizeof index_pool / sizeof index_pool[0])
+
+/* k pairs drawn from index_pool (a fixed pseudo-random sequence; the
+ * i-th pair's value is "v<i>", or a long one with `big`): every name of
+ * the pool and a few absent ones, through fcgi_param() and
+ * fcgi_params_get(), give the last value sent, with the index (up to
+ * FCGI_CODEC_INDEX_NAMES pairs) and without it (more pairs, or a block
+ * the index would take past FCGI_CODEC_PARAMS_MAX). */
+static void check_index(size_t k, bool big)
+{
+    struct msg pm = {0}, rest = {0}, m = {0};
+    size_t last[INDEX_POOL], first = 0, bigl = 0;
+    for (size_t i = 0; i < INDEX_POOL; i++)
+        last[i] = SIZE_MAX;
+    uint32_t seed = 12345u + (uint32_t)k;
+    for (size_t i = 0; i < k; i++) {
+        seed = seed * 1103515245u + 12345u;
+        size_t which = (seed >> 16) % INDEX_POOL;
+        char v[24];
+        snprintf(v, sizeof v, "v%zu", i);
+        if (i == 0)
+            first = which;
+        else
+            pair(&rest, index_pool[which], v);
+        last[which] = i;
+    }
+    char *bigv = NULL;
+    if (big) {
+        /* the block at FCGI_CODEC_PARAMS_MAX exactly: its pairs fit, their
+         * index after them would not */
+        size_t nl = strlen(index_pool[first]);
+        bigl = FCGI_CODEC_PARAMS_MAX - rest.len - nl - (nl < 128 ? 1 : 4) - 4;
+        bigv = malloc(bigl);
+        assert_non_null(bigv);
+        memset(bigv, 'b', bigl);
+        pair_n(&pm, index_pool[first], nl, bigv, bigl);
+    } else {
+        pair(&pm, index_pool[first], "v0");
+    }
+    put(&pm, rest.b, rest.len);
+    begin(&m, 1, FCGI_RESPONDER, 0, 0);
+    stream(&m, FCGI_PARAMS, 1, pm.b, pm.len, 30000, 0);
+    rec(&m, FCGI_PARAMS, 1, NULL, 0, 0);
+    rec(&m, FCGI_STDIN, 1, NULL, 0, 0);
+    struct fcgi_parser p;
+    fcgi_parser_init(&p);
+    struct feeder f = feeder_of(&m);
+    struct fcgi_event ev;
+    assert_int_equal(next_ev(&p, &f, &ev), FCGI_EV_REQUEST);
+    assert_false(fcgi_params_too_large(&p));
+    /* the codec's own field, read here to know which way was taken */
+    assert_true((p.index != NULL) == (k <= FCGI_CODEC_INDEX_NAMES && !big));
+    assert_true(fcgi_parser_held(&p) <= FCGI_CODEC_PARAMS_MAX);
+    for (size_t i = 0; i < INDEX_POOL; i++) {
+        const char *got = fcgi_param(&p, index_pool[i]);
+        if (last[i] == SIZE_MAX) {
+            assert_null(got);
+            continue;
+        }
+        assert_non_null(got);
+        if (big && last[i] == 0) {
+            assert_int_equal(strlen(got), bigl);
+        } else {
+            char v[24];
+            snprintf(v, sizeof v, "v%zu", last[i]);
+            assert_string_equal(got, v);
+        }
+    }
+    const char *const absent[] = {"B", "ABC", "SCRIPT_NAM", "AwBCD", "HTTP_ACCEPT", "QUERY_STRINGS"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        assert_null(fcgi_param(&p, absent[i]));
+    const char *const names[] = {"QUERY_STRING", "", "AyBCD", "HTTP_ACCEPT", "SCRIPT", "AB", "REMOTE_ADDR"};
+    const char *v[7];
+    fcgi_params_get(&p, names, 7, v);
+    for (size_t i = 0; i < 7; i++)
+        assert_ptr_equal(v[i], fcgi_param(&p, names[i]));
+    fcgi_parser_free(&p);
+    msg_free(&pm);
+    msg_free(&rest);
+    msg_free(&m);
+    free(bigv);
+}
+
+static void test_params_index(void **unused)
+{
+    (void)unused;
+    fill_longs();
+    const size_t ks[] = {1, 2, 5, 17, 40, FCGI_CODEC_INDEX_NAMES - 1, FCGI_CODEC_INDEX_NAMES,
+                         FCGI_CODEC_INDEX_NAMES + 1, 100, 400};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        check_index(ks[i], false);
+    check_index(5, true);
+    check_index(30, true);
+}
+
 /* A value is cut at a NUL; a name with a NUL is not kept (it must not pass
  * for the name before the NUL). */
 static void test_params_with_nul(void **unused)
@@ -1258,6 +1361,7 @@ int main(void)
         cmocka_unit_test(test_pairs_past_the_block),
         cmocka_unit_test(test_pairs_huge_lengths),
         cmocka_unit_test(test_params_last_wins),
+        cmocka_unit_test(test_params_index),
         cmocka_unit_test(test_params_with_nul),
         cmocka_unit_test(test_params_at_the_cap),
         cmocka_unit_test(test_params_over_the_cap),
