@@ -123,6 +123,37 @@ bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, boo
     return withheld && now > due + PLAN_DRIFT_MS;
 }
 
+int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now)
+{
+    int64_t thins = INT64_MAX;
+    k->arrivals = k->arrivals_long = 0;
+    for (int i = 0; i < n; i++) {
+        if (at[i] <= now - PLAN_RATE_LONG_MS)
+            continue;
+        int64_t leaves = at[i] + PLAN_RATE_LONG_MS + 1;
+        k->arrivals_long++;
+        if (at[i] > now - PLAN_RATE_MS) {
+            k->arrivals++;
+            leaves = at[i] + PLAN_RATE_MS + 1;
+        }
+        if (leaves < thins)
+            thins = leaves;
+    }
+    return thins;
+}
+
+int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now)
+{
+    int64_t r = now + recheck;
+    if (n > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < r)
+        r = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
+    if (t->reserved && t->resv_at < r)
+        r = t->resv_at;
+    if (thins < r)
+        r = thins;
+    return r > now ? r : now + 1;
+}
+
 /* Line for line the C above (Lua's numbers are doubles: the divisions are
  * floored, as the C's integer ones of non-negative numbers are). */
 int plan_lua(char *buf, size_t len)
@@ -209,6 +240,30 @@ int plan_lua(char *buf, size_t len)
         "  for i = 1, #ws do due = due - ws[i] end\n"
         "  for i = 1, reads do due = due + ws[math.min(i, #ws - 1) + 1] end\n"
         "  return withheld and now > due + PLAN_DRIFT\n"
+        "end\n"
+        "local function plan_arrivals(k, at, now)\n"
+        "  local thins = nil\n"
+        "  k.arrivals, k.arrivals_long = 0, 0\n"
+        "  for i = 1, #at do\n"
+        "    if at[i] > now - PLAN_RATE_LONG then\n"
+        "      local leaves = at[i] + PLAN_RATE_LONG + 1\n"
+        "      k.arrivals_long = k.arrivals_long + 1\n"
+        "      if at[i] > now - PLAN_RATE then\n"
+        "        k.arrivals = k.arrivals + 1\n"
+        "        leaves = at[i] + PLAN_RATE + 1\n"
+        "      end\n"
+        "      if not thins or leaves < thins then thins = leaves end\n"
+        "    end\n"
+        "  end\n"
+        "  return thins\n"
+        "end\n"
+        "local function plan_retry(t, ev, thins, recheck, now)\n"
+        "  local r = now + recheck\n"
+        "  if #ev > 0 and ev[1] + PLAN_SPAN + 1 < r then r = ev[1] + PLAN_SPAN + 1 end\n"
+        "  if t.reserved and t.resv_at < r then r = t.resv_at end\n"
+        "  if thins and thins < r then r = thins end\n"
+        "  if r > now then return r end\n"
+        "  return now + 1\n"
         "end\n",
         PLAN_LEAD_MS, PLAN_RATE_MS, PLAN_RATE_LONG_MS, PLAN_BUDGET_SPAN_MS, PACE_MIN_WAIT_MS, PACE_EPISODE_MS,
         PLAN_DRIFT_MS, PLAN_DEMAND_MAX);

@@ -132,6 +132,18 @@ int64_t plan_next_gap(const struct pace_schedule *s, int reads);
  * reads + 1. Can't fail. */
 bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now);
 
+/* Count the arrivals (first holds) at times at[0..n), in any order, into
+ * k->arrivals and k->arrivals_long at `now`; returns when the headroom
+ * they give next shrinks (the first of them to leave its span), INT64_MAX
+ * when none counts. Can't fail. */
+int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now);
+
+/* When a read plan_may_read() refused now may be allowed: a read leaving
+ * the spans (ev[0..n) sorted, as for plan_busiest), t's reservation
+ * coming, the rush thinning (`thins`, from plan_arrivals), or at the
+ * latest `recheck` ms from now (another's turn). Always after now. */
+int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now);
+
 /* The functions above in Lua 5.1 (Redis's), for a script that must decide
  * as this module does: local functions plan_late_span(k), plan_headroom(k),
  * plan_may_reserve(k, busiest), plan_busiest(ev, t, from) (ev a sorted
@@ -139,7 +151,9 @@ bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, boo
  * 'no', 'early' or 'last'; k and t are tables with the fields of struct
  * plan_key and struct plan_tx (the booleans as Lua booleans); and
  * plan_demand(ws, w, now), plan_ready(ws, w, now), plan_next_gap(ws, reads)
- * and plan_drifted(ws, resv_at, reads, withheld, now), ws being the
+ * plan_drifted(ws, resv_at, reads, withheld, now), plan_arrivals(k, at,
+ * now) (nil for INT64_MAX) and plan_retry(t, ev, thins, recheck, now)
+ * (thins may be nil), ws being the
  * schedule's waits as an array (wait_ms[i] at ws[i + 1]) and w a table with
  * the fields of struct plan_waiter. The
  * constants are this module's, written in by the C: no number is typed in

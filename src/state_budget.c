@@ -141,22 +141,10 @@ static void plan_gather(struct state *st, const struct st_keyent *k, const struc
     pk->budget = budget > STATE_BUDGET_MAX ? STATE_BUDGET_MAX : budget;
     pk->hold_ms = pace_hold_ms(sched);
     pk->eligible = 1; /* the one asking */
-    int64_t *oldest_arrival = arrivals_change;
-    *oldest_arrival = INT64_MAX;
-    for (int32_t i = 0; i < k->arr_n; i++) {
-        int64_t t = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
-        if (t <= now - PLAN_RATE_LONG_MS)
-            break;
-        /* when the oldest arrival that counts leaves its span, the headroom shrinks */
-        int64_t leaves = t + PLAN_RATE_LONG_MS + 1;
-        pk->arrivals_long++;
-        if (t > now - PLAN_RATE_MS) {
-            pk->arrivals++;
-            leaves = t + PLAN_RATE_MS + 1;
-        }
-        if (leaves < *oldest_arrival)
-            *oldest_arrival = leaves;
-    }
+    int64_t at[ST_ARRIVALS];
+    for (int32_t i = 0; i < k->arr_n; i++)
+        at[i] = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
+    *arrivals_change = plan_arrivals(pk, at, k->arr_n, now);
     pk->demand = tx_demand(self, sched, now);
     pk->schedule_reads = pace_reads_within(sched, pace_hold_ms(sched));
     for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
@@ -205,14 +193,7 @@ enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const st
         return r;
     /* what can change it: a read leaving the spans, the rush ending, its
      * own reservation's time, or another's turn */
-    int64_t t = now + ST_PLAN_RETRY_MS;
-    if (nev > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < t)
-        t = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
-    if (pt.reserved && pt.resv_at < t)
-        t = pt.resv_at;
-    if (oldest < t)
-        t = oldest; /* the rush may have thinned by then */
-    *retry = t > now ? t : now + 1;
+    *retry = plan_retry(&pt, ev, nev, oldest, ST_PLAN_RETRY_MS, now);
     return PLAN_NO;
 }
 
