@@ -29,6 +29,11 @@ void coord_unhold(struct state *st, struct state_redis *redis, const struct shop
         state_redis_left(redis, shop->secret, id, host);
 }
 
+void coord_plan(struct state *st, const struct state_redis *redis)
+{
+    state_plan_elsewhere(st, state_redis_up(redis));
+}
+
 struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
                                  state_redis_claim_fn *fn, void *data)
 {

@@ -69,6 +69,10 @@ void coord_held(struct state *st, const struct state_key *key, const char *id, c
 void coord_unhold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
                   const struct state_redis_id *host, int64_t now);
 
+/* Before a claim here: while Redis is up, its plan decides for every host
+ * (state_plan_elsewhere), not this host's partial view. Can't fail. */
+void coord_plan(struct state *st, const struct state_redis *redis);
+
 /* Ask Redis for the read cr->ticket claimed here (Redis decides the budget's
  * plan over every host's reads, holds and arrivals). Returns the operation
  * (fn is called once with Redis's answer), or NULL when Redis is not used

@@ -446,6 +446,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 rs->hw[i++] = r->h;
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
+            coord_plan(rs->app->state, rs->redis);
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
                       lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,

@@ -65,6 +65,8 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
         int64_t retry;
         enum plan_read r = st_plan_verdict(st, e, k, sched, budget, now, &retry);
+        if (r == PLAN_NO && atomic_load_explicit(&st->elsewhere, memory_order_relaxed))
+            r = PLAN_EARLY; /* another store's plan decides (its verdict is mirrored: state_defer) */
         if (r == PLAN_NO) {
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
             if (e != NULL)
@@ -500,6 +502,11 @@ void state_reserve(struct state *st, const struct state_key *key, const char *id
 bool state_plans(const struct state *st)
 {
     return !st->greedy;
+}
+
+void state_plan_elsewhere(struct state *st, bool elsewhere)
+{
+    atomic_store_explicit(&st->elsewhere, elsewhere, memory_order_relaxed);
 }
 
 void state_metrics(struct state *st, struct state_metrics *out)

@@ -454,6 +454,13 @@ void state_reserve(struct state *st, const struct state_key *key, const char *id
 /* Does this state plan a scarce budget (plan.h; state_opts.greedy off)? */
 bool state_plans(const struct state *st);
 
+/* Another store plans the budget for this process (Redis, up: it sees
+ * every host's reads, holds and arrivals, and this state only this
+ * host's): this state withholds no read for the plan, though it still
+ * tells a last-chance read from an early one. false: this state plans.
+ * For this process's state only; can't fail. */
+void state_plan_elsewhere(struct state *st, bool elsewhere);
+
 #define STATE_WAITING_MAX 512        /* transactions one key waits on at once, for the plan */
 #define STATE_ARRIVALS 64            /* the latest first holds of a key: its arrival rate */
 

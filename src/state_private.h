@@ -26,6 +26,7 @@
 #define KEMBALI_STATE_PRIVATE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -143,6 +144,7 @@ struct st_notice {
 
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
+    atomic_bool elsewhere;    /* another store plans (state_plan_elsewhere): no read withheld here */
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     /* the geometry, copied when attached: every index is checked against
