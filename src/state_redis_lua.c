@@ -50,7 +50,8 @@
     "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
-    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP) + MARGIN)\n" \
+    "  local hu = tonumber(redis.call('HGET', KEYS[1], 'hu')) or 0\n" /* held: kept as long */    \
+    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP, hu) + MARGIN)\n" \
     "end\n"
 
 /* What the budget's plan gathers (plan_gather in state_budget.c) from

@@ -31,6 +31,7 @@ KEY3 = "sk_test_kembali_0000000000000003"
 ISSUE = [0, 1100, 12000, 25000]   # issue 16's case: the hold is 39.6 s
 LONG = [0, 1100, 30000, 30000]    # a hold of 62.6 s: a reservation 61.1 s after its request
 ARRIVE = [0, 1100, 1100, 28600, 28600]  # a hold of 60.9 s: a reservation 59.4 s after its request
+FAIR = [0, 1100, 1100, 28375, 28375]    # a hold of 60.45 s: a reservation 58.95 s after its request
 
 
 def err(code, message):
@@ -302,6 +303,37 @@ def ep_arrivals_elsewhere(sb, ks, id):
     return [status(r) for r in kit.parallel(fs)]
 
 
+def ep_fair_elsewhere(sb, ks, id):
+    """Early reads shared fairly between hosts (plan.h, 3.): a budget of 4,
+    FAIR, two buyers, Y on one process or host at 0, X on the other at 0.4.
+    Worked out with plan.c (times from Y's request; the late span is
+    60 - 58.95 = 1.05 s: one arrival in the last second announces
+    floor(1.05) = 1 buyer, two announce floor(2.1) = 2):
+      0     Y held, reserves 58.95; reads (room min(4 - 1, 4 - 1 - 1)).
+      0.4   X held, reserves 59.35 ([-0.65, 59.35) holds 2); its read:
+            [0, 60) holds Y's read and both reservations (3), two
+            arrivals announce 2: no room; the plan looks again at 0.65,
+            0.9, 1.0 (Y's arrival leaves the last second: one announces 1,
+            and the late spans from -0.05 still hold Y's read: room 4 - 3 -
+            1 = 0), then 1.25.
+      1.05  Y's read leaves the late spans: room 1.
+      1.1   Y's pace: room 1 < the 2 that may read, Y has had an early read
+            and X none: not Y (fairly). (Sharing early reads only among one
+            host's buyers, Y reads now, and X gets none.)
+      1.25  X reads.
+      then [0, 60) holds 2 reads and 2 reservations: no room until the
+      last-chance reads, Y's at 58.95 and X's at 59.35;
+      60.05 Y's pace (its deadline 60.45): Y's first read has left the
+            spans, room 1: Y reads (0.4 s before its deadline: may be
+            missed; when it is, X reads at its pace, 60.45, instead).
+    Y reads at 0, 58.95, [60.05]; X at 1.25, 59.35, [60.45]."""
+    for i in range(2):
+        kit.pending_then(sb, "%s%d" % (id, i), 99, "succeeded")
+    fs = [lambda: get(ks[1], "id=%s0" % id, timeout=90),
+          later(0.4, lambda: get(ks[0], "id=%s1" % id, timeout=90))]
+    return [status(r) for r in kit.parallel(fs)]
+
+
 def ep_auth_429(sb, ks, id):
     """The failed-authentication 429: no read with any key on that host for
     60 s (a second shop's request on the same process: checking, no read)."""
@@ -341,6 +373,10 @@ FAR_TABLE = [
 
 ARRIVE_TABLE = [
     ("arrive", ep_arrivals_elsewhere, [[0, 59.4, [60.5]], [0.75, 59.9, [61.0]]], ["checking"] * 2, SLACK),
+]
+
+FAIR_TABLE = [
+    ("fair", ep_fair_elsewhere, [[0, 58.95, [60.05]], [1.25, 59.35, [60.45]]], ["checking"] * 2, SLACK),
 ]
 
 PROBE_TABLE = [
@@ -505,6 +541,15 @@ def test_arrivals_on_another_host_alike_in_both_stores(tmpdir):
     # Redis counts every host's arrivals where plan_gather() counts each
     # process's: the second buyer's first read tells them apart
     differ(tmpdir, ARRIVE_TABLE, ARRIVE, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
+           together=True)
+
+
+@harness.timeout(240)
+def test_early_reads_shared_fairly_between_hosts_alike_in_both_stores(tmpdir):
+    # Redis shares early reads among every host's buyers where plan_gather()
+    # shares them among every process's: the first buyer's second read
+    # tells them apart
+    differ(tmpdir, FAIR_TABLE, FAIR, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
            together=True)
 
 
