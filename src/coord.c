@@ -3,15 +3,45 @@
 
 #include <string.h>
 
+bool coord_hold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                const struct pace_schedule *sched, int budget, int64_t deadline, const struct state_redis_id *host,
+                int64_t now, state_redis_held_fn *fn, void *data, bool *asked)
+{
+    *asked = false;
+    if (!state_hold(st, &shop->key, id, sched, budget, deadline, now))
+        return false;
+    struct state_redis_plan plan = {.plans = state_plans(st)};
+    *asked = state_redis_held(redis, shop->secret, id, budget, deadline - now, host, &plan, fn, data) != NULL;
+    return true;
+}
+
+void coord_held(struct state *st, const struct state_key *key, const char *id, const struct state_redis_held *h,
+                int64_t now)
+{
+    if (!h->down)
+        state_reserve(st, key, id, h->reserved, now + h->resv_ms, now);
+}
+
+void coord_unhold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                  const struct state_redis_id *host, int64_t now)
+{
+    if (state_unhold(st, &shop->key, id, now) && redis != NULL)
+        state_redis_left(redis, shop->secret, id, host);
+}
+
+void coord_plan(struct state *st, const struct state_redis *redis)
+{
+    state_plan_elsewhere(st, state_redis_up(redis));
+}
+
 struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
-                                 const struct state_redis_id *host, int64_t now, state_redis_claim_fn *fn,
-                                 void *data)
+                                 state_redis_claim_fn *fn, void *data)
 {
     if (redis == NULL)
         return NULL;
     const struct state_ticket *t = &cr->ticket;
-    struct state_redis_plan plan = {.last_chance = t->undo.last_chance, .host = *host};
-    plan.reserved = state_key_reserved(st, &t->key, now, plan.resv_in);
+    struct state_redis_plan plan = {.plans = state_plans(st),
+                                    .schedule_reads = pace_reads_within(cr->sched, pace_hold_ms(cr->sched))};
     return state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
                              t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, fn, data);
 }

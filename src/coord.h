@@ -7,6 +7,10 @@
  * state_redis_tell_ask(), whose answer is mirrored here, and --notify's
  * blocking tell in notify.c):
  *
+ *   coord_hold()     a request held here is held in Redis too: Redis
+ *                    decides the transaction's reservation, every host's
+ *                    (coord_held() mirrors it here)
+ *   coord_unhold()   this host's last request for it let go: in Redis too
  *   coord_ask()      a read claimed here is asked of Redis too
  *   coord_claimed()  Redis's answer: read, or give our claim back and
  *                    mirror what Redis says (a final status, a 404, a read
@@ -44,14 +48,37 @@ struct coord_read {
     const struct pace_schedule *sched;
 };
 
-/* Ask Redis for the read cr->ticket claimed here (the plan's reservations
- * of this host and whether it is a last-chance read go with it: `host` is
- * this host's name in Redis). Returns the operation (fn is called once
- * with Redis's answer), or NULL when Redis is not used or down: read on
- * this host's claim alone. */
+/* Hold a request for (shop's key, id) until `deadline` here (state_hold,
+ * with `budget`) and, with Redis up, there too as held on `host` (this
+ * host's name in Redis): fn(data, answer) then comes once with Redis's
+ * reservation for coord_held(), and *asked is true (false: fn is never
+ * called). Returns state_hold()'s answer: whether the request is held
+ * (then coord_unhold() when it no longer waits). */
+bool coord_hold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                const struct pace_schedule *sched, int budget, int64_t deadline, const struct state_redis_id *host,
+                int64_t now, state_redis_held_fn *fn, void *data, bool *asked);
+
+/* Redis answered a hold of (key, id) with h: its reservation is this
+ * host's too (down: this host's own stands). Can't fail. */
+void coord_held(struct state *st, const struct state_key *key, const char *id, const struct state_redis_held *h,
+                int64_t now);
+
+/* A request held with coord_hold() no longer waits: state_unhold() here,
+ * and when it was this host's last for the transaction, Redis hears that
+ * this host left. Can't fail. */
+void coord_unhold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
+                  const struct state_redis_id *host, int64_t now);
+
+/* Before a claim here: while Redis is up, its plan decides for every host
+ * (state_plan_elsewhere), not this host's partial view. Can't fail. */
+void coord_plan(struct state *st, const struct state_redis *redis);
+
+/* Ask Redis for the read cr->ticket claimed here (Redis decides the budget's
+ * plan over every host's reads, holds and arrivals). Returns the operation
+ * (fn is called once with Redis's answer), or NULL when Redis is not used
+ * or down: read on this host's claim alone. */
 struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
-                                 const struct state_redis_id *host, int64_t now, state_redis_claim_fn *fn,
-                                 void *data);
+                                 state_redis_claim_fn *fn, void *data);
 
 /* What coord_claimed() asks of the caller. */
 enum coord_next {

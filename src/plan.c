@@ -77,13 +77,91 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
     return PLAN_EARLY;
 }
 
+/* The schedule's wait before read number step + 1 (step >= 1), as
+ * pace_next_read() takes it: the last one repeats, none below the minimum. */
+static int64_t wait_at(const struct pace_schedule *s, int step)
+{
+    int64_t w = s->wait_ms[step < s->n ? step : s->n - 1];
+    return w > PACE_MIN_WAIT_MS ? w : PACE_MIN_WAIT_MS;
+}
+
+int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now)
+{
+    if (w->hold_until <= now)
+        return 1;
+    int reads = pace_in_episode(w->reads, w->last_start, now) ? w->reads : 0;
+    int64_t t = reads > 0 ? w->last_start + wait_at(s, reads) : now;
+    if (t < now)
+        t = now;
+    int n = 0;
+    while (t <= w->hold_until && n < PLAN_DEMAND_MAX) {
+        n++;
+        t += wait_at(s, reads + n);
+    }
+    return n;
+}
+
+bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now)
+{
+    if (w->busy_until > now || w->not_before > now)
+        return false;
+    return !pace_in_episode(w->reads, w->last_start, now) || w->last_start + wait_at(s, w->reads) <= now;
+}
+
+int64_t plan_next_gap(const struct pace_schedule *s, int reads)
+{
+    return wait_at(s, reads + 1);
+}
+
+bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now)
+{
+    int64_t due = resv_at;
+    for (int i = 0; i < s->n; i++)
+        due -= s->wait_ms[i]; /* pace_sum */
+    for (int i = 1; i <= reads; i++)
+        due += s->wait_ms[i < s->n ? i : s->n - 1];
+    return withheld && now > due + PLAN_DRIFT_MS;
+}
+
+int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now)
+{
+    int64_t thins = INT64_MAX;
+    k->arrivals = k->arrivals_long = 0;
+    for (int i = 0; i < n; i++) {
+        if (at[i] <= now - PLAN_RATE_LONG_MS)
+            continue;
+        int64_t leaves = at[i] + PLAN_RATE_LONG_MS + 1;
+        k->arrivals_long++;
+        if (at[i] > now - PLAN_RATE_MS) {
+            k->arrivals++;
+            leaves = at[i] + PLAN_RATE_MS + 1;
+        }
+        if (leaves < thins)
+            thins = leaves;
+    }
+    return thins;
+}
+
+int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now)
+{
+    int64_t r = now + recheck;
+    if (n > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < r)
+        r = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
+    if (t->reserved && t->resv_at < r)
+        r = t->resv_at;
+    if (thins < r)
+        r = thins;
+    return r > now ? r : now + 1;
+}
+
 /* Line for line the C above (Lua's numbers are doubles: the divisions are
  * floored, as the C's integer ones of non-negative numbers are). */
 int plan_lua(char *buf, size_t len)
 {
     int n = snprintf(
         buf, len,
-        "local PLAN_LEAD, PLAN_RATE, PLAN_RATE_LONG, PLAN_SPAN = %d, %d, %d, %d\n"
+        "local PLAN_LEAD, PLAN_RATE, PLAN_RATE_LONG, PLAN_SPAN, PLAN_MIN_WAIT, PLAN_EPISODE, PLAN_DRIFT,"
+        " PLAN_DEMAND_MAX = %d, %d, %d, %d, %d, %d, %d, %d\n"
         "local function plan_late_span(k)\n"
         "  local span = PLAN_SPAN - (k.hold_ms - PLAN_LEAD)\n"
         "  if span > 0 then return span end\n"
@@ -127,7 +205,67 @@ int plan_lua(char *buf, size_t len)
         "  if room < 1 then return 'no' end\n"
         "  if room < k.eligible and t.early_reads > 0 and k.starved then return 'no' end\n"
         "  return 'early'\n"
+        "end\n"
+        "local function plan_wait_at(ws, step)\n"
+        "  local w = ws[math.min(step, #ws - 1) + 1]\n"
+        "  if w > PLAN_MIN_WAIT then return w end\n"
+        "  return PLAN_MIN_WAIT\n"
+        "end\n"
+        "local function plan_in_episode(reads, last_start, now)\n"
+        "  return reads > 0 and now - last_start <= PLAN_EPISODE\n"
+        "end\n"
+        "local function plan_demand(ws, w, now)\n"
+        "  if w.hold_until <= now then return 1 end\n"
+        "  local reads = 0\n"
+        "  if plan_in_episode(w.reads, w.last_start, now) then reads = w.reads end\n"
+        "  local t = now\n"
+        "  if reads > 0 then t = w.last_start + plan_wait_at(ws, reads) end\n"
+        "  if t < now then t = now end\n"
+        "  local n = 0\n"
+        "  while t <= w.hold_until and n < PLAN_DEMAND_MAX do\n"
+        "    n = n + 1\n"
+        "    t = t + plan_wait_at(ws, reads + n)\n"
+        "  end\n"
+        "  return n\n"
+        "end\n"
+        "local function plan_ready(ws, w, now)\n"
+        "  if w.busy_until > now or w.not_before > now then return false end\n"
+        "  return not plan_in_episode(w.reads, w.last_start, now) or w.last_start + plan_wait_at(ws, w.reads) <= now\n"
+        "end\n"
+        "local function plan_next_gap(ws, reads)\n"
+        "  return plan_wait_at(ws, reads + 1)\n"
+        "end\n"
+        "local function plan_drifted(ws, resv_at, reads, withheld, now)\n"
+        "  local due = resv_at\n"
+        "  for i = 1, #ws do due = due - ws[i] end\n"
+        "  for i = 1, reads do due = due + ws[math.min(i, #ws - 1) + 1] end\n"
+        "  return withheld and now > due + PLAN_DRIFT\n"
+        "end\n"
+        "local function plan_arrivals(k, at, now)\n"
+        "  local thins = nil\n"
+        "  k.arrivals, k.arrivals_long = 0, 0\n"
+        "  for i = 1, #at do\n"
+        "    if at[i] > now - PLAN_RATE_LONG then\n"
+        "      local leaves = at[i] + PLAN_RATE_LONG + 1\n"
+        "      k.arrivals_long = k.arrivals_long + 1\n"
+        "      if at[i] > now - PLAN_RATE then\n"
+        "        k.arrivals = k.arrivals + 1\n"
+        "        leaves = at[i] + PLAN_RATE + 1\n"
+        "      end\n"
+        "      if not thins or leaves < thins then thins = leaves end\n"
+        "    end\n"
+        "  end\n"
+        "  return thins\n"
+        "end\n"
+        "local function plan_retry(t, ev, thins, recheck, now)\n"
+        "  local r = now + recheck\n"
+        "  if #ev > 0 and ev[1] + PLAN_SPAN + 1 < r then r = ev[1] + PLAN_SPAN + 1 end\n"
+        "  if t.reserved and t.resv_at < r then r = t.resv_at end\n"
+        "  if thins and thins < r then r = thins end\n"
+        "  if r > now then return r end\n"
+        "  return now + 1\n"
         "end\n",
-        PLAN_LEAD_MS, PLAN_RATE_MS, PLAN_RATE_LONG_MS, PLAN_BUDGET_SPAN_MS);
+        PLAN_LEAD_MS, PLAN_RATE_MS, PLAN_RATE_LONG_MS, PLAN_BUDGET_SPAN_MS, PACE_MIN_WAIT_MS, PACE_EPISODE_MS,
+        PLAN_DRIFT_MS, PLAN_DEMAND_MAX);
     return n < 0 || (size_t)n >= len ? -1 : n;
 }

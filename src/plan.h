@@ -44,6 +44,7 @@
 #define PLAN_RATE_LONG_MS 10000      /* and over this one: the higher rate counts */
 #define PLAN_BUDGET_SPAN_MS 60000
 #define PLAN_DRIFT_MS 1000           /* reads this much later than the schedule have drifted */
+#define PLAN_DEMAND_MAX 64           /* a waiting transaction's demand is counted up to this */
 
 /* What the key's budget looks like now, from the state. "Spans" are the
  * 60 s spans of the budget; what they hold is reads already started and
@@ -103,12 +104,58 @@ int plan_busiest(const int64_t *ev, int n, int64_t t, int64_t from);
  * last-chance reads of buyers arriving now: 60 s minus (hold - lead). */
 int64_t plan_late_span(const struct plan_key *k);
 
+/* A waiting transaction as the plan counts it: the mapped-file store fills
+ * it from its entry, the Redis claim script from the transaction's hash. */
+struct plan_waiter {
+    int reads;          /* reads so far (of an episode: pace_in_episode decides) */
+    int64_t last_start; /* the last read's start */
+    int64_t hold_until; /* its held requests' latest deadline (0: none holds it) */
+    int64_t busy_until; /* a read of it is in flight until then */
+    int64_t not_before; /* no read before then: Retry-After, the floor, another host's word */
+};
+
+/* Reads the schedule s still wants for w from `now` to its deadline, at
+ * most PLAN_DEMAND_MAX (one, for a transaction not held: the read asked
+ * for). Can't fail. */
+int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now);
+
+/* Would w's own pace and windows let it read now? Can't fail. */
+bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now);
+
+/* The schedule's wait after a read made now by a transaction that has made
+ * `reads` reads of its episode (plan_tx.next_gap). Can't fail. */
+int64_t plan_next_gap(const struct pace_schedule *s, int reads);
+
+/* plan_tx.drifted: the plan held the transaction back (withheld) and now
+ * is more than PLAN_DRIFT_MS later than where the schedule, counted back
+ * from its reservation at resv_at (its last read), puts its read number
+ * reads + 1. Can't fail. */
+bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now);
+
+/* Count the arrivals (first holds) at times at[0..n), in any order, into
+ * k->arrivals and k->arrivals_long at `now`; returns when the headroom
+ * they give next shrinks (the first of them to leave its span), INT64_MAX
+ * when none counts. Can't fail. */
+int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now);
+
+/* When a read plan_may_read() refused now may be allowed: a read leaving
+ * the spans (ev[0..n) sorted, as for plan_busiest), t's reservation
+ * coming, the rush thinning (`thins`, from plan_arrivals), or at the
+ * latest `recheck` ms from now (another's turn). Always after now. */
+int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now);
+
 /* The functions above in Lua 5.1 (Redis's), for a script that must decide
  * as this module does: local functions plan_late_span(k), plan_headroom(k),
  * plan_may_reserve(k, busiest), plan_busiest(ev, t, from) (ev a sorted
  * array, from nil for no bound) and plan_may_read(k, t, now) returning
  * 'no', 'early' or 'last'; k and t are tables with the fields of struct
- * plan_key and struct plan_tx (the booleans as Lua booleans). The
+ * plan_key and struct plan_tx (the booleans as Lua booleans); and
+ * plan_demand(ws, w, now), plan_ready(ws, w, now), plan_next_gap(ws, reads)
+ * plan_drifted(ws, resv_at, reads, withheld, now), plan_arrivals(k, at,
+ * now) (nil for INT64_MAX) and plan_retry(t, ev, thins, recheck, now)
+ * (thins may be nil), ws being the
+ * schedule's waits as an array (wait_ms[i] at ws[i + 1]) and w a table with
+ * the fields of struct plan_waiter. The
  * constants are this module's, written in by the C: no number is typed in
  * the Lua. Written into buf (NUL-terminated); returns its length, or -1
  * when buf is too small. tests/unit/plan_vectors.txt holds the cases both

@@ -148,7 +148,7 @@ static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
     r->prev = r->next = NULL;
     r->w = NULL;
     if (r->registered) {
-        state_unhold(w->rs->app->state, &w->key, w->id, util_mono_ms());
+        coord_unhold(w->rs->app->state, w->rs->redis, r->shop, w->id, &w->rs->host, util_mono_ms());
         r->registered = false;
     }
     w->nwaiters--;
@@ -344,7 +344,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     rd->kr.user = rd;
     rd->rs = rs;
     read_link(rs, w, rd);
-    rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, &rs->host, util_mono_ms(), on_claimed, rd);
+    rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, on_claimed, rd);
     if (rd->claiming != NULL)
         return true; /* Redis decides: on_claimed */
     if (!read_go(rs, rd)) {
@@ -446,6 +446,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 rs->hw[i++] = r->h;
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
+            coord_plan(rs->app->state, rs->redis);
             hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
                       lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,
@@ -625,6 +626,21 @@ fail:
     return NULL;
 }
 
+/* A hold asked of Redis (coord_hold), until its answer. */
+struct held_ask {
+    struct resolver *rs;
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+};
+
+static void on_held(void *data, const struct state_redis_held *h)
+{
+    struct held_ask *ha = data;
+    if (!h->down) /* down: maybe the resolver's own teardown; nothing to mirror */
+        coord_held(ha->rs->app->state, &ha->key, ha->id, h, util_mono_ms());
+    free(ha);
+}
+
 void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
 {
     long held = atomic_fetch_add(&rs->app->m.held, 1) + 1;
@@ -642,10 +658,21 @@ void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
     }
     /* an HTML request waits through the schedule: the budget's plan counts
      * it, and reserves its transaction's last-chance read */
-    r->registered = !r->h.json && !rs->stopping &&
-                    state_hold(rs->app->state, &w->key, w->id, &r->cfg->sched,
-                               state_redis_budget(rs->redis, r->shop->read_budget),
-                               r->h.deadline, util_mono_ms());
+    r->registered = false;
+    if (!r->h.json && !rs->stopping) {
+        struct held_ask *ha = calloc(1, sizeof *ha);
+        bool asked = false;
+        if (ha != NULL) {
+            ha->rs = rs;
+            ha->key = w->key;
+            util_copy(ha->id, sizeof ha->id, w->id);
+        }
+        r->registered = coord_hold(rs->app->state, ha != NULL ? rs->redis : NULL, r->shop, w->id, &r->cfg->sched,
+                                   state_redis_budget(rs->redis, r->shop->read_budget), r->h.deadline, &rs->host,
+                                   util_mono_ms(), on_held, ha, &asked);
+        if (!asked)
+            free(ha);
+    }
     r->w = w;
     r->prev = NULL;
     r->next = w->waiters; /* newest first: it leads */

@@ -65,6 +65,8 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
         int64_t retry;
         enum plan_read r = st_plan_verdict(st, e, k, sched, budget, now, &retry);
+        if (r == PLAN_NO && atomic_load_explicit(&st->elsewhere, memory_order_relaxed))
+            r = PLAN_EARLY; /* another store's plan decides (its verdict is mirrored: state_defer) */
         if (r == PLAN_NO) {
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
             if (e != NULL)
@@ -474,29 +476,37 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
     return e != NULL && k != NULL;
 }
 
-void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now)
+bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now)
+{
+    bool last = false;
+    st_lock(st, now);
+    struct st_tx *e = st_tx_find(st, key, id);
+    if (e != NULL && e->holders > 0 && --e->holders == 0) {
+        e->resv_at = 0; /* nobody left to use it */
+        last = true;
+    }
+    st_unlock(st);
+    return last;
+}
+
+void state_reserve(struct state *st, const struct state_key *key, const char *id, bool reserved, int64_t at,
+                   int64_t now)
 {
     st_lock(st, now);
     struct st_tx *e = st_tx_find(st, key, id);
-    if (e != NULL && e->holders > 0 && --e->holders == 0)
-        e->resv_at = 0; /* nobody left to use it */
+    if (e != NULL && e->holders > 0 && e->hold_until > now)
+        e->resv_at = reserved ? (at > 0 ? at : 1) : 0;
     st_unlock(st);
 }
 
-_Static_assert(ST_WAITING_MAX <= STATE_KEY_RESV_MAX, "every waiting transaction's reservation fits");
-
-int state_key_reserved(struct state *st, const struct state_key *key, int64_t now, int64_t *at)
+bool state_plans(const struct state *st)
 {
-    int n = 0;
-    st_lock(st, now);
-    const struct st_keyent *k = st_key_find(st, key);
-    for (int32_t i = 0; k != NULL && i < k->nwaiting && i < ST_WAITING_MAX; i++) {
-        const struct st_tx *e = st_waiting_tx(st, k, k->waiting[i], now);
-        if (e != NULL && e->resv_at != 0)
-            at[n++] = e->resv_at > now ? e->resv_at - now : 0; /* as plan_events() counts it */
-    }
-    st_unlock(st);
-    return n;
+    return !st->greedy;
+}
+
+void state_plan_elsewhere(struct state *st, bool elsewhere)
+{
+    atomic_store_explicit(&st->elsewhere, elsewhere, memory_order_relaxed);
 }
 
 void state_metrics(struct state *st, struct state_metrics *out)

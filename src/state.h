@@ -441,15 +441,28 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
                 const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now);
 
 /* One request held with state_hold() no longer waits. When none is left,
- * the transaction's unused reservation goes back to the budget. Can't fail. */
-void state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
+ * the transaction's unused reservation goes back to the budget, and true
+ * is returned (no request of this state holds it any more). Can't fail. */
+bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
 
-/* The last-chance reads reserved now for the requests held with `key`
- * (state_hold), on this state: what another host's plan must leave room
- * for (state_redis.h). Their times, each as ms from `now` (an overdue one
- * 0), go to at[0..STATE_KEY_RESV_MAX); returns how many. Can't fail. */
-#define STATE_KEY_RESV_MAX 512
-int state_key_reserved(struct state *st, const struct state_key *key, int64_t now, int64_t *at);
+/* The transaction's reservation is the one another store decided (Redis,
+ * for every host: state_redis_held): from `at` (reserved), or none. Only
+ * for a transaction held here (state_hold). Can't fail. */
+void state_reserve(struct state *st, const struct state_key *key, const char *id, bool reserved, int64_t at,
+                   int64_t now);
+
+/* Does this state plan a scarce budget (plan.h; state_opts.greedy off)? */
+bool state_plans(const struct state *st);
+
+/* Another store plans the budget for this process (Redis, up: it sees
+ * every host's reads, holds and arrivals, and this state only this
+ * host's): this state withholds no read for the plan, though it still
+ * tells a last-chance read from an early one. false: this state plans.
+ * For this process's state only; can't fail. */
+void state_plan_elsewhere(struct state *st, bool elsewhere);
+
+#define STATE_WAITING_MAX 512        /* transactions one key waits on at once, for the plan */
+#define STATE_ARRIVALS 64            /* the latest first holds of a key: its arrival rate */
 
 /* Counters and gauges for the metrics page (clients_blocked counts the
  * client table: bounded by client_slots). This function can't fail. */

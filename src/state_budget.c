@@ -1,6 +1,7 @@
 /* state_budget.c - the budget ring (the last reads of a key) and the
  * plan's fields: who waits, what is reserved (plan.h decides). */
 #include "state_private.h"
+#include "rules.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -76,11 +77,23 @@ void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t 
         k->waiting[k->nwaiting++] = idx;
 }
 
+/* e as the plan counts a waiting transaction (plan.h). */
+static struct plan_waiter tx_waiter(const struct st_tx *e)
+{
+    struct plan_waiter w = {.reads = e->reads, .last_start = e->last_start};
+    w.hold_until = e->holders > 0 ? e->hold_until : 0;
+    w.busy_until = e->inflight_until > e->remote_until ? e->inflight_until : e->remote_until;
+    w.not_before = e->not_before > e->remote_not_before ? e->not_before : e->remote_not_before;
+    if (rules_floor(e->last_end) > w.not_before)
+        w.not_before = rules_floor(e->last_end);
+    return w;
+}
+
 /* The pace alone (and its own windows) let e read now. */
 static bool tx_may_read_now(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
 {
-    return e->inflight_until <= now && e->not_before <= now && e->remote_until <= now &&
-           e->remote_not_before <= now && pace_next_read(sched, e->reads, e->last_start, now) <= now;
+    struct plan_waiter w = tx_waiter(e);
+    return plan_ready(sched, &w, now);
 }
 
 static int cmp_time(const void *a, const void *b)
@@ -113,19 +126,10 @@ static int plan_events(struct state *st, const struct st_keyent *k, int64_t now,
  * for a transaction not held: the read asked for). */
 static int tx_demand(const struct st_tx *e, const struct pace_schedule *sched, int64_t now)
 {
-    if (e == NULL || e->holders <= 0 || e->hold_until <= now)
+    if (e == NULL)
         return 1;
-    int reads = pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
-    int64_t t = reads > 0 ? pace_next_read(sched, reads, e->last_start, now) : now;
-    if (t < now)
-        t = now;
-    int n = 0;
-    while (t <= e->hold_until && n < 64) {
-        n++;
-        int step = reads + n < sched->n ? reads + n : sched->n - 1;
-        t += sched->wait_ms[step] > PACE_MIN_WAIT_MS ? sched->wait_ms[step] : PACE_MIN_WAIT_MS;
-    }
-    return n;
+    struct plan_waiter w = tx_waiter(e);
+    return plan_demand(sched, &w, now);
 }
 
 /* The plan's view of key k for transaction self (NULL: not tracked yet). */
@@ -137,22 +141,10 @@ static void plan_gather(struct state *st, const struct st_keyent *k, const struc
     pk->budget = budget > STATE_BUDGET_MAX ? STATE_BUDGET_MAX : budget;
     pk->hold_ms = pace_hold_ms(sched);
     pk->eligible = 1; /* the one asking */
-    int64_t *oldest_arrival = arrivals_change;
-    *oldest_arrival = INT64_MAX;
-    for (int32_t i = 0; i < k->arr_n; i++) {
-        int64_t t = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
-        if (t <= now - PLAN_RATE_LONG_MS)
-            break;
-        /* when the oldest arrival that counts leaves its span, the headroom shrinks */
-        int64_t leaves = t + PLAN_RATE_LONG_MS + 1;
-        pk->arrivals_long++;
-        if (t > now - PLAN_RATE_MS) {
-            pk->arrivals++;
-            leaves = t + PLAN_RATE_MS + 1;
-        }
-        if (leaves < *oldest_arrival)
-            *oldest_arrival = leaves;
-    }
+    int64_t at[ST_ARRIVALS];
+    for (int32_t i = 0; i < k->arr_n; i++)
+        at[i] = k->arrivals[(k->arr_head - 1 - i + ST_ARRIVALS * 2) % ST_ARRIVALS];
+    *arrivals_change = plan_arrivals(pk, at, k->arr_n, now);
     pk->demand = tx_demand(self, sched, now);
     pk->schedule_reads = pace_reads_within(sched, pace_hold_ms(sched));
     for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
@@ -191,29 +183,17 @@ enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const st
     int reads = e != NULL && pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
     if (reads > 0)
         pt.early_reads = e->early_reads;
-    pt.next_gap = pace_next_read(sched, reads + 1, now, now + 1) - now; /* the wait after this read */
-    if (pt.reserved) {
-        /* where the seed's schedule, counted back from the reservation (its
-         * last read), puts this read: later than that, the schedule no longer
-         * ends at the reserved read */
-        int64_t due = e->resv_at - pace_sum(sched);
-        for (int i = 1; i <= reads; i++)
-            due += sched->wait_ms[i < sched->n ? i : sched->n - 1];
-        pt.drifted = e->withheld && now > due + PLAN_DRIFT_MS;
-    }
+    pt.next_gap = plan_next_gap(sched, reads); /* the wait after this read */
+    /* later than where the seed's schedule, counted back from the
+     * reservation (its last read), puts this read, the schedule no longer
+     * ends at the reserved read */
+    pt.drifted = pt.reserved && plan_drifted(sched, e->resv_at, reads, e->withheld, now);
     enum plan_read r = plan_may_read(&pk, &pt, now);
     if (r != PLAN_NO)
         return r;
     /* what can change it: a read leaving the spans, the rush ending, its
      * own reservation's time, or another's turn */
-    int64_t t = now + ST_PLAN_RETRY_MS;
-    if (nev > 0 && ev[0] + PLAN_BUDGET_SPAN_MS + 1 < t)
-        t = ev[0] + PLAN_BUDGET_SPAN_MS + 1;
-    if (pt.reserved && pt.resv_at < t)
-        t = pt.resv_at;
-    if (oldest < t)
-        t = oldest; /* the rush may have thinned by then */
-    *retry = t > now ? t : now + 1;
+    *retry = plan_retry(&pt, ev, nev, oldest, ST_PLAN_RETRY_MS, now);
     return PLAN_NO;
 }
 

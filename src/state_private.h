@@ -26,6 +26,7 @@
 #define KEMBALI_STATE_PRIVATE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -35,8 +36,8 @@
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
 #define ST_VERSION 8 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end */
-#define ST_WAITING_MAX 512    /* transactions one key waits on at once, for the plan */
-#define ST_ARRIVALS 64        /* the latest first holds of a key: its arrival rate */
+#define ST_WAITING_MAX STATE_WAITING_MAX
+#define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
 #define EVICT_SAMPLE 64
 
@@ -143,6 +144,7 @@ struct st_notice {
 
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
+    atomic_bool elsewhere;    /* another store plans (state_plan_elsewhere): no read withheld here */
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     /* the geometry, copied when attached: every index is checked against

@@ -214,6 +214,19 @@ void state_redis_on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             op->told_fn(op->data, &t);
         }
         break;
+    case OP_HELD:
+        if (op->held_fn != NULL) {
+            struct state_redis_held h = {.down = true};
+            if (!failed && reply_is(x, REDIS_REPLY_INTEGER)) {
+                h.down = false;
+                h.reserved = x->integer >= 0;
+                h.resv_ms = x->integer >= 0 ? x->integer : 0;
+            } else if (r != NULL && !failed) {
+                state_redis_went_down(r, "a hold's answer makes no sense");
+            }
+            op->held_fn(op->data, &h);
+        }
+        break;
     case OP_JOIN_OTHER:
         if (!failed && r != NULL && r->phase == PH_JOINING)
             state_redis_join_step_done(r);
@@ -427,28 +440,29 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     struct state_redis_id k;
     key_hash(r->salt, secret, &k);
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kres[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
-        sb[16], sl[24], sr[STATE_KEY_RESV_MAX * 21 + 1], climit[16], cwin[24], crecheck[24], shold[24];
+        kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
+        ptx[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[16], cwin[24], crecheck[24],
+        shold[24], scap[16], sreads[16];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "rt", NULL); /* times: not an older host's "r" counts */
+    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
     rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
+    rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
+    rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
-    size_t at = 0; /* this host's reservations: their times in ms from now, comma-separated */
-    sr[0] = '\0';
-    for (int i = 0; i < plan->reserved && i < STATE_KEY_RESV_MAX; i++)
-        at += (size_t)snprintf(sr + at, sizeof sr - at, "%s%lld", i ? "," : "", (long long)plan->resv_in[i]);
     snprintf(shold, sizeof shold, "%lld", (long long)rules_hold_ms(s));
+    snprintf(scap, sizeof scap, "%d", STATE_WAITING_MAX);
+    snprintf(sreads, sizeof sreads, "%d", plan->schedule_reads);
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "7", ktx, kkey, kbud, kblk, kres, kcl, kfly,
-                          waits, sb, sl, client ? "1" : "0", id, sr, plan->host.hex,
-                          plan->last_chance ? "last" : "early", climit, cwin, crecheck, shold};
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "8", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr,
+                          waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
+                          climit, cwin, crecheck, shold, sreads};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -463,15 +477,68 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     return op;
 }
 
+struct state_redis_op *state_redis_held(struct state_redis *r, const char *secret, const char *id, int budget,
+                                        int64_t deadline_ms,
+                                        const struct state_redis_id *host, const struct state_redis_plan *plan,
+                                        state_redis_held_fn *fn, void *data)
+{
+    if (!state_redis_up(r))
+        return NULL;
+    struct state_redis_id k;
+    key_hash(r->salt, secret, &k);
+    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
+        kbud[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16];
+    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
+    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
+    rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
+    rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
+    rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
+    snprintf(sdl, sizeof sdl, "%lld", (long long)(deadline_ms > 0 ? deadline_ms : 0));
+    snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
+    snprintf(scap, sizeof scap, "%d", STATE_WAITING_MAX);
+    snprintf(sarr, sizeof sarr, "%d", STATE_ARRIVALS);
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_HELD], "5", ktx, khold, kwait, karr, kbud,
+                          host->hex, sdl, id, ptx, sb, plan->plans ? "1" : "0", scap, sarr};
+    size_t lens[sizeof argv / sizeof argv[0]];
+    for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
+        lens[i] = strlen(argv[i]);
+    struct state_redis_op *op = state_redis_op_new(r, OP_HELD);
+    if (op == NULL)
+        return NULL;
+    op->held_fn = fn;
+    op->data = data;
+    if (!state_redis_op_send(r->main, op, (int)(sizeof argv / sizeof argv[0]), argv, lens))
+        return NULL;
+    return op;
+}
+
 void state_redis_cancel(struct state_redis_op *op)
 {
     if (op != NULL) {
         op->fn = NULL;
         op->told_fn = NULL;
+        op->held_fn = NULL;
     }
 }
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void fire(struct state_redis *r, int argc, const char **argv);
+
+void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host)
+{
+    if (!state_redis_up(r))
+        return;
+    struct state_redis_id k;
+    key_hash(r->salt, secret, &k);
+    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX];
+    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
+    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_LEFT], "3", ktx, khold, kwait, host->hex, id};
+    fire(r, ARGC(argv), argv);
+}
 
 /* Send a script whose reply matters only for a finish that charged a
  * client (shop and id non-NULL): 1 means its block started. */

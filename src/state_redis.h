@@ -103,6 +103,15 @@ struct state_redis_claim {
 
 typedef void state_redis_claim_fn(void *data, const struct state_redis_claim *c);
 
+/* Redis's answer to a hold (state_redis_held). */
+struct state_redis_held {
+    bool down;                 /* no answer: this host's own reservation stands */
+    bool reserved;             /* the transaction holds a reservation, */
+    int64_t resv_ms;           /* from this many ms from now (0: due) */
+};
+
+typedef void state_redis_held_fn(void *data, const struct state_redis_held *h);
+
 /* A read's outcome, as this host's state recorded it (state_finish). */
 struct state_redis_outcome {
     const struct pace_schedule *sched; /* the schedule the read was made under */
@@ -162,15 +171,32 @@ int state_redis_budget(const struct state_redis *r, int budget);
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
 
-/* What the budget's plan (plan.h) says about a claim, for Redis to hold
- * across hosts: an early read must leave room for the last-chance reads
- * every host has reserved for its held requests. */
+/* The budget's plan (plan.h) in Redis, every host's: a transaction waits
+ * while a host holds a request for it (state_redis_held, until
+ * state_redis_left), and Redis decides its reservation and, at each claim,
+ * the plan's verdict over every host's reads, waiting transactions and
+ * arrivals. */
 struct state_redis_plan {
-    bool last_chance;          /* this read uses its transaction's reservation */
-    int reserved;              /* this host's reservations for the key now (state_key_reserved), */
-    int64_t resv_in[STATE_KEY_RESV_MAX]; /* each one's time, in ms from now */
-    struct state_redis_id host; /* this host (its state_dir), the same in each of its processes */
+    bool plans;                /* plan the budget; false: first come, first served (read_planning off) */
+    int schedule_reads;        /* the reads of one whole schedule within a hold (pace_reads_within) */
 };
+
+/* A request for (secret's key, id) is held on `host` (this host's name in
+ * Redis, the same in each of its processes) until deadline_ms from now,
+ * under `budget`: recorded in Redis as state_hold() records
+ * it here (a new holding period counts as an arrival and may reserve the
+ * transaction's last-chance read). fn(data, answer) is called exactly once,
+ * later, with the transaction's reservation as Redis decided it (down: no
+ * answer). Returns NULL when not up (or out of memory): fn is never called. */
+struct state_redis_op *state_redis_held(struct state_redis *r, const char *secret, const char *id, int budget,
+                                        int64_t deadline_ms,
+                                        const struct state_redis_id *host, const struct state_redis_plan *plan,
+                                        state_redis_held_fn *fn, void *data);
+
+/* This host no longer holds a request for (secret's key, id)
+ * (state_unhold() let its last one go). Not up: nothing (Redis's TTLs end
+ * the hold at its deadline). Can't fail. */
+void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host);
 
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
@@ -179,9 +205,9 @@ struct state_redis_plan {
  * flight, every host's, make STATE_CLIENT_404S gets STATE_REDIS_WAIT,
  * WAIT_CLIENT, until its first lease ends, for at most
  * STATE_CLIENT_RECHECK_MS; a read granted for an unknown id is in flight
- * for it until state_redis_finish() or its lease ends); `plan` as above (an early
- * read that would leave too little room gets STATE_REDIS_WAIT, WAIT_BUDGET,
- * for 250 ms: a sixth of the lead its reserved read has). fn(data,
+ * for it until state_redis_finish() or its lease ends); `plan` as above (a
+ * read the plan refuses gets STATE_REDIS_WAIT, WAIT_BUDGET, until what may
+ * change it, plan_retry: at most RULES_PLAN_RECHECK_MS). fn(data,
  * verdict) is called exactly once, later, unless state_redis_cancel(). Returns NULL when not up
  * (or out of memory): decide locally, fn is never called. */
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,

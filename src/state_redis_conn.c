@@ -164,7 +164,8 @@ bool state_redis_op_send(struct rconn *rc, struct state_redis_op *op, int argc, 
         r->m.pings++;
     else
         r->m.round_trips++;
-    if (op->kind == OP_CLAIM || op->kind == OP_TELL || op->kind == OP_FIRE || op->kind == OP_PING) {
+    if (op->kind == OP_CLAIM || op->kind == OP_TELL || op->kind == OP_HELD || op->kind == OP_FIRE ||
+        op->kind == OP_PING) {
         op->queued = true;
         op->prev = r->tail;
         if (r->tail)

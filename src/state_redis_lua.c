@@ -50,17 +50,69 @@
     "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
-    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP) + MARGIN)\n" \
+    "  local hu = tonumber(redis.call('HGET', KEYS[1], 'hu')) or 0\n" /* held: kept as long */    \
+    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP, hu) + MARGIN)\n" \
     "end\n"
 
-/* KEYS: tx, key, budget, block, reservations, client's 404s, client's
- * reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5 id,
- * 6 this host's reservations (ms from now, comma-separated), 7 host, 8 "last" for a last-chance read
- * (plan.h), 9 the client's 404s that block (with its reads in flight), 10
- * their window (ms), 11 the recheck (ms) of a client at its count, 12 a
- * hold's length (ms, rules_hold_ms). */
+/* What the budget's plan gathers (plan_gather in state_budget.c) from
+ * Redis: a transaction's fields, whether it waits (st_waiting_tx: some host
+ * holds a request for it whose deadline has not passed, and no final
+ * status or 404 is cached), the key's waiting ones and the times its
+ * spans hold (plan_events). */
+#define LUA_PLAN                                                                           \
+    "local function tx_fields(k)\n"                                                        \
+    "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh')\n" \
+    "  local x = {s = f[1]}\n"                                                              \
+    "  local names = {'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh'}\n" \
+    "  for i = 1, #names do x[names[i]] = tonumber(f[i + 1]) or 0 end\n"                   \
+    "  return x\n"                                                                         \
+    "end\n"                                                                                \
+    "local function tx_waits(f)\n"                                                         \
+    "  return f.ho > 0 and f.hu > now and not ((f.s and f.fu > now) or f.nf > now)\n"       \
+    "end\n"                                                                                \
+    "local function tx_waiter(f)\n" /* struct plan_waiter, as tx_waiter() fills it */      \
+    "  local nb = f.ra\n"                                                                  \
+    "  if f.le > 0 and f.le + FLOOR > nb then nb = f.le + FLOOR end\n"                     \
+    "  local hu = 0\n"                                                                     \
+    "  if f.ho > 0 then hu = f.hu end\n"                                                   \
+    "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb}\n" \
+    "end\n"                                                                                \
+    "local function waiting_list(kw, prefix, cap)\n"                                       \
+    "  redis.call('ZREMRANGEBYSCORE', kw, '-inf', now)\n"                                  \
+    "  local ids, out = redis.call('ZRANGE', kw, 0, cap - 1), {}\n"                        \
+    "  for i = 1, #ids do\n"                                                               \
+    "    local f = tx_fields(prefix .. ids[i])\n"                                          \
+    "    if tx_waits(f) then f.id = ids[i]; out[#out + 1] = f\n"                           \
+    "    else redis.call('ZREM', kw, ids[i]) end\n"                                        \
+    "  end\n"                                                                              \
+    "  return out\n"                                                                       \
+    "end\n"                                                                                \
+    "local function plan_events(kb, list)\n"                                               \
+    "  redis.call('ZREMRANGEBYSCORE', kb, '-inf', now - BUDGET_SPAN)\n"                    \
+    "  local ev, rd = {}, redis.call('ZRANGE', kb, 0, -1, 'WITHSCORES')\n"                 \
+    "  for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"                           \
+    "  for i = 1, #list do\n"                                                              \
+    "    if list[i].rv ~= 0 then ev[#ev + 1] = math.max(list[i].rv, now) end\n"            \
+    "  end\n"                                                                              \
+    "  table.sort(ev)\n"                                                                   \
+    "  return ev\n"                                                                        \
+    "end\n"                                                                                \
+    "local function schedule(waits)\n"                                                     \
+    "  local ws = {}\n"                                                                    \
+    "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
+    "  return ws\n"                                                                        \
+    "end\n"
+
+/* KEYS: tx, key, budget, block, waiting, client's 404s, client's reads in
+ * flight, arrivals. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5
+ * id, 6 '1' to plan the budget (plan.h; '0': first come, first served), 7
+ * the tx keys' prefix (PREFIX{K}t:), 8 the waiting set's cap, 9 the
+ * client's 404s that block (with its reads in flight), 10 their window
+ * (ms), 11 the recheck (ms) of a client at its count, 12 a hold's length
+ * (ms, rules_hold_ms), 13 a whole schedule's reads within a hold
+ * (pace_reads_within). Returns {'go', serial, 'early'|'last'} or why not. */
 static const char lua_claim[] =
-    LUA_HEAD
+    LUA_HEAD LUA_PLAN
     "if s and fu > now then return {'final', fu - now, s} end\n"
     "if nf > now then return {'nf', nf - now} end\n"
     "if lu > now then return {'busy', lu - now} end\n"
@@ -84,6 +136,7 @@ static const char lua_claim[] =
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
     "if ra > now then return {'wait', ra - now, 'retry'} end\n"
+    "local me = tx_fields(KEYS[1])\n" /* before the episode's reads are reset below */
     "if n > 0 and now - ls <= EPISODE then\n"
     "  local nx = ls + wait_for(ARGV[1], n)\n"
     "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
@@ -98,45 +151,66 @@ static const char lua_claim[] =
     "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
     "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
     "end\n"
-    /* the times plan_events() gathers: the reads of the last 60 s and every
-     * host's reservations, as each said at its last claim (ms from then,
-     * kept for a hold's length, ARGV[12]), an overdue one at `now` */
-    "local hold = tonumber(ARGV[12])\n"
-    "local mine = {}\n"
-    "for d in string.gmatch(ARGV[6], '%d+') do mine[#mine + 1] = now + tonumber(d) end\n"
-    "redis.call('HSET', KEYS[5], ARGV[7], table.concat(mine, ',') .. ':' .. (now + hold))\n"
-    "redis.call('PEXPIREAT', KEYS[5], now + math.max(KEEP, hold))\n"
-    "local ev, rd = {}, redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')\n"
-    "for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"
-    "local all = redis.call('HGETALL', KEYS[5])\n"
-    "for i = 1, #all, 2 do\n"
-    "  local ts, e = string.match(all[i + 1], '^([%d,]*):(%d+)$')\n"
-    "  if ts and tonumber(e) > now then\n"
-    "    for x in string.gmatch(ts, '%d+') do ev[#ev + 1] = math.max(tonumber(x), now) end\n"
-    "  else redis.call('HDEL', KEYS[5], all[i]) end\n"
+    /* plan.c's decision on what plan_gather() and st_plan_verdict() gather,
+     * every host's: the reads of the last 60 s, the waiting transactions
+     * (their reservations, demand, pace) and the arrivals */
+    "local kind, rv, er = 'early', me.rv, me.er\n"
+    "if n == 0 then er = 0 end\n"
+    "if ARGV[6] == '1' then\n"
+    "  local ws = schedule(ARGV[1])\n"
+    "  local list = waiting_list(KEYS[5], ARGV[7], tonumber(ARGV[8]))\n"
+    "  local ev = plan_events(KEYS[3], list)\n"
+    "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[13]), demand = 0,\n"
+    "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
+    "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - PLAN_RATE_LONG)\n"
+    "  local at, ar = {}, redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')\n"
+    "  for i = 2, #ar, 2 do at[#at + 1] = tonumber(ar[i]) end\n"
+    "  local thins = plan_arrivals(pk, at, now)\n"
+    "  pk.demand = plan_demand(ws, tx_waiter(me), now)\n"
+    "  local mine = false\n"
+    "  for i = 1, #list do\n"
+    "    local f = list[i]\n"
+    "    if f.id == ARGV[5] then mine = true\n"
+    "    else\n"
+    "      local w = tx_waiter(f)\n"
+    "      if f.lu <= now and pk.demand <= pk.budget then pk.demand = pk.demand + plan_demand(ws, w, now) end\n"
+    "      if plan_ready(ws, w, now) then\n"
+    "        pk.eligible = pk.eligible + 1\n"
+    "        if f.er == 0 then pk.starved = true end\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "  for i = 1, #ev do\n"
+    "    if ev[i] <= now and ev[i] > now - BUDGET_SPAN then pk.recent = pk.recent + 1 end\n"
+    "  end\n"
+    "  pk.busiest = plan_busiest(ev, now, nil)\n"
+    "  pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
+    "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
+    "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
+    "  if n > 0 then pt.early_reads = me.er end\n"
+    "  pt.drifted = pt.reserved and plan_drifted(ws, me.rv, n, me.wh == 1, now)\n"
+    "  kind = plan_may_read(pk, pt, now)\n"
+    "  if kind == 'no' then\n"
+    "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
+    "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
+    "    return {'wait', plan_retry(pt, ev, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "  end\n"
+    "  if kind == 'last' then\n"
+    /* requests held later than the one it was for keep a chance too
+     * (state_claim): the spans then hold this read where the reservation
+     * was, at now */
+    "    rv = 0\n"
+    "    if not mine then ev[#ev + 1] = now; table.sort(ev) end\n"
+    "    local at = me.hu - PLAN_LEAD\n"
+    "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, at, nil)) then rv = at end\n"
+    "  end\n"
     "end\n"
-    "table.sort(ev)\n"
-    "local recent = 0\n"
-    "for i = 1, #ev do if ev[i] <= now then recent = recent + 1 end end\n"
-    /* plan.c's decision (plan_lua) on them, as plan_gather() makes recent,
-     * busiest and busiest_late. Redis does not hold the rest of what
-     * plan_gather() gathers (the waiting transactions' demand, taken as more
-     * than the budget: never plenty; the arrivals: none; the others waiting:
-     * none, so no fair share across hosts); each host shares its own early
-     * reads fairly before it claims (state.c) */
-    "local budget = tonumber(ARGV[2])\n"
-    "local pk = {budget = budget, recent = recent, schedule_reads = 0, demand = budget + 1,\n"
-    "            busiest = plan_busiest(ev, now, nil), busiest_late = 0, arrivals = 0, arrivals_long = 0,\n"
-    "            eligible = 1, starved = false, hold_ms = hold}\n"
-    "pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
-    "local pt = {reserved = ARGV[8] == 'last', resv_at = now, next_gap = 0, drifted = false, early_reads = 0}\n"
-    "if plan_may_read(pk, pt, now) == 'no' then\n"
-    "  return {'wait', PLAN_RECHECK, 'plan'}\n"
-    "end\n"
+    "if kind ~= 'last' then er = er + 1 end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
-    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser)\n"
-    "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu) + MARGIN)\n"
+    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv)\n"
+    "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
     "redis.call('PEXPIREAT', KEYS[3], now + BUDGET_SPAN + MARGIN)\n"
     "if fly then\n" /* in flight for the client until its lease ends */
@@ -144,7 +218,73 @@ static const char lua_claim[] =
     "  local px = redis.call('PTTL', KEYS[7])\n"
     "  if px < 0 or now + px < lu + MARGIN then redis.call('PEXPIREAT', KEYS[7], lu + MARGIN) end\n"
     "end\n"
-    "return {'go', ser}\n";
+    "return {'go', ser, kind}\n";
+
+/* A request for the transaction is held on host ARGV[1] (state_hold): the
+ * hold as state_hold() makes it, every host's. KEYS: tx, its holders (host
+ * -> deadline), waiting, arrivals, budget. ARGV: 1 host, 2 the deadline (ms
+ * from now), 3 id, 4 the tx keys' prefix, 5 budget, 6 '1' to plan, 7 the
+ * waiting set's cap, 8 the arrivals' cap. Returns the transaction's
+ * reservation in ms from now (0: due), -1 for none. */
+static const char lua_held[] =
+    LUA_HEAD LUA_PLAN
+    "local me = tx_fields(KEYS[1])\n"
+    "local dl = now + tonumber(ARGV[2])\n"
+    "local hu, ho, rv = me.hu, me.ho, me.rv\n"
+    "local fresh = ho <= 0 or hu <= now\n"
+    "if fresh then\n" /* a new holding period; hosts past their deadline may still leave */
+    "  hu, rv, ho = 0, 0, redis.call('HLEN', KEYS[2])\n"
+    "  redis.call('HSET', KEYS[1], 'wh', 0)\n"
+    "end\n"
+    "if redis.call('HSET', KEYS[2], ARGV[1], dl) == 1 then ho = ho + 1 end\n"
+    "if dl > hu then hu = dl end\n"
+    "redis.call('HSET', KEYS[1], 'hu', hu, 'ho', ho, 'rv', rv)\n"
+    "local px = redis.call('PTTL', KEYS[1])\n"
+    "if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[1], hu + MARGIN) end\n"
+    "px = redis.call('PTTL', KEYS[2])\n"
+    "if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[2], hu + MARGIN) end\n"
+    "me.hu, me.ho = hu, ho\n"
+    "if tx_waits(me) and not fresh then\n" /* its score follows the latest deadline */
+    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
+    "elseif tx_waits(me) then\n"
+    /* st_waiting_add: the stale ones dropped, added unless the cap waits */
+    "  local list = waiting_list(KEYS[3], ARGV[4], tonumber(ARGV[7]) + 1)\n"
+    "  local others = 0\n"
+    "  for i = 1, #list do if list[i].id ~= ARGV[3] then others = others + 1 end end\n"
+    "  if others < tonumber(ARGV[7]) then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
+    "  px = redis.call('PTTL', KEYS[3])\n"
+    "  if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[3], hu + MARGIN) end\n"
+    "  redis.call('ZADD', KEYS[4], now, now .. ':' .. ARGV[3])\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - PLAN_RATE_LONG)\n"
+    "  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -(tonumber(ARGV[8]) + 1))\n"
+    "  redis.call('PEXPIREAT', KEYS[4], now + PLAN_RATE_LONG + MARGIN)\n"
+    "  local at = dl - PLAN_LEAD\n"
+    "  if ARGV[6] == '1' and at > now then\n"
+    "    local ev = plan_events(KEYS[5], list)\n"
+    "    if plan_may_reserve({budget = tonumber(ARGV[5])}, plan_busiest(ev, at, nil)) then\n"
+    "      rv = at\n"
+    "      redis.call('HSET', KEYS[1], 'rv', rv)\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "if rv == 0 then return -1 end\n"
+    "return math.max(rv - now, 0)\n";
+
+/* The last request held for the transaction on host ARGV[1] is no longer
+ * held (state_unhold). KEYS: tx, its holders, waiting. ARGV: 1 host, 2 id.
+ * When no host holds it any more its reservation goes (nobody is left to
+ * use it). */
+static const char lua_left[] =
+    "if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 and redis.call('EXISTS', KEYS[1]) == 1 then\n"
+    "  local ho = (tonumber(redis.call('HGET', KEYS[1], 'ho')) or 1) - 1\n"
+    "  if ho <= 0 then\n"
+    "    redis.call('HSET', KEYS[1], 'ho', 0, 'rv', 0)\n"
+    "    redis.call('ZREM', KEYS[3], ARGV[2])\n"
+    "  else\n"
+    "    redis.call('HSET', KEYS[1], 'ho', ho)\n"
+    "  end\n"
+    "end\n"
+    "return 1\n";
 
 /* KEYS: tx, key, client's 404s, client's block, client's reads in flight.
  * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
@@ -233,14 +373,15 @@ static const char lua_tell[] =
     "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
     "return kept\n";
 
-static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell};
+static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell, lua_held, lua_left};
 
 char *state_redis_script_text(int script)
 {
     const char *body = scripts[script];
-    char prelude[2048], plan[4096] = "";
+    char prelude[2048], plan[8192] = "";
     int n = rules_lua_prelude(prelude, sizeof prelude);
-    int m = script == SCRIPT_CLAIM ? plan_lua(plan, sizeof plan) : 0; /* the claim decides as plan.c */
+    /* the claim and a hold decide as plan.c */
+    int m = script == SCRIPT_CLAIM || script == SCRIPT_HELD ? plan_lua(plan, sizeof plan) : 0;
     if (n < 0 || m < 0)
         return NULL;
     size_t len = (size_t)n + (size_t)m + strlen(body) + 1;

@@ -18,7 +18,7 @@
 /* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
 #define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
 
-enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_N };
+enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_HELD, SCRIPT_LEFT, SCRIPT_N };
 
 struct rconn {
     struct state_redis *r;    /* NULL once it is not r's any more */
@@ -33,7 +33,7 @@ struct rconn {
 };
 
 enum op_kind {
-    OP_CLAIM, OP_TELL, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_JOIN_ROLE, OP_SUBSCRIBE, OP_S_AUTH, OP_S_ASK
+    OP_CLAIM, OP_TELL, OP_HELD, OP_FIRE, OP_PING, OP_JOIN_SCRIPT, OP_JOIN_OTHER, OP_JOIN_ROLE, OP_SUBSCRIBE, OP_S_AUTH, OP_S_ASK
 };
 
 struct state_redis_op {
@@ -42,6 +42,7 @@ struct state_redis_op {
     int script;               /* OP_JOIN_SCRIPT */
     state_redis_claim_fn *fn; /* OP_CLAIM; NULL once cancelled */
     state_redis_told_fn *told_fn; /* OP_TELL; NULL once cancelled */
+    state_redis_held_fn *held_fn; /* OP_HELD */
     void *data;
     bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
     char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */

@@ -24,17 +24,24 @@ for _, f in ipairs({'budget', 'recent', 'schedule_reads', 'demand', 'busiest', '
                     'arrivals', 'arrivals_long', 'eligible', 'hold_ms'}) do k[f] = 0 end
 for _, f in ipairs({'resv_at', 'next_gap', 'early_reads'}) do t[f] = 0 end
 k.starved, t.reserved, t.drifted = false, false, false
-local now, at, tt, from = 0, 0, 0, nil
+local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {}, false
+local now, at, tt, from, thins, recheck = 0, 0, 0, nil, nil, 0
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
     for x in string.gmatch(val, '-?%d+') do ev[#ev + 1] = tonumber(x) end
+  elseif name == 'ws' then
+    for x in string.gmatch(val, '-?%d+') do ws[#ws + 1] = tonumber(x) end
+  elseif name == 'withheld' then withheld = val == '1'
+  elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name == 'starved' then k.starved = val == '1'
   elseif name == 'reserved' or name == 'drifted' then t[name] = val == '1'
   elseif name == 'now' then now = tonumber(val)
   elseif name == 'at_busiest' then at = tonumber(val)
   elseif name == 't' then tt = tonumber(val)
   elseif name == 'from' then from = tonumber(val)
+  elseif name == 'thins' then thins = tonumber(val)
+  elseif name == 'recheck' then recheck = tonumber(val)
   elseif name and k[name] ~= nil then k[name] = tonumber(val)
   elseif name and t[name] ~= nil then t[name] = tonumber(val)
   else return redis.error_reply('unknown field ' .. tostring(ARGV[i])) end
@@ -44,6 +51,15 @@ if op == 'headroom' then return tostring(plan_headroom(k)) end
 if op == 'reserve' then return plan_may_reserve(k, at) and '1' or '0' end
 if op == 'busiest' then return tostring(plan_busiest(ev, tt, from)) end
 if op == 'read' then return plan_may_read(k, t, now) end
+if op == 'arrivals' then
+  local th = plan_arrivals(k, ev, now)
+  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. (th and tostring(th) or 'none')
+end
+if op == 'retry' then return tostring(plan_retry(t, ev, thins, recheck, now)) end
+if op == 'demand' then return tostring(plan_demand(ws, w, now)) end
+if op == 'ready' then return plan_ready(ws, w, now) and '1' or '0' end
+if op == 'gap' then return tostring(plan_next_gap(ws, w.reads)) end
+if op == 'drifted' then return plan_drifted(ws, t.resv_at, w.reads, withheld, now) and '1' or '0' end
 return redis.error_reply('unknown op ' .. op)
 """
 
@@ -73,7 +89,8 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     script = plan_lua() + DRIVER
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
-    assert_eq(sorted({c[1] for c in cases}), ["busiest", "headroom", "late_span", "read", "reserve"])
+    assert_eq(sorted({c[1] for c in cases}), ["arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
+                                                   "read", "ready", "reserve", "retry"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

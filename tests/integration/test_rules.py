@@ -30,6 +30,8 @@ SLACK = 0.35
 KEY3 = "sk_test_kembali_0000000000000003"
 ISSUE = [0, 1100, 12000, 25000]   # issue 16's case: the hold is 39.6 s
 LONG = [0, 1100, 30000, 30000]    # a hold of 62.6 s: a reservation 61.1 s after its request
+ARRIVE = [0, 1100, 1100, 28600, 28600]  # a hold of 60.9 s: a reservation 59.4 s after its request
+FAIR = [0, 1100, 1100, 28375, 28375]    # a hold of 60.45 s: a reservation 58.95 s after its request
 
 
 def err(code, message):
@@ -270,6 +272,68 @@ def ep_far_reservations(sb, ks, id):
     return [status(r) for r in kit.parallel(fs)]
 
 
+def ep_arrivals_elsewhere(sb, ks, id):
+    """Arrivals on the other host leave room for the buyers they announce
+    (plan.h, 2.): a budget of 4, ARRIVE, two buyers, Y on one process or
+    host at 0, X on the other 0.5 s later. Worked out with plan.c (times
+    from Y's request; the hold is 60.9 s, so a read made now shares a 60 s
+    span with the last-chance read of a buyer who comes now only within
+    0.6 s of it, the late span: one arrival in the last second announces
+    floor(0.6) = 0 buyers, two announce floor(1.2) = 1):
+      0     Y held, reserves 59.4; reads (room 4 - 1).
+      0.5   X held, reserves 59.9 (the span [-0.1, 59.9) holds Y's read and
+            reservation: 2 + 1 <= 4). Its read: the late spans (from -0.1)
+            hold Y's read and both reservations (3) and the two arrivals
+            of the last second announce a buyer: room 4 - 3 - 1 = 0, not
+            now (not plenty: 1 read + X's 5 + 2 arrivals x 5 > 4); the
+            plan looks again in 0.25 s (plan_retry).
+      0.75  Y's read is 0.6 s old, out of the late spans (from 0.15): room
+            4 - 2 - 1 = 1, and [0, 60) holds 3: X reads. (Counting only
+            its own host's arrival, X reads at 0.5.)
+      1.1   Y's pace: [0, 60) holds 2 reads and 2 reservations, no room
+      59.4  until Y's last-chance read, and X's at 59.9;
+      60.5  Y's pace (its deadline 60.9): Y's first read has left the spans,
+            room 1: Y reads (0.4 s before its deadline: may be missed);
+      61.0  X's pace (its deadline 61.4): room 1, X reads (the same).
+    Y reads at 0, 59.4, [60.5]; X at 0.75, 59.9, [61.0]."""
+    for i in range(2):
+        kit.pending_then(sb, "%s%d" % (id, i), 99, "succeeded")
+    fs = [lambda: get(ks[1], "id=%s0" % id, timeout=90),
+          later(0.5, lambda: get(ks[0], "id=%s1" % id, timeout=90))]
+    return [status(r) for r in kit.parallel(fs)]
+
+
+def ep_fair_elsewhere(sb, ks, id):
+    """Early reads shared fairly between hosts (plan.h, 3.): a budget of 4,
+    FAIR, two buyers, Y on one process or host at 0, X on the other at 0.4.
+    Worked out with plan.c (times from Y's request; the late span is
+    60 - 58.95 = 1.05 s: one arrival in the last second announces
+    floor(1.05) = 1 buyer, two announce floor(2.1) = 2):
+      0     Y held, reserves 58.95; reads (room min(4 - 1, 4 - 1 - 1)).
+      0.4   X held, reserves 59.35 ([-0.65, 59.35) holds 2); its read:
+            [0, 60) holds Y's read and both reservations (3), two
+            arrivals announce 2: no room; the plan looks again at 0.65,
+            0.9, 1.0 (Y's arrival leaves the last second: one announces 1,
+            and the late spans from -0.05 still hold Y's read: room 4 - 3 -
+            1 = 0), then 1.25.
+      1.05  Y's read leaves the late spans: room 1.
+      1.1   Y's pace: room 1 < the 2 that may read, Y has had an early read
+            and X none: not Y (fairly). (Sharing early reads only among one
+            host's buyers, Y reads now, and X gets none.)
+      1.25  X reads.
+      then [0, 60) holds 2 reads and 2 reservations: no room until the
+      last-chance reads, Y's at 58.95 and X's at 59.35;
+      60.05 Y's pace (its deadline 60.45): Y's first read has left the
+            spans, room 1: Y reads (0.4 s before its deadline: may be
+            missed; when it is, X reads at its pace, 60.45, instead).
+    Y reads at 0, 58.95, [60.05]; X at 1.25, 59.35, [60.45]."""
+    for i in range(2):
+        kit.pending_then(sb, "%s%d" % (id, i), 99, "succeeded")
+    fs = [lambda: get(ks[1], "id=%s0" % id, timeout=90),
+          later(0.4, lambda: get(ks[0], "id=%s1" % id, timeout=90))]
+    return [status(r) for r in kit.parallel(fs)]
+
+
 def ep_auth_429(sb, ks, id):
     """The failed-authentication 429: no read with any key on that host for
     60 s (a second shop's request on the same process: checking, no read)."""
@@ -307,6 +371,14 @@ FAR_TABLE = [
     ("far", ep_far_reservations, [2, 2], ["checking"] * 2, SLACK),
 ]
 
+ARRIVE_TABLE = [
+    ("arrive", ep_arrivals_elsewhere, [[0, 59.4, [60.5]], [0.75, 59.9, [61.0]]], ["checking"] * 2, SLACK),
+]
+
+FAIR_TABLE = [
+    ("fair", ep_fair_elsewhere, [[0, 58.95, [60.05]], [1.25, 59.35, [60.45]]], ["checking"] * 2, SLACK),
+]
+
 PROBE_TABLE = [
     ("probe", ep_probe, [1] * 5 + [0] * 2, ["not_found"] * 5 + ["checking"] * 2, SLACK),
 ]
@@ -329,8 +401,10 @@ def shops(k):
             harness.make_shop("toko-c", k.key_path("a2"))]
 
 
-def run_store(tmpdir, kind, table, schedule, budget, out, ids=None):
-    """Run `table` through two processes of one store; out[name] = (reads, answers)."""
+def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=False):
+    """Run `table` through two processes of one store; out[name] = (reads,
+    answers): with `ids`, each id's count of reads, or (together) each id's
+    read starts, relative to the first read of them all."""
     sub = os.path.join(tmpdir, kind)
     os.makedirs(sub, exist_ok=True)
     top = {"read_timeout_ms": 3000}
@@ -356,11 +430,18 @@ def run_store(tmpdir, kind, table, schedule, budget, out, ids=None):
     kit.parallel(fns)
     for name, *_rest in table:
         got = []
-        for id in (ids(name + "-" + kind) if ids else ["%s-%s" % (name, kind)]):
+        every = ids(name + "-" + kind) if ids else ["%s-%s" % (name, kind)]
+        for id in every:
             starts = kit.read_starts(ks, id)
             arrivals = kit.read_times(sb, id)
             assert_eq(len(arrivals), len(starts), "%s %s: reads started %r, received %r" % (kind, name, starts, arrivals))
-            got += starts if not ids else [len(starts)]
+            got += starts if not ids else [starts] if together else [len(starts)]
+        if together:
+            lines = [kit.began(x) for k in ks for x in k.log_lines() if x.get("event") == "read" and x.get("id") in every]
+            first = min(lines) if lines else 0
+            got = [[round(t - first, 3) for t in sorted(kit.began(x) for k in ks for x in k.log_lines()
+                                                       if x.get("event") == "read" and x.get("id") == id)]
+                   for id in every]
         out[name] = (got, answers[name])
     out["_left"] = any(k.find_log(event="redis_left") for k in ks)
 
@@ -383,13 +464,15 @@ def reads_fit(reads, want, tol):
             all(w - 0.003 <= g <= w + tol for g, w in zip(reads, times)))
 
 
-def differ(tmpdir, table, schedule, budget=None, ids=None):
+def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
+    """Run `table` through both stores and compare. together: each
+    episode's reads are compared id by id (its want: one list an id)."""
     res = {"file": {}, "redis": {}}
     errs = []
 
     def one(kind):
         try:
-            run_store(tmpdir, kind, table, schedule, budget, res[kind], ids)
+            run_store(tmpdir, kind, table, schedule, budget, res[kind], ids, together)
         except Exception as e:  # noqa: BLE001 - raised below
             errs.append(e)
     ts = [threading.Thread(target=one, args=(k,)) for k in res]
@@ -409,14 +492,18 @@ def differ(tmpdir, table, schedule, budget=None, ids=None):
         for kind, (reads, answers) in (("file", f), ("redis", r)):
             if want_answers is not None and answers != want_answers:
                 bad.append("%s %s: answers %r, interface.md says %r" % (kind, name, answers, want_answers))
-            if want_reads is not None and (not reads_fit(reads, want_reads, tol)):
-                bad.append("%s %s: reads %r, interface.md says %r" % (kind, name, reads, want_reads))
+            for i, one_reads in enumerate(reads if together else [reads]):
+                want = want_reads[i] if together and want_reads is not None else want_reads
+                if want is not None and (not reads_fit(one_reads, want, tol)):
+                    bad.append("%s %s: reads %r, interface.md says %r" % (kind, name, one_reads, want))
         if f[1] != r[1]:
             bad.append("%s: answers differ: file %r, redis %r" % (name, f[1], r[1]))
-        short, extra = required_reads(want_reads)
-        if ((len(f[0]) != len(r[0]) and not (want_reads is not None and min(len(f[0]), len(r[0])) >= short))
-                or any(abs(a - b) > tol for a, b in zip(f[0], r[0]))):
-            bad.append("%s: reads differ: file %r, redis %r" % (name, f[0], r[0]))
+        pairs = zip(f[0], r[0], want_reads or [None] * len(f[0])) if together else [(f[0], r[0], want_reads)]
+        for fr, rr, want in pairs:
+            short, extra = required_reads(want)
+            if ((len(fr) != len(rr) and not (want is not None and min(len(fr), len(rr)) >= short))
+                    or any(abs(a - b) > tol for a, b in zip(fr, rr))):
+                bad.append("%s: reads differ: file %r, redis %r" % (name, fr, rr))
     assert not bad, "\n".join(bad)
 
 
@@ -447,6 +534,23 @@ def test_reservations_past_the_span_alike_in_both_stores(tmpdir):
     # Redis counts every host's reservations where plan_busiest() counts
     # each at its time: the second buyer's first read tells them apart
     differ(tmpdir, FAR_TABLE, LONG, budget=2, ids=lambda name: ["%s%d" % (name, i) for i in range(2)])
+
+
+@harness.timeout(240)
+def test_arrivals_on_another_host_alike_in_both_stores(tmpdir):
+    # Redis counts every host's arrivals where plan_gather() counts each
+    # process's: the second buyer's first read tells them apart
+    differ(tmpdir, ARRIVE_TABLE, ARRIVE, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
+           together=True)
+
+
+@harness.timeout(240)
+def test_early_reads_shared_fairly_between_hosts_alike_in_both_stores(tmpdir):
+    # Redis shares early reads among every host's buyers where plan_gather()
+    # shares them among every process's: the first buyer's second read
+    # tells them apart
+    differ(tmpdir, FAIR_TABLE, FAIR, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
+           together=True)
 
 
 @harness.timeout(240)

@@ -497,6 +497,11 @@ struct vector {
     bool has_from;
     int64_t ev[16];
     int nev;
+    struct pace_schedule ws;   /* demand, ready, gap, drifted: the schedule */
+    struct plan_waiter w;
+    bool withheld;
+    int64_t thins, recheck;    /* retry */
+    bool has_thins;
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -520,7 +525,18 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"drifted", NULL, NULL, &v->t.drifted},       {"early_reads", &v->t.early_reads, NULL, NULL},
         {"now", NULL, &v->now, NULL},                 {"at_busiest", NULL, &v->at_busiest, NULL},
         {"t", NULL, &v->tt, NULL},                    {"from", NULL, &v->from, NULL},
+        {"reads", &v->w.reads, NULL, NULL},           {"last_start", NULL, &v->w.last_start, NULL},
+        {"hold_until", NULL, &v->w.hold_until, NULL}, {"busy_until", NULL, &v->w.busy_until, NULL},
+        {"not_before", NULL, &v->w.not_before, NULL}, {"withheld", NULL, NULL, &v->withheld},
+        {"thins", NULL, &v->thins, NULL},             {"recheck", NULL, &v->recheck, NULL},
     };
+    if (strcmp(name, "thins") == 0)
+        v->has_thins = true;
+    if (strcmp(name, "ws") == 0) {
+        for (const char *p = val; *p != '\0' && v->ws.n < PACE_MAX_STEPS; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+            v->ws.wait_ms[v->ws.n++] = strtoll(p, NULL, 10);
+        return true;
+    }
     if (strcmp(name, "ev") == 0) {
         for (const char *p = val; *p != '\0' && v->nev < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
             v->ev[v->nev++] = strtoll(p, NULL, 10);
@@ -556,6 +572,24 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
     } else if (strcmp(op, "read") == 0) {
         enum plan_read r = plan_may_read(&v->k, &v->t, v->now);
         snprintf(out, cap, "%s", r == PLAN_LAST_CHANCE ? "last" : r == PLAN_EARLY ? "early" : "no");
+    } else if (strcmp(op, "arrivals") == 0) {
+        struct plan_key k = {0};
+        int64_t thins = plan_arrivals(&k, v->ev, v->nev, v->now);
+        if (thins == INT64_MAX)
+            snprintf(out, cap, "%d,%d,none", k.arrivals, k.arrivals_long);
+        else
+            snprintf(out, cap, "%d,%d,%lld", k.arrivals, k.arrivals_long, (long long)thins);
+    } else if (strcmp(op, "retry") == 0) {
+        snprintf(out, cap, "%lld", (long long)plan_retry(&v->t, v->ev, v->nev, v->has_thins ? v->thins : INT64_MAX,
+                                                          v->recheck, v->now));
+    } else if (strcmp(op, "demand") == 0) {
+        snprintf(out, cap, "%d", plan_demand(&v->ws, &v->w, v->now));
+    } else if (strcmp(op, "ready") == 0) {
+        snprintf(out, cap, "%d", plan_ready(&v->ws, &v->w, v->now) ? 1 : 0);
+    } else if (strcmp(op, "gap") == 0) {
+        snprintf(out, cap, "%lld", (long long)plan_next_gap(&v->ws, v->w.reads));
+    } else if (strcmp(op, "drifted") == 0) {
+        snprintf(out, cap, "%d", plan_drifted(&v->ws, v->t.resv_at, v->w.reads, v->withheld, v->now) ? 1 : 0);
     } else {
         snprintf(out, cap, "?op");
     }

@@ -2191,36 +2191,35 @@ static void test_unclaim_stale_does_nothing(void **unused)
     state_free(st);
 }
 
-/* state_key_reserved: the reservations of one key's held transactions,
- * not another key's, each at its time from now (what plan_events() counts);
- * a transaction nobody holds any more has none; one whose last-chance read
- * was claimed has used it. */
-static void test_key_reserved(void **unused)
+/* state_reserve: the reservation another store decided (Redis) is the
+ * transaction's here: none, then a later one; a transaction nobody holds
+ * takes none; state_unhold says when its last holder let go. */
+static void test_reserve_mirrors_another_store(void **unused)
 {
     (void)unused;
     struct state *st = mk(64);
-    struct state_key k = key_of(st, "sk_test_a"), k2 = key_of(st, "sk_test_b");
+    struct state_key k = key_of(st, "sk_test_a");
     struct pace_schedule s = sched_default();
     struct state_ticket t;
     struct state_fact f;
-    int64_t at[STATE_KEY_RESV_MAX];
     int64_t deadline = T0 + pace_hold_ms(&s);
-    assert_int_equal(state_key_reserved(st, &k, T0, at), 0);
+    assert_true(state_plans(st));
     assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
-    assert_true(state_hold(st, &k, "T2", &s, BUDGET, deadline + 500, T0));
-    assert_true(state_hold(st, &k2, "T3", &s, BUDGET, deadline, T0));
-    assert_int_equal(state_key_reserved(st, &k, T0 + 1, at), 2);
-    assert_int_equal(at[0], deadline - PLAN_LEAD_MS - (T0 + 1));
-    assert_int_equal(at[1], deadline + 500 - PLAN_LEAD_MS - (T0 + 1));
-    assert_int_equal(state_key_reserved(st, &k2, T0 + 1, at), 1);
-    state_unhold(st, &k, "T2", T0 + 2);
-    assert_int_equal(state_key_reserved(st, &k, T0 + 3, at), 1);
-    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 7, at), 1);
-    assert_int_equal(at[0], 0); /* overdue: counted at now */
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    state_reserve(st, &k, "T1", false, 0, T0 + 1);
+    /* no reservation: at its time, the read is an early one */
     assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS, &t, &f));
+    assert_false(t.undo.last_chance);
+    state_unclaim(st, &t, deadline - PLAN_LEAD_MS);
+    state_reserve(st, &k, "T1", true, deadline - PLAN_LEAD_MS + 100, T0 + 1);
+    assert_false(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS, &t, &f) && t.undo.last_chance);
+    state_unclaim(st, &t, deadline - PLAN_LEAD_MS);
+    assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS + 100, &t, &f));
     assert_true(t.undo.last_chance);
-    assert_int_equal(state_key_reserved(st, &k, deadline - PLAN_LEAD_MS + 1, at), 0);
-    assert_int_equal(state_key_reserved(st, &k2, deadline + 1, at), 0); /* its hold is over */
+    assert_false(state_unhold(st, &k, "T1", deadline - 10));
+    assert_true(state_unhold(st, &k, "T1", deadline - 9));
+    state_reserve(st, &k, "T1", true, deadline - 5, deadline - 8); /* nobody holds it: none */
+    assert_false(state_unhold(st, &k, "T1", deadline - 7));
     state_free(st);
 }
 
@@ -2580,7 +2579,7 @@ int main(void)
         cmocka_unit_test(test_defer_not_before),
         cmocka_unit_test(test_learn_not_found),
         cmocka_unit_test(test_client_block),
-        cmocka_unit_test(test_key_reserved),
+        cmocka_unit_test(test_reserve_mirrors_another_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
