@@ -28,45 +28,18 @@
 #include <sys/epoll.h>
 #include <sys/time.h>
 #include <netdb.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include "log.h"
 #include "rules.h"
 #include "state_redis_check.h"
+#include "state_redis_name.h"
 #include "util.h"
-
-/* What every key name is derived from besides the secret (key_hash): fixed
- * for good, so that every host derives the same names from the same secret,
- * whatever is in Redis, and never anything else. Changing it splits the key
- * space between hosts that run different versions. */
-static const uint8_t key_name_label[16] = "kembali-names-v1";
 
 /* ---- ids and keys ---- */
 
-/* The name K of an API key in Redis: the first 16 bytes of
- * HMAC-SHA256(key = the secret, message = salt), in hex, salt being
- * key_name_label. A keyed hash, so the name tells nothing of the secret,
- * and a pure function of the secret, so every host, at any time, derives
- * the same name (no random salt kept in Redis that could expire, be deleted
- * or differ between hosts). Should libcrypto fail (out of memory), the name
- * is all zeros: keys then share one name (fewer reads, never more) rather
- * than one host using a name the others do not. */
-static void key_hash(const uint8_t salt[16], const char *secret, struct state_redis_id *out)
-{
-    uint8_t mac[EVP_MAX_MD_SIZE] = {0};
-    unsigned int n = 0;
-    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), salt, 16, mac, &n) == NULL || n < 16)
-        memset(mac, 0, 16);
-    ids_hex(mac, 16, out->hex);
-}
-
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out)
 {
-    if (r == NULL)
-        return false;
-    key_hash(r->salt, secret, out);
-    return true;
+    return r != NULL && state_redis_name(secret, out);
 }
 
 bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out)
@@ -324,7 +297,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     r->on_msg = on_msg;
     r->on_blocked = on_blocked;
     r->ctx = ctx;
-    memcpy(r->salt, key_name_label, sizeof r->salt);
+    memcpy(r->salt, STATE_REDIS_NAME_LABEL, sizeof r->salt);
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
     loop_timer_init(&r->slow_timer, on_slow_timer, r);
     state_redis_timers_init(r);
@@ -435,10 +408,9 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
                                          state_redis_claim_fn *fn, void *data)
 {
-    if (!state_redis_up(r))
-        return NULL;
     struct state_redis_id k;
-    key_hash(r->salt, secret, &k);
+    if (!state_redis_up(r) || !state_redis_name(secret, &k))
+        return NULL; /* decided on this host */
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
         ptx[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[16], cwin[24], crecheck[24],
@@ -482,10 +454,9 @@ struct state_redis_op *state_redis_held(struct state_redis *r, const char *secre
                                         const struct state_redis_id *host, const struct state_redis_plan *plan,
                                         state_redis_held_fn *fn, void *data)
 {
-    if (!state_redis_up(r))
-        return NULL;
     struct state_redis_id k;
-    key_hash(r->salt, secret, &k);
+    if (!state_redis_up(r) || !state_redis_name(secret, &k))
+        return NULL; /* decided on this host */
     char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
         kbud[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
@@ -528,10 +499,9 @@ static void fire(struct state_redis *r, int argc, const char **argv);
 
 void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host)
 {
-    if (!state_redis_up(r))
-        return;
     struct state_redis_id k;
-    key_hash(r->salt, secret, &k);
+    if (!state_redis_up(r) || !state_redis_name(secret, &k))
+        return;
     char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
@@ -565,13 +535,12 @@ static void fire(struct state_redis *r, int argc, const char **argv)
     fire_for(r, argc, argv, NULL, NULL);
 }
 
-/* EVALSHA the tell script for (secret's key, id) as op (NULL: fire and
- * forget). false when it could not be sent (op is freed then). */
-static bool send_tell_op(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
-                         const struct pace_schedule *sched, struct state_redis_op *op)
+/* EVALSHA the tell script for (key k, id) as op (NULL: fire and forget).
+ * false when it could not be sent (op is freed then). */
+static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp, const char *id, const char *word,
+                         bool final, const struct pace_schedule *sched, struct state_redis_op *op)
 {
-    struct state_redis_id k;
-    key_hash(r->salt, secret, &k);
+    const struct state_redis_id k = *kp;
     char ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[PACE_MAX_STEPS * 12];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
@@ -594,7 +563,9 @@ static bool send_tell_op(struct state_redis *r, const char *secret, const char *
 static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
                       const struct pace_schedule *sched)
 {
-    send_tell_op(r, secret, id, word, final, sched, NULL);
+    struct state_redis_id k;
+    if (state_redis_name(secret, &k))
+        send_tell_op(r, &k, id, word, final, sched, NULL);
 }
 
 /* Keep (secret, id)'s final status for the write-back: its latest word
@@ -646,7 +617,8 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         return;
     }
     struct state_redis_id k;
-    key_hash(r->salt, secret, &k);
+    if (!state_redis_name(secret, &k))
+        return; /* as if Redis were down for this read: the others read it themselves */
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kfly[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
         cblock[24];
@@ -695,14 +667,15 @@ struct state_redis_op *state_redis_tell_ask(struct state_redis *r, const char *s
                                             const char *word, bool final, const struct pace_schedule *sched,
                                             state_redis_told_fn *fn, void *data)
 {
-    if (!state_redis_up(r))
+    struct state_redis_id k;
+    if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL;
     struct state_redis_op *op = state_redis_op_new(r, OP_TELL);
     if (op == NULL)
         return NULL;
     op->told_fn = fn;
     op->data = data;
-    return send_tell_op(r, secret, id, word, final, sched, op) ? op : NULL;
+    return send_tell_op(r, &k, id, word, final, sched, op) ? op : NULL;
 }
 
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out)
@@ -777,7 +750,10 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     freeReplyObject(x);
     x = NULL;
     struct state_redis_id k;
-    key_hash(key_name_label, secret, &k);
+    if (!state_redis_name(secret, &k)) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
     rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);

@@ -17,15 +17,19 @@
  * Every outcome is published; every process subscribes (one connection)
  * and hears of every read's end within milliseconds (state_redis_msg_fn).
  *
- * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}k (the key's pause),
+ * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}o:ID (the hosts holding a
+ * request for it, each with its deadline), PREFIX{K}w (the key's waiting
+ * transactions), PREFIX{K}a (its arrivals), PREFIX{K}k (the key's pause),
  * PREFIX{K}b (the key's budget), PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
  * (a client's 404s, its reads in flight and its block, per key), where K is
- * HMAC-SHA256 keyed by the shop's secret over a fixed label (state_redis.c
- * key_hash: a function of the secret alone, so every host derives the same
- * names for good and Redis holds nothing they depend on) and C a hash of
- * the client's address, so that no secret and no address is stored, and
- * every key of one API key shares a hash tag (a Redis Cluster could shard
- * them by API key). Every key has a TTL. The channel is PREFIXwake.
+ * HMAC-SHA256 keyed by the shop's secret over a fixed label
+ * (state_redis_name.h: a function of the secret alone, so every host
+ * derives the same names for good and Redis holds nothing they depend on)
+ * and C a hash of the client's address, so that no secret and no address
+ * is stored. Every key of one API key shares a hash tag: the claim reads
+ * the waiting transactions' hashes, which it finds in PREFIX{K}w rather
+ * than in its KEYS, all in K's slot. Every key has a TTL. The channel is
+ * PREFIXwake.
  *
  * Redis on a bad day: a connection that fails or closes, an error, or a
  * reply slower than STATE_REDIS_SLOW_MS puts this process "down" (while up

@@ -70,7 +70,7 @@ struct state_redis {
     struct rconn *main, *sub;
     int join_left;            /* join steps still to come */
     char why[160];            /* the last failure, for the log */
-    uint8_t salt[16];         /* key_name_label: what key_hash() takes */
+    uint8_t salt[16];         /* STATE_REDIS_NAME_LABEL: what the client names derive from */
     char sha[SCRIPT_N][41];
     char *text[SCRIPT_N];     /* each script after the rules' prelude (script_text) */
     char channel[80];

@@ -1,0 +1,24 @@
+/* state_redis_name.c - see state_redis_name.h. */
+#include "state_redis_name.h"
+
+#include <string.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "ids.h"
+
+_Static_assert(sizeof STATE_REDIS_NAME_LABEL == 17, "the label is 16 bytes");
+
+bool state_redis_name(const char *secret, struct state_redis_id *out)
+{
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    out->hex[0] = '\0';
+    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), (const uint8_t *)STATE_REDIS_NAME_LABEL, 16, mac, &n) ==
+            NULL ||
+        n < 16)
+        return false;
+    ids_hex(mac, 16, out->hex);
+    return true;
+}
