@@ -50,6 +50,13 @@ int plan_busiest(const int64_t *ev, int n, int64_t t, int64_t from)
     return best;
 }
 
+int plan_room(const struct plan_key *k)
+{
+    int room = k->budget - k->busiest;
+    int late = k->budget - k->busiest_late - plan_headroom(k);
+    return late < room ? late : room;
+}
+
 enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, int64_t now)
 {
     if (t->reserved && now >= t->resv_at)
@@ -65,10 +72,7 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
      * of the buyers the last second's arrivals say come in the next one */
     if (k->recent + k->demand + k->arrivals * k->schedule_reads <= k->budget)
         return PLAN_EARLY;
-    int room = k->budget - k->busiest;
-    int late = k->budget - k->busiest_late - plan_headroom(k);
-    if (late < room)
-        room = late;
+    int room = plan_room(k);
     if (room < 1)
         return PLAN_NO;
     /* not everybody who may read now can: share the early reads fairly */
@@ -195,13 +199,17 @@ int plan_lua(char *buf, size_t len)
         "  end\n"
         "  return best\n"
         "end\n"
+        "local function plan_room(k)\n"
+        "  local room = k.budget - k.busiest\n"
+        "  local late = k.budget - k.busiest_late - plan_headroom(k)\n"
+        "  if late < room then return late end\n"
+        "  return room\n"
+        "end\n"
         "local function plan_may_read(k, t, now)\n"
         "  if t.reserved and now >= t.resv_at then return 'last' end\n"
         "  if t.reserved and t.drifted and now + t.next_gap > t.resv_at then return 'no' end\n"
         "  if k.recent + k.demand + k.arrivals * k.schedule_reads <= k.budget then return 'early' end\n"
-        "  local room = k.budget - k.busiest\n"
-        "  local late = k.budget - k.busiest_late - plan_headroom(k)\n"
-        "  if late < room then room = late end\n"
+        "  local room = plan_room(k)\n"
         "  if room < 1 then return 'no' end\n"
         "  if room < k.eligible and t.early_reads > 0 and k.starved then return 'no' end\n"
         "  return 'early'\n"

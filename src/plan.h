@@ -86,7 +86,17 @@ enum plan_read {
  * shares a 60 s window with their last-chance reads. Can't fail. */
 int plan_headroom(const struct plan_key *k);
 
-/* May the transaction start a read now, its pace allowing one? An early
+/* The early reads the spans leave room for now: the least of the budget
+ * less the busiest span that holds now, and the budget less the busiest
+ * one that also holds the last-chance reads of buyers coming now, less
+ * the headroom they need. May be 0 or less. Can't fail. */
+int plan_room(const struct plan_key *k);
+
+/* May the transaction start a read now, its pace allowing one? No read
+ * when plan_room() is below 1; an early read is refused too to a
+ * transaction that has had one (early_reads > 0) when plan_room() is below
+ * `eligible` and another one is `starved` (the only place these two
+ * count: a caller may count eligible only until it passes plan_room()). An early
  * read of a reserved transaction that the plan has held back off its
  * schedule is refused when the schedule's next wait would push its
  * last-chance read past the deadline. */
@@ -146,6 +156,7 @@ int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t th
 
 /* The functions above in Lua 5.1 (Redis's), for a script that must decide
  * as this module does: local functions plan_late_span(k), plan_headroom(k),
+ * plan_room(k),
  * plan_may_reserve(k, busiest), plan_busiest(ev, t, from) (ev a sorted
  * array, from nil for no bound) and plan_may_read(k, t, now) returning
  * 'no', 'early' or 'last'; k and t are tables with the fields of struct

@@ -48,6 +48,7 @@ for i = 2, #ARGV do
 end
 if op == 'late_span' then return tostring(plan_late_span(k)) end
 if op == 'headroom' then return tostring(plan_headroom(k)) end
+if op == 'room' then return tostring(plan_room(k)) end
 if op == 'reserve' then return plan_may_reserve(k, at) and '1' or '0' end
 if op == 'busiest' then return tostring(plan_busiest(ev, tt, from)) end
 if op == 'read' then return plan_may_read(k, t, now) end
@@ -90,7 +91,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
     assert_eq(sorted({c[1] for c in cases}), ["arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
-                                                   "read", "ready", "reserve", "retry"])
+                                                   "read", "ready", "reserve", "retry", "room"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

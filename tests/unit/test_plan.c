@@ -565,6 +565,8 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         snprintf(out, cap, "%lld", (long long)plan_late_span(&v->k));
     } else if (strcmp(op, "headroom") == 0) {
         snprintf(out, cap, "%d", plan_headroom(&v->k));
+    } else if (strcmp(op, "room") == 0) {
+        snprintf(out, cap, "%d", plan_room(&v->k));
     } else if (strcmp(op, "reserve") == 0) {
         snprintf(out, cap, "%d", plan_may_reserve(&v->k, (int)v->at_busiest) ? 1 : 0);
     } else if (strcmp(op, "busiest") == 0) {
