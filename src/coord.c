@@ -8,10 +8,11 @@ bool coord_hold(struct state *st, struct state_redis *redis, const struct shop *
                 int64_t now, state_redis_held_fn *fn, void *data, bool *asked)
 {
     *asked = false;
-    if (!state_hold(st, &shop->key, id, sched, budget, deadline, now))
+    uint64_t stamp;
+    if (!state_hold(st, &shop->key, id, sched, budget, deadline, now, &stamp))
         return false;
     struct state_redis_plan plan = {.plans = state_plans(st)};
-    *asked = state_redis_held(redis, shop->secret, id, budget, deadline - now, host, &plan, fn, data) != NULL;
+    *asked = state_redis_held(redis, shop->secret, id, budget, deadline - now, stamp, host, &plan, fn, data) != NULL;
     return true;
 }
 
@@ -25,8 +26,9 @@ void coord_held(struct state *st, const struct state_key *key, const char *id, c
 void coord_unhold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
                   const struct state_redis_id *host, int64_t now)
 {
-    if (state_unhold(st, &shop->key, id, now) && redis != NULL)
-        state_redis_left(redis, shop->secret, id, host);
+    uint64_t stamp;
+    if (state_unhold(st, &shop->key, id, now, &stamp) && redis != NULL)
+        state_redis_left(redis, shop->secret, id, host, stamp);
 }
 
 void coord_plan(struct state *st, const struct state_redis *redis)

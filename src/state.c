@@ -437,12 +437,26 @@ bool state_learn_not_found(struct state *st, const struct state_key *key, const 
     return e != NULL;
 }
 
-bool state_hold(struct state *st, const struct state_key *key, const char *id,
-                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now)
+/* The next hold stamp (state_hold), under the lock. */
+static uint64_t hold_stamp(struct state *st, int64_t now)
 {
+    uint64_t s = now > 0 ? (uint64_t)now * STATE_STAMPS_PER_MS : 0;
+    if (s <= st->h->hold_stamp)
+        s = st->h->hold_stamp + 1;
+    st->h->hold_stamp = s;
+    return s;
+}
+
+bool state_hold(struct state *st, const struct state_key *key, const char *id,
+                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now, uint64_t *stamp)
+{
+    if (stamp != NULL)
+        *stamp = 0;
     if (strlen(id) > STATE_ID_MAX)
         return false;
     st_lock(st, now);
+    if (stamp != NULL)
+        *stamp = hold_stamp(st, now);
     struct st_keyent *k = st_key_get(st, key, now, true);
     struct st_tx *e = k != NULL ? st_tx_get(st, key, id, now, false, k) : NULL;
     if (e != NULL && k != NULL) {
@@ -476,10 +490,12 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
     return e != NULL && k != NULL;
 }
 
-bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now)
+bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now, uint64_t *stamp)
 {
     bool last = false;
     st_lock(st, now);
+    if (stamp != NULL)
+        *stamp = hold_stamp(st, now);
     struct st_tx *e = st_tx_find(st, key, id);
     if (e != NULL && e->holders > 0 && --e->holders == 0) {
         e->resv_at = 0; /* nobody left to use it */

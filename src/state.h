@@ -429,6 +429,8 @@ bool state_defer(struct state *st, const struct state_key *key, const char *id, 
 bool state_learn_not_found(struct state *st, const struct state_key *key, const char *id, int64_t until,
                            int64_t now);
 
+#define STATE_STAMPS_PER_MS 1024 /* hold stamps: at least now (ms) times this, so they grow over restarts */
+
 /* A request for (key, id) is held until `deadline` (a held HTML request):
  * the transaction waits, and the first request of a holding period reserves
  * its last-chance read, PLAN_LEAD_MS before that deadline, when the key's
@@ -436,14 +438,19 @@ bool state_learn_not_found(struct state *st, const struct state_key *key, const 
  * once per request, and state_unhold() once when that request is answered
  * or gone; a holder that dies is forgotten at its deadline. Returns false
  * when there is no room to track the transaction (the request then gets no
- * reservation). */
+ * reservation). *stamp (when stamp is not NULL) gets the hold's stamp:
+ * larger than any stamp state_hold() or state_unhold() gave before in any
+ * process of this state, and at least now * STATE_STAMPS_PER_MS (this
+ * host's holds and leaves in the order they were made, for Redis, which
+ * hears each process on its own connection: state_redis_left). */
 bool state_hold(struct state *st, const struct state_key *key, const char *id,
-                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now);
+                const struct pace_schedule *sched, int budget, int64_t deadline, int64_t now, uint64_t *stamp);
 
 /* One request held with state_hold() no longer waits. When none is left,
  * the transaction's unused reservation goes back to the budget, and true
- * is returned (no request of this state holds it any more). Can't fail. */
-bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now);
+ * is returned (no request of this state holds it any more). *stamp (when
+ * not NULL) gets a stamp as state_hold() gives. Can't fail. */
+bool state_unhold(struct state *st, const struct state_key *key, const char *id, int64_t now, uint64_t *stamp);
 
 /* The transaction's reservation is the one another store decided (Redis,
  * for every host: state_redis_held): from `at` (reserved), or none. Only

@@ -35,7 +35,8 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 8 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end */
+#define ST_VERSION 9 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+                      * 9: hold_stamp */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -121,6 +122,7 @@ struct st_hdr {
     long client_blocks, client_full;
     long last_chance_reads;
     long quota_full;          /* new entries refused by the per-key quota */
+    uint64_t hold_stamp;      /* the last stamp state_hold() or state_unhold() gave */
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
 };
 

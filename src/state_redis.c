@@ -413,7 +413,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
         return NULL; /* decided on this host */
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
-        ptx[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[16], cwin[24], crecheck[24],
+        kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[16], cwin[24], crecheck[24],
         shold[24], scap[16], sreads[16];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
@@ -423,6 +423,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
     rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
     rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
     rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
@@ -432,7 +433,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "8", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "9", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr, kres,
                           waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
                           climit, cwin, crecheck, shold, sreads};
     size_t lens[sizeof argv / sizeof argv[0]];
@@ -450,7 +451,7 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
 }
 
 struct state_redis_op *state_redis_held(struct state_redis *r, const char *secret, const char *id, int budget,
-                                        int64_t deadline_ms,
+                                        int64_t deadline_ms, uint64_t stamp,
                                         const struct state_redis_id *host, const struct state_redis_plan *plan,
                                         state_redis_held_fn *fn, void *data)
 {
@@ -458,19 +459,22 @@ struct state_redis_op *state_redis_held(struct state_redis *r, const char *secre
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL; /* decided on this host */
     char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
-        kbud[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16];
+        kbud[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16],
+        sstamp[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
     rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
     rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
     rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
     snprintf(sdl, sizeof sdl, "%lld", (long long)(deadline_ms > 0 ? deadline_ms : 0));
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(scap, sizeof scap, "%d", STATE_WAITING_MAX);
     snprintf(sarr, sizeof sarr, "%d", STATE_ARRIVALS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_HELD], "5", ktx, khold, kwait, karr, kbud,
-                          host->hex, sdl, id, ptx, sb, plan->plans ? "1" : "0", scap, sarr};
+    snprintf(sstamp, sizeof sstamp, "%llu", (unsigned long long)stamp);
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_HELD], "6", ktx, khold, kwait, karr, kbud, kres,
+                          host->hex, sdl, id, ptx, sb, plan->plans ? "1" : "0", scap, sarr, sstamp};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -497,16 +501,20 @@ void state_redis_cancel(struct state_redis_op *op)
 
 static void fire(struct state_redis *r, int argc, const char **argv);
 
-void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host)
+void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host,
+                      uint64_t stamp)
 {
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return;
-    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX];
+    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX],
+        sstamp[24];
+    snprintf(sstamp, sizeof sstamp, "%llu", (unsigned long long)stamp);
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
     rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_LEFT], "3", ktx, khold, kwait, host->hex, id};
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_LEFT], "4", ktx, khold, kwait, kres, host->hex, id, sstamp};
     fire(r, ARGC(argv), argv);
 }
 
@@ -541,14 +549,17 @@ static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp,
                          bool final, const struct pace_schedule *sched, struct state_redis_op *op)
 {
     const struct state_redis_id k = *kp;
-    char ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[PACE_MAX_STEPS * 12];
+    char ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24],
+        waits[PACE_MAX_STEPS * 12];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
+    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     if (sched != NULL) /* the others' next read, by the pace the reads made */
         waits_csv(sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "1", ktx, word, final ? "1" : "0", ttl, waits, id,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "3", ktx, kwait, kres, word, final ? "1" : "0", ttl, waits, id,
                           r->channel, k.hex};
     if (op == NULL) {
         fire(r, ARGC(argv), argv);
@@ -620,7 +631,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     if (!state_redis_name(secret, &k))
         return; /* as if Redis were down for this read: the others read it themselves */
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kfly[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
+        kfly[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
         cblock[24];
     char waits[PACE_MAX_STEPS * 12];
     const char *cl = o->has_client ? o->client.hex : "-";
@@ -629,6 +640,8 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", cl);
     rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", cl);
     rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", cl);
+    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
@@ -642,7 +655,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "5", ktx, kkey, kcl, kblk, kfly, ser, sent,
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "7", ktx, kkey, kcl, kblk, kfly, kwait, kres, ser, sent,
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
                           o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
                           climit, cwin, cblock};
@@ -739,7 +752,8 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], ktx[STATE_REDIS_KEY_MAX], ttl[24], waits[32], channel[80];
+    char db[16], ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24], waits[32],
+        channel[80];
     snprintf(db, sizeof db, "%d", cfg->db);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
@@ -755,6 +769,8 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
         goto out;
     }
     rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
+    rkey_name(kwait, sizeof kwait, cfg->prefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, cfg->prefix, &k, "r", NULL);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     snprintf(channel, sizeof channel, "%swake", cfg->prefix);
@@ -763,7 +779,7 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    const char *argv[] = {"EVAL", text, "1", ktx, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
+    const char *argv[] = {"EVAL", text, "3", ktx, kwait, kres, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
     x = sync_cmd(c, ARGC(argv), argv, err, errlen);
     free(text);
     if (x == NULL)

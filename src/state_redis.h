@@ -189,18 +189,23 @@ struct state_redis_plan {
  * Redis, the same in each of its processes) until deadline_ms from now,
  * under `budget`: recorded in Redis as state_hold() records
  * it here (a new holding period counts as an arrival and may reserve the
- * transaction's last-chance read). fn(data, answer) is called exactly once,
- * later, with the transaction's reservation as Redis decided it (down: no
- * answer). Returns NULL when not up (or out of memory): fn is never called. */
+ * transaction's last-chance read). `stamp` is state_hold()'s: Redis keeps
+ * the host's newest (see state_redis_left). fn(data, answer) is called
+ * exactly once, later, with the transaction's reservation as Redis decided
+ * it (down: no answer). Returns NULL when not up (or out of memory): fn is
+ * never called. */
 struct state_redis_op *state_redis_held(struct state_redis *r, const char *secret, const char *id, int budget,
-                                        int64_t deadline_ms,
+                                        int64_t deadline_ms, uint64_t stamp,
                                         const struct state_redis_id *host, const struct state_redis_plan *plan,
                                         state_redis_held_fn *fn, void *data);
 
 /* This host no longer holds a request for (secret's key, id)
- * (state_unhold() let its last one go). Not up: nothing (Redis's TTLs end
- * the hold at its deadline). Can't fail. */
-void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host);
+ * (state_unhold() let its last one go, giving `stamp`). Each process has
+ * its own connection: a hold another process of the host made after that
+ * (a newer stamp) may reach Redis first, and then it stays held. Not up:
+ * nothing (Redis's TTLs end the hold at its deadline). Can't fail. */
+void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host,
+                      uint64_t stamp);
 
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of

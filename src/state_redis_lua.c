@@ -58,7 +58,17 @@
  * Redis: a transaction's fields, whether it waits (st_waiting_tx: some host
  * holds a request for it whose deadline has not passed, and no final
  * status or 404 is cached), the key's waiting ones and the times its
- * spans hold (plan_events). */
+ * spans hold (plan_events).
+ *
+ * The waiting set {K}w (id, scored by its hold's deadline) and the
+ * reservations {K}r (id, scored by its reservation) are kept exact by
+ * every script that changes them: {K}r holds the reservation of each
+ * transaction of {K}w that has one, and nothing else (held, left, the
+ * claim's last-chance read, a final status or 404 cached by finish or
+ * tell); an id whose deadline passed leaves both (prune_waiting). The
+ * spans' times are then {K}b and {K}r alone: no transaction's fields are
+ * read for them, and a claim or a hold costs what its decision needs, not
+ * one HMGET per waiting transaction. */
 #define LUA_PLAN                                                                           \
     "local function tx_fields(k)\n"                                                        \
     "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh')\n" \
@@ -77,25 +87,68 @@
     "  if f.ho > 0 then hu = f.hu end\n"                                                   \
     "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb}\n" \
     "end\n"                                                                                \
-    "local function waiting_list(kw, prefix, cap)\n"                                       \
-    "  redis.call('ZREMRANGEBYSCORE', kw, '-inf', now)\n"                                  \
-    "  local ids, out = redis.call('ZRANGE', kw, 0, cap - 1), {}\n"                        \
-    "  for i = 1, #ids do\n"                                                               \
-    "    local f = tx_fields(prefix .. ids[i])\n"                                          \
-    "    if tx_waits(f) then f.id = ids[i]; out[#out + 1] = f\n"                           \
-    "    else redis.call('ZREM', kw, ids[i]) end\n"                                        \
-    "  end\n"                                                                              \
-    "  return out\n"                                                                       \
+    "local function keep_until(k, t)\n" /* k (if it exists) lives at least until t */      \
+    "  local px = redis.call('PTTL', k)\n"                                                 \
+    "  if px == -1 or (px >= 0 and now + px < t) then redis.call('PEXPIREAT', k, t) end\n" \
     "end\n"                                                                                \
-    "local function plan_events(kb, list)\n"                                               \
+    "local function prune_waiting(kw, kr)\n" /* the ids whose deadline passed leave w and r */ \
+    "  local gone = redis.call('ZRANGEBYSCORE', kw, '-inf', now)\n"                        \
+    "  for i = 1, #gone, 256 do redis.call('ZREM', kr, unpack(gone, i, math.min(i + 255, #gone))) end\n" \
+    "  redis.call('ZREMRANGEBYSCORE', kw, '-inf', now)\n"                                  \
+    "end\n"                                                                                \
+    /* The waiting transactions but `skip`, in the set's order (the first   \
+     * cap of it): walk(i) gives the i-th one's fields (f.id), nil past the \
+     * last; they are read only as far as a caller asks. An id found not    \
+     * waiting any more is dropped from w and r by done(). */                \
+    "local function waiters(kw, kr, prefix, cap, skip)\n"                                  \
+    "  local seen, stale, rank = {}, {}, 0\n"                                              \
+    "  local function walk(i)\n"                                                           \
+    "    while #seen < i and rank < cap do\n"                                              \
+    "      local ids = redis.call('ZRANGE', kw, rank, math.min(rank + 16, cap) - 1)\n"     \
+    "      if #ids == 0 then rank = cap; break end\n"                                      \
+    "      rank = rank + #ids\n"                                                           \
+    "      for j = 1, #ids do\n"                                                           \
+    "        if ids[j] ~= skip then\n"                                                     \
+    "          local f = tx_fields(prefix .. ids[j])\n"                                    \
+    "          f.id = ids[j]\n"                                                            \
+    "          if tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = ids[j] end\n" \
+    "        end\n"                                                                        \
+    "      end\n"                                                                          \
+    "    end\n"                                                                            \
+    "    return seen[i]\n"                                                                 \
+    "  end\n"                                                                              \
+    "  local function done()\n"                                                            \
+    "    for i = 1, #stale do redis.call('ZREM', kw, stale[i]); redis.call('ZREM', kr, stale[i]) end\n" \
+    "  end\n"                                                                              \
+    "  return walk, done\n"                                                                \
+    "end\n"                                                                                \
+    "local function plan_events(kb, kr)\n" /* after prune_waiting(): an overdue reservation at now */ \
     "  redis.call('ZREMRANGEBYSCORE', kb, '-inf', now - BUDGET_SPAN)\n"                    \
     "  local ev, rd = {}, redis.call('ZRANGE', kb, 0, -1, 'WITHSCORES')\n"                 \
     "  for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"                           \
-    "  for i = 1, #list do\n"                                                              \
-    "    if list[i].rv ~= 0 then ev[#ev + 1] = math.max(list[i].rv, now) end\n"            \
-    "  end\n"                                                                              \
+    "  rd = redis.call('ZRANGE', kr, 0, -1, 'WITHSCORES')\n"                               \
+    "  for i = 2, #rd, 2 do ev[#ev + 1] = math.max(tonumber(rd[i]), now) end\n"            \
     "  table.sort(ev)\n"                                                                   \
     "  return ev\n"                                                                        \
+    "end\n"                                                                                \
+    "local function span_count(kb, kr, from, to)\n" /* plan_events()' times in [from, to) */ \
+    "  local c = redis.call('ZCOUNT', kb, from, '(' .. to)\n"                              \
+    "  if from <= now and now < to then c = c + redis.call('ZCOUNT', kr, '-inf', '(' .. to)\n" \
+    "  elseif from > now then c = c + redis.call('ZCOUNT', kr, from, '(' .. to) end\n"     \
+    "  return c\n"                                                                         \
+    "end\n"                                                                                \
+    "local function first_event(kb, kr)\n" /* plan_events()[1], nil for none */            \
+    "  local b, r = redis.call('ZRANGE', kb, 0, 0, 'WITHSCORES'), redis.call('ZRANGE', kr, 0, 0, 'WITHSCORES')\n" \
+    "  local t = b[2] and tonumber(b[2])\n"                                                \
+    "  if r[2] and (not t or math.max(tonumber(r[2]), now) < t) then t = math.max(tonumber(r[2]), now) end\n" \
+    "  return t\n"                                                                         \
+    "end\n"                                                                                \
+    /* At least plan_busiest(plan_events(), t, from): the spans starting    \
+     * at its first candidate and at t, which it counts too. */               \
+    "local function busiest_at_least(kb, kr, t, from)\n"                                  \
+    "  local lo = t - BUDGET_SPAN + 1\n"                                                   \
+    "  if from and from > lo then lo = from end\n"                                         \
+    "  return math.max(span_count(kb, kr, lo, lo + BUDGET_SPAN), span_count(kb, kr, t, t + BUDGET_SPAN))\n" \
     "end\n"                                                                                \
     "local function schedule(waits)\n"                                                     \
     "  local ws = {}\n"                                                                    \
@@ -104,7 +157,7 @@
     "end\n"
 
 /* KEYS: tx, key, budget, block, waiting, client's 404s, client's reads in
- * flight, arrivals. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5
+ * flight, arrivals, reservations. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5
  * id, 6 '1' to plan the budget (plan.h; '0': first come, first served), 7
  * the tx keys' prefix (PREFIX{K}t:), 8 the waiting set's cap, 9 the
  * client's 404s that block (with its reads in flight), 10 their window
@@ -158,8 +211,7 @@ static const char lua_claim[] =
     "if n == 0 then er = 0 end\n"
     "if ARGV[6] == '1' then\n"
     "  local ws = schedule(ARGV[1])\n"
-    "  local list = waiting_list(KEYS[5], ARGV[7], tonumber(ARGV[8]))\n"
-    "  local ev = plan_events(KEYS[3], list)\n"
+    "  prune_waiting(KEYS[5], KEYS[9])\n"
     "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[13]), demand = 0,\n"
     "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
     "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
@@ -167,30 +219,73 @@ static const char lua_claim[] =
     "  local at, ar = {}, redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')\n"
     "  for i = 2, #ar, 2 do at[#at + 1] = tonumber(ar[i]) end\n"
     "  local thins = plan_arrivals(pk, at, now)\n"
+    "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
+    "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
+    "  if n > 0 then pt.early_reads = me.er end\n"
+    "  pt.drifted = pt.reserved and plan_drifted(ws, me.rv, n, me.wh == 1, now)\n"
     "  pk.demand = plan_demand(ws, tx_waiter(me), now)\n"
-    "  local mine = false\n"
-    "  for i = 1, #list do\n"
-    "    local f = list[i]\n"
-    "    if f.id == ARGV[5] then mine = true\n"
-    "    else\n"
-    "      local w = tx_waiter(f)\n"
-    "      if f.lu <= now and pk.demand <= pk.budget then pk.demand = pk.demand + plan_demand(ws, w, now) end\n"
-    "      if plan_ready(ws, w, now) then\n"
-    "        pk.eligible = pk.eligible + 1\n"
-    "        if f.er == 0 then pk.starved = true end\n"
-    "      end\n"
-    "    end\n"
+    /* A refusal first, cheaply (a flash sale's claims are mostly refused):
+     * the reads of the last 60 s and the reservations counted, not read
+     * (ZCOUNT), recent exactly, the busiest spans at least (two of the
+     * spans plan_busiest counts), demand this transaction's only. Each
+     * only lowers plan_room() or the `plenty` sum, and eligible = 1 never
+     * refuses: a 'no' here is the answer the whole gather gives. */
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - BUDGET_SPAN)\n"
+    "  pk.recent = span_count(KEYS[3], KEYS[9], now - BUDGET_SPAN + 1, now + 1)\n"
+    "  pk.busiest = busiest_at_least(KEYS[3], KEYS[9], now, nil)\n"
+    "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[9], now, now - plan_late_span(pk))\n"
+    "  if plan_may_read(pk, pt, now) == 'no' then\n"
+    "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
+    "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
+    "    return {'wait', plan_retry(pt, {first_event(KEYS[3], KEYS[9])}, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
+    "  local ev = plan_events(KEYS[3], KEYS[9])\n"
+    "  pk.recent = 0\n"
     "  for i = 1, #ev do\n"
     "    if ev[i] <= now and ev[i] > now - BUDGET_SPAN then pk.recent = pk.recent + 1 end\n"
     "  end\n"
     "  pk.busiest = plan_busiest(ev, now, nil)\n"
     "  pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
-    "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
-    "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
-    "  if n > 0 then pt.early_reads = me.er end\n"
-    "  pt.drifted = pt.reserved and plan_drifted(ws, me.rv, n, me.wh == 1, now)\n"
+    "  local mine = tx_waits(me) and redis.call('ZSCORE', KEYS[5], ARGV[5]) ~= false\n"
+    "  local walk, done = waiters(KEYS[5], KEYS[9], ARGV[7], tonumber(ARGV[8]), ARGV[5])\n"
+    /* The others' demand counts only in plan_may_read's `plenty` test
+     * (recent + demand + arrivals * schedule_reads <= budget), and grows
+     * with each: once the sum passes the budget no later one changes the
+     * answer (plan_gather stops adding past the budget too), so the walk
+     * stops there; in a flash sale, the reads of the last 60 s already
+     * past it, it reads no transaction at all. */
+    "  local i = 0\n"
+    "  while pk.recent + pk.demand + pk.arrivals * pk.schedule_reads <= pk.budget do\n"
+    "    i = i + 1\n"
+    "    local f = walk(i)\n"
+    "    if not f then break end\n"
+    "    if f.lu <= now and pk.demand <= pk.budget then pk.demand = pk.demand + plan_demand(ws, tx_waiter(f), now) end\n"
+    "  end\n"
+    /* eligible and starved count only in `room < eligible and early_reads
+     * > 0 and starved`, after every other answer: with eligible = 1 and
+     * starved = false plan_may_read's 'no' or 'last' is already the
+     * answer (the true counts can only turn 'early' into 'no'). Otherwise,
+     * for a transaction that has had an early read, count the others whose
+     * pace lets them read now until eligible passes plan_room() (more
+     * cannot change `room < eligible`) and one of them is starved: the
+     * answer is then the one the whole count gives. */
+    "  pk.eligible, pk.starved = 1, false\n"
     "  kind = plan_may_read(pk, pt, now)\n"
+    "  if kind == 'early' and pt.early_reads > 0 then\n"
+    "    local room = plan_room(pk)\n"
+    "    i = 0\n"
+    "    while pk.eligible <= room or not pk.starved do\n"
+    "      i = i + 1\n"
+    "      local f = walk(i)\n"
+    "      if not f then break end\n"
+    "      if plan_ready(ws, tx_waiter(f), now) then\n"
+    "        pk.eligible = pk.eligible + 1\n"
+    "        if f.er == 0 then pk.starved = true end\n"
+    "      end\n"
+    "    end\n"
+    "    kind = plan_may_read(pk, pt, now)\n"
+    "  end\n"
+    "  done()\n"
     "  if kind == 'no' then\n"
     "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
     "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
@@ -204,6 +299,12 @@ static const char lua_claim[] =
     "    if not mine then ev[#ev + 1] = now; table.sort(ev) end\n"
     "    local at = me.hu - PLAN_LEAD\n"
     "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, at, nil)) then rv = at end\n"
+    "    if mine and rv ~= 0 then\n"
+    "      redis.call('ZADD', KEYS[9], rv, ARGV[5])\n"
+    "      keep_until(KEYS[9], me.hu + MARGIN)\n"
+    "    else\n"
+    "      redis.call('ZREM', KEYS[9], ARGV[5])\n"
+    "    end\n"
     "  end\n"
     "end\n"
     "if kind ~= 'last' then er = er + 1 end\n"
@@ -222,10 +323,11 @@ static const char lua_claim[] =
 
 /* A request for the transaction is held on host ARGV[1] (state_hold): the
  * hold as state_hold() makes it, every host's. KEYS: tx, its holders (host
- * -> deadline), waiting, arrivals, budget. ARGV: 1 host, 2 the deadline (ms
- * from now), 3 id, 4 the tx keys' prefix, 5 budget, 6 '1' to plan, 7 the
- * waiting set's cap, 8 the arrivals' cap. Returns the transaction's
- * reservation in ms from now (0: due), -1 for none. */
+ * -> the newest stamp of its holds), waiting, arrivals, budget,
+ * reservations. ARGV: 1 host, 2 the deadline (ms from now), 3 id, 4 the tx
+ * keys' prefix, 5 budget, 6 '1' to plan, 7 the waiting set's cap, 8 the
+ * arrivals' cap, 9 the hold's stamp (state_hold). Returns the
+ * transaction's reservation in ms from now (0: due), -1 for none. */
 static const char lua_held[] =
     LUA_HEAD LUA_PLAN
     "local me = tx_fields(KEYS[1])\n"
@@ -235,35 +337,46 @@ static const char lua_held[] =
     "if fresh then\n" /* a new holding period; hosts past their deadline may still leave */
     "  hu, rv, ho = 0, 0, redis.call('HLEN', KEYS[2])\n"
     "  redis.call('HSET', KEYS[1], 'wh', 0)\n"
+    "  redis.call('ZREM', KEYS[6], ARGV[3])\n"
     "end\n"
-    "if redis.call('HSET', KEYS[2], ARGV[1], dl) == 1 then ho = ho + 1 end\n"
+    "local st = redis.call('HGET', KEYS[2], ARGV[1])\n"
+    "if not st then ho = ho + 1 end\n"
+    "if not st or tonumber(st) < tonumber(ARGV[9]) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[9]) end\n"
     "if dl > hu then hu = dl end\n"
     "redis.call('HSET', KEYS[1], 'hu', hu, 'ho', ho, 'rv', rv)\n"
-    "local px = redis.call('PTTL', KEYS[1])\n"
-    "if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[1], hu + MARGIN) end\n"
-    "px = redis.call('PTTL', KEYS[2])\n"
-    "if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[2], hu + MARGIN) end\n"
+    "keep_until(KEYS[1], hu + MARGIN)\n"
+    "keep_until(KEYS[2], hu + MARGIN)\n"
     "me.hu, me.ho = hu, ho\n"
-    "if tx_waits(me) and not fresh then\n" /* its score follows the latest deadline */
-    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
+    "if tx_waits(me) and not fresh then\n" /* its score follows the latest deadline, and so do w's and r's lives */
+    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then\n"
+    "    redis.call('ZADD', KEYS[3], hu, ARGV[3])\n"
+    "    keep_until(KEYS[3], hu + MARGIN)\n"
+    "    keep_until(KEYS[6], hu + MARGIN)\n"
+    "  end\n"
     "elseif tx_waits(me) then\n"
     /* st_waiting_add: the stale ones dropped, added unless the cap waits */
-    "  local list = waiting_list(KEYS[3], ARGV[4], tonumber(ARGV[7]) + 1)\n"
-    "  local others = 0\n"
-    "  for i = 1, #list do if list[i].id ~= ARGV[3] then others = others + 1 end end\n"
-    "  if others < tonumber(ARGV[7]) then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
-    "  px = redis.call('PTTL', KEYS[3])\n"
-    "  if px < 0 or now + px < hu + MARGIN then redis.call('PEXPIREAT', KEYS[3], hu + MARGIN) end\n"
+    "  prune_waiting(KEYS[3], KEYS[6])\n"
+    "  local others = redis.call('ZCARD', KEYS[3])\n"
+    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then others = others - 1 end\n"
+    "  local added = others < tonumber(ARGV[7])\n"
+    "  if added then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
+    "  keep_until(KEYS[3], hu + MARGIN)\n"
     "  redis.call('ZADD', KEYS[4], now, now .. ':' .. ARGV[3])\n"
     "  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - PLAN_RATE_LONG)\n"
     "  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -(tonumber(ARGV[8]) + 1))\n"
     "  redis.call('PEXPIREAT', KEYS[4], now + PLAN_RATE_LONG + MARGIN)\n"
     "  local at = dl - PLAN_LEAD\n"
     "  if ARGV[6] == '1' and at > now then\n"
-    "    local ev = plan_events(KEYS[5], list)\n"
-    "    if plan_may_reserve({budget = tonumber(ARGV[5])}, plan_busiest(ev, at, nil)) then\n"
+    "    local bk = {budget = tonumber(ARGV[5])}\n" /* a full span refuses it without reading the spans */
+    "    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - BUDGET_SPAN)\n"
+    "    if plan_may_reserve(bk, busiest_at_least(KEYS[5], KEYS[6], at, nil))\n"
+    "       and plan_may_reserve(bk, plan_busiest(plan_events(KEYS[5], KEYS[6]), at, nil)) then\n"
     "      rv = at\n"
     "      redis.call('HSET', KEYS[1], 'rv', rv)\n"
+    "      if added then\n" /* the spans count the reservations of the waiting set's */
+    "        redis.call('ZADD', KEYS[6], rv, ARGV[3])\n"
+    "        keep_until(KEYS[6], hu + MARGIN)\n"
+    "      end\n"
     "    end\n"
     "  end\n"
     "end\n"
@@ -271,28 +384,44 @@ static const char lua_held[] =
     "return math.max(rv - now, 0)\n";
 
 /* The last request held for the transaction on host ARGV[1] is no longer
- * held (state_unhold). KEYS: tx, its holders, waiting. ARGV: 1 host, 2 id.
+ * held (state_unhold). KEYS: tx, its holders, waiting, reservations. ARGV:
+ * 1 host, 2 id, 3 its stamp (state_unhold). A hold of the host stamped
+ * later (another process's, on another connection, come first) stays.
  * When no host holds it any more its reservation goes (nobody is left to
  * use it). */
 static const char lua_left[] =
+    "local st = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))\n"
+    "if not st or st > tonumber(ARGV[3]) then return 0 end\n"
     "if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 and redis.call('EXISTS', KEYS[1]) == 1 then\n"
     "  local ho = (tonumber(redis.call('HGET', KEYS[1], 'ho')) or 1) - 1\n"
     "  if ho <= 0 then\n"
     "    redis.call('HSET', KEYS[1], 'ho', 0, 'rv', 0)\n"
     "    redis.call('ZREM', KEYS[3], ARGV[2])\n"
+    "    redis.call('ZREM', KEYS[4], ARGV[2])\n"
     "  else\n"
     "    redis.call('HSET', KEYS[1], 'ho', ho)\n"
     "  end\n"
     "end\n"
     "return 1\n";
 
-/* KEYS: tx, key, client's 404s, client's block, client's reads in flight.
- * ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
+/* A final status or a 404 cached: the transaction no longer waits
+ * (tx_waits), it leaves the key's waiting set and its reservations. KEYS
+ * names: waiting, reservations; ARGV: id. */
+#define LUA_UNWAIT                                                                         \
+    "local function unwait(kw, kr, id)\n"                                                  \
+    "  if (s and fu > now) or nf > now then\n"                                             \
+    "    redis.call('ZREM', kw, id)\n"                                                     \
+    "    redis.call('ZREM', kr, id)\n"                                                     \
+    "  end\n"                                                                              \
+    "end\n"
+
+/* KEYS: tx, key, client's 404s, client's block, client's reads in flight,
+ * waiting, reservations. ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
  *       8 charge, 9 retry_ms, 10 key_pause_ms, 11 waits, 12 id, 13 channel,
  *       14 rkey, 15 client ('-': none), 16 the 404s that block, 17 their
  *       window (ms), 18 the block (ms). */
 static const char lua_finish[] =
-    LUA_HEAD LUA_FORWARD LUA_PUBLISH
+    LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local known, current = s, false\n"
     /* the floor at Kasera counts from any read's end */
     "le = now\n"
@@ -350,13 +479,15 @@ static const char lua_finish[] =
     "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' ' .. blk)\n"
     "  end\n"
     "end\n"
+    "unwait(KEYS[6], KEYS[7], ARGV[12])\n"
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
     "return blocked\n";
 
-/* KEYS: tx. ARGV: 1 word, 2 final, 3 ttl, 4 waits, 5 id, 6 channel, 7 rkey.
+/* KEYS: tx, waiting, reservations. ARGV: 1 word, 2 final, 3 ttl, 4 waits,
+ * 5 id, 6 channel, 7 rkey.
  * Returns '' when recorded, else the final status known that stays. */
 static const char lua_tell[] =
-    LUA_HEAD LUA_FORWARD LUA_PUBLISH
+    LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local kept = ''\n"
     "if ARGV[2] == '1' then\n"
     "  if forward(s, ARGV[1]) then\n"
@@ -370,6 +501,7 @@ static const char lua_tell[] =
     "  redis.call('HSET', KEYS[1], 's', s)\n"
     "  redis.call('HDEL', KEYS[1], 'nf')\n"
     "else kept = s end\n"
+    "unwait(KEYS[2], KEYS[3], ARGV[5])\n"
     "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
     "return kept\n";
 

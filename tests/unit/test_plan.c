@@ -216,7 +216,7 @@ static void sim_step(struct sim *s, struct buyer *b, int64_t now)
         b->done = true;
         b->answered_at = now;
         b->saw_final = r.fact.final;
-        state_unhold(s->st, &s->key, b->id, now);
+        state_unhold(s->st, &s->key, b->id, now, NULL);
         b->wake = HOLD_NEVER;
     } else {
         b->wake = r.plan.wake;
@@ -264,12 +264,12 @@ static void sim_run(struct sim *s)
                     sim_step(s, &s->b[i], now);
         } else if (what == 2) {
             who->arrived = true;
-            state_hold(s->st, &s->key, who->id, &s->sched, s->budget, who->w.deadline, now);
+            state_hold(s->st, &s->key, who->id, &s->sched, s->budget, who->w.deadline, now, NULL);
             sim_step(s, who, now);
         } else if (what == 3) {
             who->done = true; /* the tab was closed: no answer, the hold ends */
             who->answered_at = now;
-            state_unhold(s->st, &s->key, who->id, now);
+            state_unhold(s->st, &s->key, who->id, now, NULL);
         } else {
             sim_step(s, who, now);
         }

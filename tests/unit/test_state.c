@@ -1854,7 +1854,7 @@ static void test_quota_all_own_busy(void **unused)
     for (int i = 0; i < 8; i++) {
         char id[16];
         snprintf(id, sizeof id, "F%d", i);
-        assert_true(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + i));
+        assert_true(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + i, NULL));
     }
     claim_n(st, &a, "F", 8, T0 + 10, false);
     struct state_ticket t;
@@ -1862,7 +1862,7 @@ static void test_quota_all_own_busy(void **unused)
     for (int i = 0; i < 5; i++) {
         char id[16];
         snprintf(id, sizeof id, "G%d", i);
-        assert_false(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + 100 + i));
+        assert_false(state_hold(st, &a, id, &s, BUDGET, T0 + 34000, T0 + 100 + i, NULL));
         assert_false(claim(st, &a, id, T0 + 100 + i, &t, &f));
         assert_int_equal(f.wait, WAIT_FULL);
         assert_int_equal(lookup(st, &a, id, T0 + 100 + i).status, TXS_NONE);
@@ -1874,7 +1874,7 @@ static void test_quota_all_own_busy(void **unused)
     assert_int_equal(m.evictions, 0);
     /* other keys: the rest of the table */
     claim_n(st, &b, "B", 8, T0 + 200, false);
-    assert_true(state_hold(st, &c, "paid", &s, BUDGET, T0 + 34000, T0 + 300));
+    assert_true(state_hold(st, &c, "paid", &s, BUDGET, T0 + 34000, T0 + 300, NULL));
     assert_true(claim(st, &c, "paid", T0 + 300, &t, &f));
     finish(st, &t, "toko-c", oc_status(TXS_SUCCEEDED, NULL), T0 + 400);
     assert_true(lookup(st, &c, "paid", T0 + 400).final);
@@ -2204,8 +2204,8 @@ static void test_reserve_mirrors_another_store(void **unused)
     struct state_fact f;
     int64_t deadline = T0 + pace_hold_ms(&s);
     assert_true(state_plans(st));
-    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
-    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0, NULL));
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0, NULL));
     state_reserve(st, &k, "T1", false, 0, T0 + 1);
     /* no reservation: at its time, the read is an early one */
     assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS, &t, &f));
@@ -2216,10 +2216,35 @@ static void test_reserve_mirrors_another_store(void **unused)
     state_unclaim(st, &t, deadline - PLAN_LEAD_MS);
     assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, deadline - PLAN_LEAD_MS + 100, &t, &f));
     assert_true(t.undo.last_chance);
-    assert_false(state_unhold(st, &k, "T1", deadline - 10));
-    assert_true(state_unhold(st, &k, "T1", deadline - 9));
+    assert_false(state_unhold(st, &k, "T1", deadline - 10, NULL));
+    assert_true(state_unhold(st, &k, "T1", deadline - 9, NULL));
     state_reserve(st, &k, "T1", true, deadline - 5, deadline - 8); /* nobody holds it: none */
-    assert_false(state_unhold(st, &k, "T1", deadline - 7));
+    assert_false(state_unhold(st, &k, "T1", deadline - 7, NULL));
+    state_free(st);
+}
+
+/* Holds and leaves are stamped in the order this state made them, over
+ * its transactions and its processes (one counter in the mapped file), at
+ * least now * STATE_STAMPS_PER_MS: Redis tells a host's leave from a later
+ * hold by them (state_redis_left), over a restart too. */
+static void test_holds_and_leaves_are_stamped_in_order(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    int64_t deadline = T0 + pace_hold_ms(&s);
+    uint64_t a, b, c, d, e;
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0, &a));
+    assert_true(a >= (uint64_t)T0 * STATE_STAMPS_PER_MS);
+    assert_true(state_hold(st, &k, "T2", &s, BUDGET, deadline, T0, &b)); /* same ms: still later */
+    assert_true(b > a);
+    assert_true(state_unhold(st, &k, "T1", T0 + 5, &c));
+    assert_true(c > b && c >= (uint64_t)(T0 + 5) * STATE_STAMPS_PER_MS);
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0 + 1, &d)); /* the clock went back */
+    assert_true(d > c);
+    assert_false(state_unhold(st, &k, "T9", T0 + 6, &e)); /* nothing held: stamped all the same */
+    assert_true(e > d);
     state_free(st);
 }
 
@@ -2235,7 +2260,7 @@ static void test_unclaim_gives_back_the_reservation(void **unused)
     struct state_fact f;
     struct state_metrics m;
     int64_t deadline = T0 + pace_hold_ms(&s), at = deadline - PLAN_LEAD_MS;
-    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0));
+    assert_true(state_hold(st, &k, "T1", &s, BUDGET, deadline, T0, NULL));
     assert_true(state_claim(st, &k, "T1", &s, BUDGET, TIMEOUT, at, &t, &f));
     state_metrics(st, &m);
     assert_int_equal(m.last_chance_reads, 1);
@@ -2580,6 +2605,7 @@ int main(void)
         cmocka_unit_test(test_learn_not_found),
         cmocka_unit_test(test_client_block),
         cmocka_unit_test(test_reserve_mirrors_another_store),
+        cmocka_unit_test(test_holds_and_leaves_are_stamped_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

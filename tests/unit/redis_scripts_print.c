@@ -1,6 +1,7 @@
-/* redis_scripts.c - print one of the Redis store's scripts (its text as
+/* redis_scripts_print.c - print one of the Redis store's scripts (its text as
  * kembali loads it: the rules' prelude, plan_lua() and the body), for
- * tests/bench/redis_plan.py. Usage: redis-scripts claim|finish|tell|held|left */
+ * tests/bench/redis_plan.py and tests/integration/test_redis_scripts.py.
+ * Usage: redis-scripts claim|finish|tell|held|left */
 #include <stdio.h>
 #include <string.h>
 
