@@ -127,23 +127,37 @@ bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, boo
     return withheld && now > due + PLAN_DRIFT_MS;
 }
 
+int64_t plan_arrival_rate(struct plan_key *k, int n_short, int64_t first_short, int n_long, int64_t first_long)
+{
+    k->arrivals = n_short;
+    k->arrivals_long = n_long;
+    /* the first to leave its span: the earliest of the last PLAN_RATE_MS,
+     * or the earliest of the longer span when it is not one of those */
+    int64_t thins = INT64_MAX;
+    if (n_short > 0)
+        thins = first_short + PLAN_RATE_MS + 1;
+    if (n_long > n_short && first_long + PLAN_RATE_LONG_MS + 1 < thins)
+        thins = first_long + PLAN_RATE_LONG_MS + 1;
+    return thins;
+}
+
 int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now)
 {
-    int64_t thins = INT64_MAX;
-    k->arrivals = k->arrivals_long = 0;
+    int n_short = 0, n_long = 0;
+    int64_t first_short = INT64_MAX, first_long = INT64_MAX;
     for (int i = 0; i < n; i++) {
         if (at[i] <= now - PLAN_RATE_LONG_MS)
             continue;
-        int64_t leaves = at[i] + PLAN_RATE_LONG_MS + 1;
-        k->arrivals_long++;
+        n_long++;
+        if (at[i] < first_long)
+            first_long = at[i];
         if (at[i] > now - PLAN_RATE_MS) {
-            k->arrivals++;
-            leaves = at[i] + PLAN_RATE_MS + 1;
+            n_short++;
+            if (at[i] < first_short)
+                first_short = at[i];
         }
-        if (leaves < thins)
-            thins = leaves;
     }
-    return thins;
+    return plan_arrival_rate(k, n_short, first_short, n_long, first_long);
 }
 
 int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now)
@@ -249,21 +263,28 @@ int plan_lua(char *buf, size_t len)
         "  for i = 1, reads do due = due + ws[math.min(i, #ws - 1) + 1] end\n"
         "  return withheld and now > due + PLAN_DRIFT\n"
         "end\n"
-        "local function plan_arrivals(k, at, now)\n"
+        "local function plan_arrival_rate(k, n_short, first_short, n_long, first_long)\n"
+        "  k.arrivals, k.arrivals_long = n_short, n_long\n"
         "  local thins = nil\n"
-        "  k.arrivals, k.arrivals_long = 0, 0\n"
-        "  for i = 1, #at do\n"
-        "    if at[i] > now - PLAN_RATE_LONG then\n"
-        "      local leaves = at[i] + PLAN_RATE_LONG + 1\n"
-        "      k.arrivals_long = k.arrivals_long + 1\n"
-        "      if at[i] > now - PLAN_RATE then\n"
-        "        k.arrivals = k.arrivals + 1\n"
-        "        leaves = at[i] + PLAN_RATE + 1\n"
-        "      end\n"
-        "      if not thins or leaves < thins then thins = leaves end\n"
-        "    end\n"
+        "  if n_short > 0 then thins = first_short + PLAN_RATE + 1 end\n"
+        "  if n_long > n_short and (not thins or first_long + PLAN_RATE_LONG + 1 < thins) then\n"
+        "    thins = first_long + PLAN_RATE_LONG + 1\n"
         "  end\n"
         "  return thins\n"
+        "end\n"
+        "local function plan_arrivals(k, at, now)\n"
+        "  local n_short, n_long, first_short, first_long = 0, 0, nil, nil\n"
+        "  for i = 1, #at do\n"
+        "    if at[i] > now - PLAN_RATE_LONG then\n"
+        "      n_long = n_long + 1\n"
+        "      if not first_long or at[i] < first_long then first_long = at[i] end\n"
+        "      if at[i] > now - PLAN_RATE then\n"
+        "        n_short = n_short + 1\n"
+        "        if not first_short or at[i] < first_short then first_short = at[i] end\n"
+        "      end\n"
+        "    end\n"
+        "  end\n"
+        "  return plan_arrival_rate(k, n_short, first_short, n_long, first_long)\n"
         "end\n"
         "local function plan_retry(t, ev, thins, recheck, now)\n"
         "  local r = now + recheck\n"

@@ -148,6 +148,13 @@ bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, boo
  * when none counts. Can't fail. */
 int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now);
 
+/* plan_arrivals() from what it counts: n_short arrivals in the last
+ * PLAN_RATE_MS (the earliest at first_short) and n_long in the last
+ * PLAN_RATE_LONG_MS (the earliest at first_long); a first_* matters only
+ * when its count is above 0. Fills k->arrivals and k->arrivals_long,
+ * returns plan_arrivals()'s answer. Can't fail. */
+int64_t plan_arrival_rate(struct plan_key *k, int n_short, int64_t first_short, int n_long, int64_t first_long);
+
 /* When a read plan_may_read() refused now may be allowed: a read leaving
  * the spans (ev[0..n) sorted, as for plan_busiest), t's reservation
  * coming, the rush thinning (`thins`, from plan_arrivals), or at the
@@ -163,7 +170,8 @@ int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t th
  * plan_key and struct plan_tx (the booleans as Lua booleans); and
  * plan_demand(ws, w, now), plan_ready(ws, w, now), plan_next_gap(ws, reads)
  * plan_drifted(ws, resv_at, reads, withheld, now), plan_arrivals(k, at,
- * now) (nil for INT64_MAX) and plan_retry(t, ev, thins, recheck, now)
+ * now) and plan_arrival_rate(k, n_short, first_short, n_long, first_long)
+ * (nil for INT64_MAX; a first_* may be nil when its count is 0) and plan_retry(t, ev, thins, recheck, now)
  * (thins may be nil), ws being the
  * schedule's waits as an array (wait_ms[i] at ws[i + 1]) and w a table with
  * the fields of struct plan_waiter. The

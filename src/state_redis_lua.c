@@ -94,7 +94,7 @@
     "local function prune_waiting(kw, kr)\n" /* the ids whose deadline passed leave w and r */ \
     "  local gone = redis.call('ZRANGEBYSCORE', kw, '-inf', now)\n"                        \
     "  for i = 1, #gone, 256 do redis.call('ZREM', kr, unpack(gone, i, math.min(i + 255, #gone))) end\n" \
-    "  redis.call('ZREMRANGEBYSCORE', kw, '-inf', now)\n"                                  \
+    "  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', kw, '-inf', now) end\n"                                  \
     "end\n"                                                                                \
     /* The waiting transactions but `skip`, in the set's order (the first   \
      * cap of it): walk(i) gives the i-th one's fields (f.id), nil past the \
@@ -131,10 +131,14 @@
     "  table.sort(ev)\n"                                                                   \
     "  return ev\n"                                                                        \
     "end\n"                                                                                \
+    "local counted = {}\n"                                                                 \
     "local function span_count(kb, kr, from, to)\n" /* plan_events()' times in [from, to) */ \
+    "  local memo = kb .. ' ' .. from .. ' ' .. to\n"                                      \
+    "  if counted[memo] then return counted[memo] end\n"                                   \
     "  local c = redis.call('ZCOUNT', kb, from, '(' .. to)\n"                              \
     "  if from <= now and now < to then c = c + redis.call('ZCOUNT', kr, '-inf', '(' .. to)\n" \
     "  elseif from > now then c = c + redis.call('ZCOUNT', kr, from, '(' .. to) end\n"     \
+    "  counted[memo] = c\n"                                                                \
     "  return c\n"                                                                         \
     "end\n"                                                                                \
     "local function first_event(kb, kr)\n" /* plan_events()[1], nil for none */            \
@@ -216,9 +220,15 @@ static const char lua_claim[] =
     "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
     "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
     "  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - PLAN_RATE_LONG)\n"
-    "  local at, ar = {}, redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')\n"
-    "  for i = 2, #ar, 2 do at[#at + 1] = tonumber(ar[i]) end\n"
-    "  local thins = plan_arrivals(pk, at, now)\n"
+    /* plan_arrivals() from counts (ZCOUNT), the arrivals not read */
+    "  local function since(span)\n" /* the arrivals after now - span, the earliest of them */
+    "    local n = redis.call('ZCOUNT', KEYS[8], '(' .. (now - span), '+inf')\n"
+    "    local f = redis.call('ZRANGEBYSCORE', KEYS[8], '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
+    "    return n, f[2] and tonumber(f[2])\n"
+    "  end\n"
+    "  local n_short, first_short = since(PLAN_RATE)\n"
+    "  local n_long, first_long = since(PLAN_RATE_LONG)\n"
+    "  local thins = plan_arrival_rate(pk, n_short, first_short, n_long, first_long)\n"
     "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
     "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
     "  if n > 0 then pt.early_reads = me.er end\n"
@@ -230,7 +240,6 @@ static const char lua_claim[] =
      * spans plan_busiest counts), demand this transaction's only. Each
      * only lowers plan_room() or the `plenty` sum, and eligible = 1 never
      * refuses: a 'no' here is the answer the whole gather gives. */
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - BUDGET_SPAN)\n"
     "  pk.recent = span_count(KEYS[3], KEYS[9], now - BUDGET_SPAN + 1, now + 1)\n"
     "  pk.busiest = busiest_at_least(KEYS[3], KEYS[9], now, nil)\n"
     "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[9], now, now - plan_late_span(pk))\n"

@@ -26,6 +26,7 @@ for _, f in ipairs({'resv_at', 'next_gap', 'early_reads'}) do t[f] = 0 end
 k.starved, t.reserved, t.drifted = false, false, false
 local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {}, false
 local now, at, tt, from, thins, recheck = 0, 0, 0, nil, nil, 0
+local first_short, first_long = nil, nil
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
@@ -42,6 +43,8 @@ for i = 2, #ARGV do
   elseif name == 'from' then from = tonumber(val)
   elseif name == 'thins' then thins = tonumber(val)
   elseif name == 'recheck' then recheck = tonumber(val)
+  elseif name == 'first_short' then first_short = tonumber(val)
+  elseif name == 'first_long' then first_long = tonumber(val)
   elseif name and k[name] ~= nil then k[name] = tonumber(val)
   elseif name and t[name] ~= nil then t[name] = tonumber(val)
   else return redis.error_reply('unknown field ' .. tostring(ARGV[i])) end
@@ -54,6 +57,10 @@ if op == 'busiest' then return tostring(plan_busiest(ev, tt, from)) end
 if op == 'read' then return plan_may_read(k, t, now) end
 if op == 'arrivals' then
   local th = plan_arrivals(k, ev, now)
+  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. (th and tostring(th) or 'none')
+end
+if op == 'arrival_rate' then
+  local th = plan_arrival_rate(k, k.arrivals, first_short, k.arrivals_long, first_long)
   return k.arrivals .. ',' .. k.arrivals_long .. ',' .. (th and tostring(th) or 'none')
 end
 if op == 'retry' then return tostring(plan_retry(t, ev, thins, recheck, now)) end
@@ -90,7 +97,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     script = plan_lua() + DRIVER
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
-    assert_eq(sorted({c[1] for c in cases}), ["arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
+    assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
                                                    "read", "ready", "reserve", "retry", "room"])
     wrong = []
     with redis.client() as c:

@@ -502,6 +502,7 @@ struct vector {
     bool withheld;
     int64_t thins, recheck;    /* retry */
     bool has_thins;
+    int64_t first_short, first_long; /* arrival_rate (with arrivals, arrivals_long) */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -529,6 +530,7 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"hold_until", NULL, &v->w.hold_until, NULL}, {"busy_until", NULL, &v->w.busy_until, NULL},
         {"not_before", NULL, &v->w.not_before, NULL}, {"withheld", NULL, NULL, &v->withheld},
         {"thins", NULL, &v->thins, NULL},             {"recheck", NULL, &v->recheck, NULL},
+        {"first_short", NULL, &v->first_short, NULL}, {"first_long", NULL, &v->first_long, NULL},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -577,6 +579,13 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
     } else if (strcmp(op, "arrivals") == 0) {
         struct plan_key k = {0};
         int64_t thins = plan_arrivals(&k, v->ev, v->nev, v->now);
+        if (thins == INT64_MAX)
+            snprintf(out, cap, "%d,%d,none", k.arrivals, k.arrivals_long);
+        else
+            snprintf(out, cap, "%d,%d,%lld", k.arrivals, k.arrivals_long, (long long)thins);
+    } else if (strcmp(op, "arrival_rate") == 0) {
+        struct plan_key k = {0};
+        int64_t thins = plan_arrival_rate(&k, v->k.arrivals, v->first_short, v->k.arrivals_long, v->first_long);
         if (thins == INT64_MAX)
             snprintf(out, cap, "%d,%d,none", k.arrivals, k.arrivals_long);
         else
