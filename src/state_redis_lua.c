@@ -101,18 +101,21 @@
      * last; they are read only as far as a caller asks. An id found not    \
      * waiting any more is dropped from w and r by done(). */                \
     "local function waiters(kw, kr, prefix, cap, skip)\n"                                  \
-    "  local seen, stale, rank = {}, {}, 0\n"                                              \
+    "  local seen, stale, ids, at, rank = {}, {}, {}, 1, 0\n" /* ids[at..]: fetched, not read */ \
     "  local function walk(i)\n"                                                           \
-    "    while #seen < i and rank < cap do\n"                                              \
-    "      local ids = redis.call('ZRANGE', kw, rank, math.min(rank + 16, cap) - 1)\n"     \
-    "      if #ids == 0 then rank = cap; break end\n"                                      \
-    "      rank = rank + #ids\n"                                                           \
-    "      for j = 1, #ids do\n"                                                           \
-    "        if ids[j] ~= skip then\n"                                                     \
-    "          local f = tx_fields(prefix .. ids[j])\n"                                    \
-    "          f.id = ids[j]\n"                                                            \
-    "          if tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = ids[j] end\n" \
-    "        end\n"                                                                        \
+    "    while #seen < i do\n"                                                             \
+    "      if at > #ids then\n"                                                            \
+    "        if rank >= cap then break end\n"                                              \
+    "        ids, at = redis.call('ZRANGE', kw, rank, math.min(rank + 16, cap) - 1), 1\n"  \
+    "        if #ids == 0 then break end\n"                                                \
+    "        rank = rank + #ids\n"                                                         \
+    "      end\n"                                                                          \
+    "      local id = ids[at]\n"                                                           \
+    "      at = at + 1\n"                                                                  \
+    "      if id ~= skip then\n"                                                           \
+    "        local f = tx_fields(prefix .. id)\n"                                          \
+    "        f.id = id\n"                                                                  \
+    "        if tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = id end\n"    \
     "      end\n"                                                                          \
     "    end\n"                                                                            \
     "    return seen[i]\n"                                                                 \

@@ -10,7 +10,8 @@ cost there (the commands a script runs count in INFO commandstats).
 - the reservations {K}r are the waiting set's: a hold adds one, a leave, a
   cached final status and a passed deadline take it away;
 - a claim the plan refuses in a flash sale, and a fresh hold, read no
-  waiting transaction's fields (one HMGET per waiting one made both cost
+  waiting transaction's fields, and the fair share reads only as many as
+  it needs (one HMGET per waiting one made both cost
   ~11 us per waiting transaction: 5.8 ms at 512)."""
 
 import os
@@ -149,6 +150,44 @@ def test_a_refused_claim_and_a_fresh_hold_read_no_waiting_transaction(tmpdir):
         c.cmd("CONFIG", "RESETSTAT")
         held(c, sha, "new", "h1", HOLD_MS, 100000)
         assert calls(c, "hmget") <= 2, "a fresh hold made %d HMGETs" % calls(c, "hmget")
+
+
+def fair_share_case(c, sha, others):
+    """A claim of A (an early read already made) with `others` waiting
+    transactions that may read now and have had none, the spans leaving
+    room for 3 early reads and no plenty: A may read while they fit."""
+    c.cmd("FLUSHALL")
+    budget = 10
+    for tx in ["A"] + ["W%d" % i for i in range(others)]:
+        keys = [K + "t:" + tx, K + "o:" + tx, K + "w", K + "a", K + "b", K + "r"]
+        c.cmd("EVALSHA", sha["held"], str(len(keys)), *keys, "h1", str(HOLD_MS), tx, K + "t:", str(budget), "0",
+              str(CAP), "64", "1")  # '0': no reservation
+    c.cmd("DEL", K + "a")  # no rush: no headroom
+    now = now_ms(c)
+    for j in range(budget - 3):  # room for 3
+        c.cmd("ZADD", K + "b", str(now - 50000 + j * 1000), "r%d" % j)
+    c.cmd("HSET", K + "t:A", "n", "1", "ls", str(now - 5000), "er", "1")
+    keys = [K + "t:A", K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r"]
+    c.cmd("CONFIG", "RESETSTAT")
+    r = c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), "10000", "0", "A", "1",
+              K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7")
+    return r, calls(c, "hmget")
+
+
+@harness.timeout(60)
+def test_the_fair_share_counts_the_others_only_as_far_as_it_needs(tmpdir):
+    # eligible = A + 2 others fits the room of 3: A reads; A + 3 others
+    # does not, and one of them has had no read: A waits its turn, decided
+    # from the first others read (the rest are not read)
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c:
+        sha = scripts(c)
+        r, _ = fair_share_case(c, sha, 2)
+        assert_eq((r[0], r[2]), ("go", "early"))
+        for others in (3, 40):
+            r, hmgets = fair_share_case(c, sha, others)
+            assert_eq((r[0], r[2]), ("wait", "plan"))
+            assert hmgets <= 2 + 3 + 1, "%d HMGETs with %d others" % (hmgets, others)
 
 
 if __name__ == "__main__":
