@@ -19,7 +19,8 @@
  *
  * Keys: PREFIX{K}t:ID (a transaction), PREFIX{K}o:ID (the hosts holding a
  * request for it, each with its deadline), PREFIX{K}w (the key's waiting
- * transactions), PREFIX{K}a (its arrivals), PREFIX{K}k (the key's pause),
+ * transactions), PREFIX{K}r (their reservations), PREFIX{K}a (its
+ * arrivals), PREFIX{K}k (the key's pause),
  * PREFIX{K}b (the key's budget), PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
  * (a client's 404s, its reads in flight and its block, per key), where K is
  * HMAC-SHA256 keyed by the shop's secret over a fixed label
