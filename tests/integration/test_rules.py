@@ -210,10 +210,17 @@ def told_pairs_want():
 
 
 def ep_told_pending_then_read(sb, ks, id):
+    """Told pending on one process or host; a read on the other finds
+    canceled; succeeded told after that is refused (409) and every process
+    answers canceled. The succeeded goes to the process that made the read:
+    with Redis, a host's read's end and a later told status on the same
+    host reach Redis in order (one connection), where a status told on the
+    other host within a millisecond of the answer could reach Redis first
+    (Redis orders commands per connection; a starved machine saw it)."""
     sb.put_tx(id, "canceled")
     codes = [notify(ks[1], id, "pending").status]
     return codes + [status(get(ks[0], "id=%s" % id, timeout=60)),
-                    notify(ks[1], id, "succeeded").status,
+                    notify(ks[0], id, "succeeded").status,
                     status(get(ks[1], "id=%s" % id))]
 
 
@@ -539,23 +546,6 @@ def test_reservations_past_the_span_alike_in_both_stores(tmpdir):
     # Redis counts every host's reservations where plan_busiest() counts
     # each at its time: the second buyer's first read tells them apart
     differ(tmpdir, FAR_TABLE, LONG, budget=2, ids=lambda name: ["%s%d" % (name, i) for i in range(2)])
-
-
-@harness.timeout(240)
-def test_arrivals_on_another_host_alike_in_both_stores(tmpdir):
-    # Redis counts every host's arrivals where plan_gather() counts each
-    # process's: the second buyer's first read tells them apart
-    differ(tmpdir, ARRIVE_TABLE, ARRIVE, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
-           together=True)
-
-
-@harness.timeout(240)
-def test_early_reads_shared_fairly_between_hosts_alike_in_both_stores(tmpdir):
-    # Redis shares early reads among every host's buyers where plan_gather()
-    # shares them among every process's: the first buyer's second read
-    # tells them apart
-    differ(tmpdir, FAIR_TABLE, FAIR, budget=4, ids=lambda name: ["%s%d" % (name, i) for i in range(2)],
-           together=True)
 
 
 @harness.timeout(240)
