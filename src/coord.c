@@ -1,6 +1,8 @@
 /* coord.c - see coord.h. */
 #include "coord.h"
 
+#include "budget.h"
+
 #include <string.h>
 
 bool coord_hold(struct state *st, struct state_redis *redis, const struct shop *shop, const char *id,
@@ -37,15 +39,41 @@ void coord_plan(struct state *st, const struct state_redis *redis)
 }
 
 struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
-                                 state_redis_claim_fn *fn, void *data)
+                                 const struct state_redis_id *host, state_redis_claim_fn *fn, void *data)
 {
     if (redis == NULL)
         return NULL;
     const struct state_ticket *t = &cr->ticket;
     struct state_redis_plan plan = {.plans = state_plans(st),
                                     .schedule_reads = pace_reads_within(cr->sched, pace_hold_ms(cr->sched))};
+    struct state_redis_count count = {.lost = budget_count_lost(t->budget_prev, t->started)};
+    budget_member(count.member, sizeof count.member, host->hex, t->budget_at);
     return state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
-                             t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, fn, data);
+                             t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, &count, fn,
+                             data);
+}
+
+void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
+                const struct state_redis_id *host, const struct state_redis_id *only, int64_t now)
+{
+    if (!state_redis_up(redis))
+        return;
+    int64_t at[STATE_BUDGET_MAX], newest;
+    const struct state_key *known = only != NULL ? coord_keys_find(ks, only) : NULL;
+    if (known != NULL) { /* a key this process used lately: no name to derive */
+        state_redis_seed(redis, only, host, at, state_key_reads(st, known, now, at, STATE_BUDGET_MAX, &newest), now);
+        return;
+    }
+    for (int i = 0; cfg != NULL && i < cfg->nshops; i++) {
+        const struct shop *shop = &cfg->shops[i];
+        int n = state_key_reads(st, &shop->key, now, at, STATE_BUDGET_MAX, &newest);
+        struct state_redis_id rk;
+        if (n == 0 || !state_redis_key_id(redis, shop->secret, &rk) || (only != NULL && strcmp(rk.hex, only->hex) != 0))
+            continue;
+        state_redis_seed(redis, &rk, host, at, n, now); /* a key two shops share: counted once (budget_member) */
+        if (only != NULL)
+            return;
+    }
 }
 
 void coord_mirror_final(struct state *st, const struct state_key *key, const char *id, const char *word,
@@ -145,6 +173,7 @@ void coord_mirror(struct state *st, const struct state_key *key, const char *id,
         state_learn_not_found(st, key, id, now + m->ms, now);
         break;
     case STATE_REDIS_MSG_BLOCK:
+    case STATE_REDIS_MSG_SEED:
         break;
     }
 }

@@ -12,6 +12,7 @@
  *                    (coord_held() mirrors it here)
  *   coord_unhold()   this host's last request for it let go: in Redis too
  *   coord_ask()      a read claimed here is asked of Redis too
+ *   coord_seed()     this host's reads sent to make Redis's count whole
  *   coord_claimed()  Redis's answer: read, or give our claim back and
  *                    mirror what Redis says (a final status, a 404, a read
  *                    in flight elsewhere, a wait, a blocked client)
@@ -78,7 +79,7 @@ void coord_plan(struct state *st, const struct state_redis *redis);
  * (fn is called once with Redis's answer), or NULL when Redis is not used
  * or down: read on this host's claim alone. */
 struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, const struct coord_read *cr,
-                                 state_redis_claim_fn *fn, void *data);
+                                 const struct state_redis_id *host, state_redis_claim_fn *fn, void *data);
 
 /* What coord_claimed() asks of the caller. */
 enum coord_next {
@@ -127,6 +128,14 @@ void coord_mirror_final(struct state *st, const struct state_key *key, const cha
  * write-back), and learn its key (ks). Can't fail. */
 void coord_told_here(struct state *st, struct state_redis *redis, struct coord_keys *ks, const struct shop *shop,
                      const char *id, const struct pace_schedule *sched, int64_t now);
+
+/* Redis asks for this host's reads (budget.h; state_redis_seed_fn): of the
+ * key named `only`, or of every key of cfg's shops (only NULL), as this
+ * host's state recorded them in the span ending at `now`, sent as read by
+ * `host`. A key is found among ks first, then among cfg's shops. Redis
+ * not up: nothing. Can't fail. */
+void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
+                const struct state_redis_id *host, const struct state_redis_id *only, int64_t now);
 
 /* The keys this host used with Redis lately: Redis's name of each
  * (state_redis_key_id) and this state's (state_key_id), at most COORD_KEYS,

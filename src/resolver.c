@@ -344,7 +344,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     rd->kr.user = rd;
     rd->rs = rs;
     read_link(rs, w, rd);
-    rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, on_claimed, rd);
+    rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, &rs->host, on_claimed, rd);
     if (rd->claiming != NULL)
         return true; /* Redis decides: on_claimed */
     if (!read_go(rs, rd)) {
@@ -521,11 +521,25 @@ static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
 /* Another process (maybe on another host) published a read's end or a
  * told status: mirror it in this host's state for the watches that wait
  * on it, and let them decide again. */
+/* Redis asks for this host's reads with a key (rkey), or with every key
+ * (NULL: a join): budget.h. */
+static void on_redis_seed(void *ctx, const struct state_redis_id *rkey)
+{
+    struct resolver *rs = ctx;
+    struct config *cfg = app_config(rs->app);
+    coord_seed(rs->app->state, rs->redis, rs->app->keys, cfg, &rs->host, rkey, util_mono_ms());
+    config_unref(cfg);
+}
+
 static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
 {
     struct resolver *rs = ctx;
     if (m->kind == STATE_REDIS_MSG_BLOCK)
         return; /* Redis refuses that client's claims itself */
+    if (m->kind == STATE_REDIS_MSG_SEED) {
+        on_redis_seed(rs, &m->key);
+        return;
+    }
     struct state *st = rs->app->state;
     struct resolver_watch *dirty = NULL;
     for (struct resolver_watch *w = rs->all; w; w = w->next) {
@@ -607,7 +621,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
         struct state_key hk;
         state_key_id(a->state, "kembali host", &hk); /* a keyed hash: the same for every process of this state */
         ids_hex(hk.b, 8, rs->host.hex);
-        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, rs, err, errlen);
+        rs->redis = state_redis_new(l, &cfg->redis, on_redis_msg, on_redis_blocked, on_redis_seed, rs, err, errlen);
         a->redis = rs->redis;
         a->keys = calloc(1, sizeof *a->keys);
         if (a->keys == NULL && rs->redis != NULL) {

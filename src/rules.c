@@ -1,6 +1,8 @@
 /* rules.c - see rules.h. */
 #include "rules.h"
 
+#include "budget.h"
+
 #include <stdio.h>
 
 #include "plan.h"
@@ -21,6 +23,12 @@ int64_t rules_status_ttl(enum tx_status s)
     if (s == TXS_EXPIRED)
         return RULES_TTL_EXPIRED_MS;
     return tx_status_final(s) ? RULES_TTL_FINAL_MS : 0;
+}
+
+int64_t rules_ttl_left(enum tx_status s, int64_t at, int64_t now)
+{
+    int64_t left = rules_status_ttl(s) - (now > at ? now - at : 0);
+    return left > 0 ? left : 0;
 }
 
 static void extend(int64_t *span, int64_t v)
@@ -102,9 +110,11 @@ int rules_lua_prelude(char *buf, size_t len)
                      "local MIN_WAIT, EPISODE, FLOOR, PLAN_RECHECK, BUDGET_SPAN = %d, %d, %lld, %d, %d\n"
                      "local MARGIN = %lld\n" /* Redis keeps a key this much longer than it matters */
                      "local KEEP = EPISODE + MARGIN\n"
+                     "local MARK_KEEP = %lld\n" /* budget.h */
                      "local R = {}\n",
                      PACE_MIN_WAIT_MS, PACE_EPISODE_MS, (long long)RULES_FLOOR_MS, RULES_PLAN_RECHECK_MS,
-                     PLAN_BUDGET_SPAN_MS, (long long)RULES_KEEP_MARGIN_MS);
+                     PLAN_BUDGET_SPAN_MS, (long long)RULES_KEEP_MARGIN_MS,
+                     (long long)BUDGET_MARK_KEEP_MS);
     if (n < 0 || (size_t)n >= len)
         return -1;
     off = (size_t)n;

@@ -60,6 +60,11 @@ void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, in
 /* The cache of status s once read or told (0: not cached). Can't fail. */
 int64_t rules_status_ttl(enum tx_status s);
 
+/* What is left at `now` of the cache of status s read or told at `at`
+ * (0 once it has run out, or when s is not cached): a status kept through
+ * a Redis outage keeps its age. Can't fail. */
+int64_t rules_ttl_left(enum tx_status s, int64_t at, int64_t now);
+
 /* May status `s` replace `cur` (the last known status)? `cached`: cur's
  * cache still runs; `told`: s was told by the shop (a read's answer
  * replaces a final status whose cache ran out, a told one never does).

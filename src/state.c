@@ -155,7 +155,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     e->inflight_until = now + timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
-    st_budget_push(k, now);
+    ticket->budget_prev = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
+    ticket->budget_at = st_budget_push(k, now);
     /* requests held later than the one a last-chance read was for keep a
      * chance too (counted after this read) */
     if (kind == PLAN_LAST_CHANCE && e->holders > 0 && e->hold_until - PLAN_LEAD_MS >= now + PACE_MIN_WAIT_MS &&
@@ -326,7 +327,7 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
             st->h->last_chance_reads--;
         struct st_keyent *k = st_key_get(st, &t->key, now, false);
         if (k != NULL)
-            st_budget_unpush(k, t->started);
+            st_budget_unpush(k, t->budget_at);
     }
     st_unlock(st);
     if (undone || landed)
@@ -375,6 +376,26 @@ bool state_known(struct state *st, const struct state_key *key, const char *id, 
     bool known = e != NULL && e->status != TXS_NONE;
     st_unlock(st);
     return known;
+}
+
+int state_key_reads(struct state *st, const struct state_key *key, int64_t now, int64_t *at, int cap,
+                    int64_t *newest)
+{
+    *newest = 0;
+    st_lock(st, now);
+    const struct st_keyent *k = st_key_get(st, key, now, false);
+    int n = 0;
+    if (k != NULL && k->ring_n > 0) {
+        *newest = k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX];
+        for (int32_t j = 0; j < k->ring_n && n < cap; j++) { /* newest first */
+            int64_t t = k->ring[(k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX];
+            if (t <= now - PLAN_BUDGET_SPAN_MS)
+                break; /* older ones are older still */
+            at[n++] = t;
+        }
+    }
+    st_unlock(st);
+    return n;
 }
 
 bool state_defer(struct state *st, const struct state_key *key, const char *id, int64_t until, bool in_flight,

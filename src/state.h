@@ -104,6 +104,8 @@ struct state_ticket {
     char id[STATE_ID_MAX + 1];
     uint64_t serial;     /* this read's place among every read claimed */
     int64_t started;
+    int64_t budget_at;   /* the time the key's budget records it under (budget_stamp) */
+    int64_t budget_prev; /* the key's read recorded before it (0: none) */
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
     struct state_client client; /* who asked (state_claim_client; zero: nobody is charged) */
@@ -387,6 +389,15 @@ enum state_told {
  * Returns what was done; never blocks on anything but the state's lock. */
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
+
+/* The reads of `key` this state recorded in the budget's span ending at
+ * `now` (every process's, whether Redis granted them or not), each at the
+ * time its ring holds it (budget_stamp): at most cap of them, newest
+ * first, into at[]; *newest is the newest read ever recorded (0: none),
+ * in the span or not. Returns how many. Never creates an entry; can't
+ * fail. */
+int state_key_reads(struct state *st, const struct state_key *key, int64_t now, int64_t *at, int cap,
+                    int64_t *newest);
 
 /* Does this state hold a status (read or told) for (key, id)? Never
  * creates an entry. This function can't fail. */

@@ -1,6 +1,7 @@
 /* state_budget.c - the budget ring (the last reads of a key) and the
  * plan's fields: who waits, what is reserved (plan.h decides). */
 #include "state_private.h"
+#include "budget.h"
 #include "rules.h"
 
 #include <stdlib.h>
@@ -21,12 +22,15 @@ int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now)
     return t > now ? t : now;
 }
 
-void st_budget_push(struct st_keyent *k, int64_t now)
+int64_t st_budget_push(struct st_keyent *k, int64_t now)
 {
+    int64_t newest = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
+    now = budget_stamp(newest, now); /* a name of its own in Redis's count (budget.h) */
     k->ring[k->ring_head] = now;
     k->ring_head = (k->ring_head + 1) % STATE_BUDGET_MAX;
     if (k->ring_n < STATE_BUDGET_MAX)
         k->ring_n++;
+    return now;
 }
 
 /* Take back one read started at t (the newest such) from the ring: the

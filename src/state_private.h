@@ -272,8 +272,9 @@ bool st_client_charge(struct state *st, const struct state_client *id, uint32_t 
 /* When may the key read again under `budget` reads per any 60 s span? */
 int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now);
 
-/* Count a read of the key started at `now` in its ring. */
-void st_budget_push(struct st_keyent *k, int64_t now);
+/* Count a read of the key started at `now` in its ring. Returns the time
+ * it is recorded under (budget_stamp: unique among the key's). */
+int64_t st_budget_push(struct st_keyent *k, int64_t now);
 
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */

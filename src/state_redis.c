@@ -29,6 +29,7 @@
 #include <sys/time.h>
 #include <netdb.h>
 
+#include "budget.h"
 #include "log.h"
 #include "rules.h"
 #include "state_redis_check.h"
@@ -103,7 +104,8 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
         const char *why = x->element[2]->str;
         c->v = STATE_REDIS_WAIT;
         c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
-                 : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0           ? WAIT_BUDGET
+                 : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0 ||
+                           strcmp(why, "seed") == 0                                 ? WAIT_BUDGET
                  : strcmp(why, "client") == 0                                       ? WAIT_CLIENT
                                                                                      : WAIT_PACE;
     }
@@ -267,7 +269,7 @@ static void on_slow_timer(struct loop *l, struct loop_timer *t)
 /* ---- the interface ---- */
 
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
-                                    state_redis_blocked_fn *on_blocked,
+                                    state_redis_blocked_fn *on_blocked, state_redis_seed_fn *on_seed,
                                     void *ctx, char *err, size_t errlen)
 {
     struct state_redis *r = calloc(1, sizeof *r);
@@ -296,6 +298,7 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     }
     r->on_msg = on_msg;
     r->on_blocked = on_blocked;
+    r->on_seed = on_seed;
     r->ctx = ctx;
     memcpy(r->salt, STATE_REDIS_NAME_LABEL, sizeof r->salt);
     snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
@@ -391,9 +394,8 @@ bool state_redis_up(const struct state_redis *r)
 int state_redis_budget(const struct state_redis *r, int budget)
 {
     if (r == NULL || r->phase == PH_UP)
-        return budget;
-    int share = budget / (r->cfg.hosts > 0 ? r->cfg.hosts : 1);
-    return share > 0 ? share : 1;
+        return budget_share(budget, 1, true);
+    return budget_share(budget, r->cfg.hosts, false);
 }
 
 /* The client rule's numbers, as the scripts take them (state.h's). */
@@ -406,15 +408,15 @@ static void client_args(char *limit, size_t limitlen, char *window, size_t windo
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
-                                         state_redis_claim_fn *fn, void *data)
+                                         const struct state_redis_count *count, state_redis_claim_fn *fn, void *data)
 {
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL; /* decided on this host */
     char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
         kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
-        kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[16], cwin[24], crecheck[24],
-        shold[24], scap[16], sreads[16];
+        kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], kgrace[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
+        sb[16], sl[24], climit[16], cwin[24], crecheck[24], shold[24], scap[16], sreads[16], sgrace[24];
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
     rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
@@ -425,6 +427,8 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
     rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
     rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
+    rkey_name(kgrace, sizeof kgrace, r->cfg.prefix, &k, "g", NULL);
+    snprintf(sgrace, sizeof sgrace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
     snprintf(shold, sizeof shold, "%lld", (long long)rules_hold_ms(s));
@@ -433,9 +437,10 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "9", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr, kres,
-                          waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
-                          climit, cwin, crecheck, shold, sreads};
+    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "10", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr, kres,
+                          kgrace, waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
+                          climit, cwin, crecheck, shold, sreads, count->member, r->channel, k.hex,
+                          count->lost ? "1" : "0", sgrace};
     size_t lens[sizeof argv / sizeof argv[0]];
     for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
         lens[i] = strlen(argv[i]);
@@ -546,7 +551,7 @@ static void fire(struct state_redis *r, int argc, const char **argv)
 /* EVALSHA the tell script for (key k, id) as op (NULL: fire and forget).
  * false when it could not be sent (op is freed then). */
 static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp, const char *id, const char *word,
-                         bool final, const struct pace_schedule *sched, struct state_redis_op *op)
+                         bool final, const struct pace_schedule *sched, int64_t ttl_ms, struct state_redis_op *op)
 {
     const struct state_redis_id k = *kp;
     char ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24],
@@ -554,7 +559,7 @@ static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp,
     rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
     rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
     rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
-    snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
+    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_ms);
     if (sched != NULL) /* the others' next read, by the pace the reads made */
         waits_csv(sched, waits, sizeof waits);
     else
@@ -572,11 +577,11 @@ static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp,
 }
 
 static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
-                      const struct pace_schedule *sched)
+                      const struct pace_schedule *sched, int64_t ttl_ms)
 {
     struct state_redis_id k;
     if (state_redis_name(secret, &k))
-        send_tell_op(r, &k, id, word, final, sched, NULL);
+        send_tell_op(r, &k, id, word, final, sched, ttl_ms, NULL);
 }
 
 /* Keep (secret, id)'s final status for the write-back: its latest word
@@ -586,12 +591,14 @@ static void send_tell(struct state_redis *r, const char *secret, const char *id,
  * statuses from crowding out every other key's). */
 static void writeback_add(struct state_redis *r, const char *secret, const char *id, const char *word)
 {
+    int64_t now = util_mono_ms();
     size_t mine = 0;
     for (size_t i = 0; i < r->nwb; i++) {
         if (strcmp(r->wb[i].secret, secret) != 0)
             continue;
         if (strcmp(r->wb[i].id, id) == 0) {
             util_copy(r->wb[i].word, sizeof r->wb[i].word, word);
+            r->wb[i].at = now;
             return;
         }
         mine++;
@@ -604,17 +611,73 @@ static void writeback_add(struct state_redis *r, const char *secret, const char 
         return;
     util_copy(w->id, sizeof w->id, id);
     util_copy(w->word, sizeof w->word, word);
+    w->at = now;
     r->nwb++;
 }
 
 void state_redis_writeback_flush(struct state_redis *r)
 {
+    int64_t now = util_mono_ms();
+    long sent = 0;
     for (size_t i = 0; i < r->nwb; i++) {
-        send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true, NULL);
+        /* cached only for what is left of its time, counted from when it
+         * was read or told: an old expired must not outlive Kasera's word */
+        int64_t left = rules_ttl_left(tx_status_parse(r->wb[i].word), r->wb[i].at, now);
+        if (left > 0) {
+            send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true, NULL, left);
+            sent++;
+        }
         writeback_clear(&r->wb[i]);
     }
-    r->m.written_back += (long)r->nwb;
+    r->m.written_back += sent;
     r->nwb = 0;
+}
+
+void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, const struct state_redis_id *host,
+                      const int64_t *at, int n, int64_t now)
+{
+    if (!state_redis_up(r) || n <= 0)
+        return;
+    if (n > STATE_BUDGET_MAX)
+        n = STATE_BUDGET_MAX;
+    int idx[STATE_BUDGET_MAX];
+    int64_t ago[STATE_BUDGET_MAX];
+    int m = budget_seed(at, n, now, idx, ago);
+    if (m == 0)
+        return;
+    int argc = 6 + 2 * m;
+    const char **argv = calloc((size_t)argc, sizeof *argv);
+    size_t *lens = calloc((size_t)argc, sizeof *lens);
+    char (*names)[BUDGET_MEMBER_MAX] = calloc((size_t)m, sizeof *names);
+    char (*ages)[24] = calloc((size_t)m, sizeof *ages);
+    struct state_redis_op *op = argv && lens && names && ages ? state_redis_op_new(r, OP_FIRE) : NULL;
+    if (op != NULL) {
+        char kb[STATE_REDIS_KEY_MAX], kg[STATE_REDIS_KEY_MAX];
+        rkey_name(kb, sizeof kb, r->cfg.prefix, rkey, "b", NULL);
+        rkey_name(kg, sizeof kg, r->cfg.prefix, rkey, "g", NULL);
+        argv[0] = "EVALSHA";
+        argv[1] = r->sha[SCRIPT_SEED];
+        argv[2] = "2";
+        argv[3] = kb;
+        argv[4] = kg;
+        char grace[24];
+        snprintf(grace, sizeof grace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
+        argv[5] = grace;
+        for (int i = 0; i < m; i++) {
+            budget_member(names[i], sizeof names[i], host->hex, at[idx[i]]);
+            snprintf(ages[i], sizeof ages[i], "%lld", (long long)ago[i]);
+            argv[6 + 2 * i] = names[i];
+            argv[7 + 2 * i] = ages[i];
+        }
+        for (int i = 0; i < argc; i++)
+            lens[i] = strlen(argv[i]);
+        if (state_redis_op_send(r->main, op, argc, argv, lens))
+            r->m.seeded += m;
+    }
+    free(argv);
+    free(lens);
+    free(names);
+    free(ages);
 }
 
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
@@ -673,7 +736,7 @@ void state_redis_tell(struct state_redis *r, const char *secret, const char *id,
             writeback_add(r, secret, id, word);
         return;
     }
-    send_tell(r, secret, id, word, final, sched);
+    send_tell(r, secret, id, word, final, sched, rules_status_ttl(tx_status_parse(word)));
 }
 
 struct state_redis_op *state_redis_tell_ask(struct state_redis *r, const char *secret, const char *id,
@@ -688,7 +751,7 @@ struct state_redis_op *state_redis_tell_ask(struct state_redis *r, const char *s
         return NULL;
     op->told_fn = fn;
     op->data = data;
-    return send_tell_op(r, &k, id, word, final, sched, op) ? op : NULL;
+    return send_tell_op(r, &k, id, word, final, sched, rules_status_ttl(tx_status_parse(word)), op) ? op : NULL;
 }
 
 void state_redis_metrics(const struct state_redis *r, struct state_redis_metrics *out)

@@ -60,6 +60,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "config.h"
 #include "loop.h"
 #include "pace.h"
@@ -69,6 +70,9 @@
 #define STATE_REDIS_SLOW_MS 100      /* a reply later than this: Redis is down for us */
 #define STATE_REDIS_JOIN_MS 1000     /* connect, authenticate, load the scripts, subscribe */
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
+_Static_assert(BUDGET_GRACE_MS >= STATE_REDIS_RETRY_MS + STATE_REDIS_JOIN_MS &&
+                   BUDGET_GRACE_SENTINEL_MS >= 5000, /* the failover's promise (Redis Sentinel, README) */
+               "a count made whole waits for every host that lost Redis to join again (budget.h)");
 #define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024
 #define STATE_REDIS_WRITEBACK_PER_KEY (STATE_REDIS_WRITEBACK_MAX / 4) /* one key's share: no tenant fills it */
@@ -86,6 +90,12 @@ typedef void state_redis_msg_fn(void *ctx, const struct state_redis_msg *m);
  * o->shop_id) started its client's block in Redis, by every host's count:
  * once per block, in this process only. */
 typedef void state_redis_blocked_fn(void *ctx, const char *shop_id, const char *id);
+
+/* Called when this process's count of reads should reach Redis
+ * (budget.h): at every join, before anything is asked (rkey NULL: every
+ * key this host read with in the span), and when a key's count was found
+ * gone (rkey: that key). The callee answers with state_redis_seed(). */
+typedef void state_redis_seed_fn(void *ctx, const struct state_redis_id *rkey);
 
 /* Redis's answer to a claim. */
 enum state_redis_verdict {
@@ -142,7 +152,8 @@ struct state_redis_metrics {
     long pings;               /* idle PINGs sent */
     long claims, granted;     /* claims asked, and granted */
     long messages;            /* messages heard */
-    long written_back;        /* final statuses written back after a stay down */
+    long written_back;        /* final statuses written back after a stay down (with time left) */
+    long seeded;              /* reads of this host's sent to make a key's count whole (budget.h) */
     long sentinel;            /* 1: the master is asked of Sentinels (the fields below), else 0 */
     long master_changes;      /* with Sentinels: joins of another master than the last */
     long sentinel_asks;       /* with Sentinels: questions put to one Sentinel */
@@ -152,11 +163,13 @@ struct state_redis_metrics {
 
 /* Start on loop l with the settings in cfg (copied, password included); the
  * first connect begins at once. on_msg(ctx, m) is called for every message,
- * on_blocked(ctx, ...) (may be NULL) for every block a finish started.
+ * on_blocked(ctx, ...) (may be NULL) for every block a finish started,
+ * on_seed(ctx, ...) (may be NULL) when this host's reads should be sent.
  * NULL with a reason in err only when out of memory: an unreachable Redis
  * is not an error (this process is down until it answers). */
 struct state_redis *state_redis_new(struct loop *l, const struct config_redis *cfg, state_redis_msg_fn *on_msg,
-                                    state_redis_blocked_fn *on_blocked, void *ctx, char *err, size_t errlen);
+                                    state_redis_blocked_fn *on_blocked, state_redis_seed_fn *on_seed, void *ctx,
+                                    char *err, size_t errlen);
 
 /* Close the connections and free everything. Operations still waiting are
  * answered STATE_REDIS_DOWN first. r may be NULL. */
@@ -208,6 +221,12 @@ struct state_redis_op *state_redis_held(struct state_redis *r, const char *secre
 void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host,
                       uint64_t stamp);
 
+/* The read a claim asks for, as the key's count in Redis names it. */
+struct state_redis_count {
+    char member[BUDGET_MEMBER_MAX]; /* budget_member(): this host, the time its state recorded */
+    bool lost;                      /* budget_count_lost(): a count found gone was lost */
+};
+
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
  * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
@@ -217,22 +236,33 @@ void state_redis_left(struct state_redis *r, const char *secret, const char *id,
  * STATE_CLIENT_RECHECK_MS; a read granted for an unknown id is in flight
  * for it until state_redis_finish() or its lease ends); `plan` as above (a
  * read the plan refuses gets STATE_REDIS_WAIT, WAIT_BUDGET, until what may
- * change it, plan_retry: at most RULES_PLAN_RECHECK_MS). fn(data,
+ * change it, plan_retry: at most RULES_PLAN_RECHECK_MS); `count` names the
+ * read in the key's count (budget.h: while the count is being made whole,
+ * STATE_REDIS_WAIT, WAIT_BUDGET, until it is). fn(data,
  * verdict) is called exactly once, later, unless state_redis_cancel(). Returns NULL when not up
  * (or out of memory): decide locally, fn is never called. */
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
                                          const struct state_redis_id *client, const struct state_redis_plan *plan,
-                                         state_redis_claim_fn *fn, void *data);
+                                         const struct state_redis_count *count, state_redis_claim_fn *fn, void *data);
 
 /* fn of a pending claim (or told status) will not be called. Can't fail. */
 void state_redis_cancel(struct state_redis_op *op);
+
+/* This host's reads with the key named rkey (Redis's name), recorded at
+ * at[0..n) by its state (state_key_reads), sent to make the key's count
+ * whole: those of the span ending at `now`, each named by budget_member()
+ * with host, so that none is counted twice. Not up: nothing (the next
+ * join asks again, on_seed). Can't fail. */
+void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, const struct state_redis_id *host,
+                      const int64_t *at, int n, int64_t now);
 
 /* Record a read's outcome (after state_finish() here) and publish it. A
  * read made while down is not sent; its final status is kept (at most
  * STATE_REDIS_WRITEBACK_MAX, of which at most STATE_REDIS_WRITEBACK_PER_KEY
  * with one key, the latest word of an id replacing its earlier one) and
- * written back when Redis answers again.
+ * written back when Redis answers again, cached there only for what is
+ * left of its time (rules_ttl_left), not at all once that has run out.
  * Never fails: what cannot be sent is dropped (Redis's lease and TTLs
  * forget a claim whose outcome never came). */
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,

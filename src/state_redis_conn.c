@@ -331,6 +331,10 @@ static void joined(struct state_redis *r)
     r->ever_up = true;
     r->unreachable_logged = false;
     loop_timer_at(r->loop, &r->ping_timer, util_mono_ms() + STATE_REDIS_PING_MS);
+    /* before anything is asked on this connection: the reads this host
+     * made while away (or that an emptied Redis forgot) join the count */
+    if (r->on_seed != NULL)
+        r->on_seed(r->ctx, NULL);
     state_redis_writeback_flush(r);
 }
 

@@ -127,7 +127,7 @@
     "end\n"                                                                                \
     "local function plan_events(kb, kr)\n" /* after prune_waiting(): an overdue reservation at now */ \
     "  redis.call('ZREMRANGEBYSCORE', kb, '-inf', now - BUDGET_SPAN)\n"                    \
-    "  local ev, rd = {}, redis.call('ZRANGE', kb, 0, -1, 'WITHSCORES')\n"                 \
+    "  local ev, rd = {}, redis.call('ZRANGEBYSCORE', kb, '-inf', '(+inf', 'WITHSCORES')\n" \
     "  for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"                           \
     "  rd = redis.call('ZRANGE', kr, 0, -1, 'WITHSCORES')\n"                               \
     "  for i = 2, #rd, 2 do ev[#ev + 1] = math.max(tonumber(rd[i]), now) end\n"            \
@@ -145,7 +145,8 @@
     "  return c\n"                                                                         \
     "end\n"                                                                                \
     "local function first_event(kb, kr)\n" /* plan_events()[1], nil for none */            \
-    "  local b, r = redis.call('ZRANGE', kb, 0, 0, 'WITHSCORES'), redis.call('ZRANGE', kr, 0, 0, 'WITHSCORES')\n" \
+    "  local b = redis.call('ZRANGEBYSCORE', kb, '-inf', '(+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n" \
+    "  local r = redis.call('ZRANGE', kr, 0, 0, 'WITHSCORES')\n"                            \
     "  local t = b[2] and tonumber(b[2])\n"                                                \
     "  if r[2] and (not t or math.max(tonumber(r[2]), now) < t) then t = math.max(tonumber(r[2]), now) end\n" \
     "  return t\n"                                                                         \
@@ -170,7 +171,10 @@
  * client's 404s that block (with its reads in flight), 10 their window
  * (ms), 11 the recheck (ms) of a client at its count, 12 a hold's length
  * (ms, rules_hold_ms), 13 a whole schedule's reads within a hold
- * (pace_reads_within). Returns {'go', serial, 'early'|'last'} or why not. */
+ * (pace_reads_within), 14 the read's name in the key's count
+ * (budget_member), 15 the channel, 16 the key's name (K), 17 '1' when a
+ * count found gone was lost (budget_count_lost), 18 the grace (ms,
+ * budget_grace_ms). KEYS[10]: the key's grace (budget.h). Returns {'go', serial, 'early'|'last'} or why not. */
 static const char lua_claim[] =
     LUA_HEAD LUA_PLAN
     "if s and fu > now then return {'final', fu - now, s} end\n"
@@ -205,8 +209,22 @@ static const char lua_claim[] =
     "end\n"
     /* the floor at Kasera: after the previous read's answer */
     "if le > 0 and le + FLOOR > now then return {'wait', le + FLOOR - now, 'pace'} end\n"
+    /* the key's count (budget.h): its mark '~' (scored +inf, never a
+     * read) says it is whole; found gone, every host is asked for its
+     * reads, and when this host read with the key lately (ARGV[17]: it was
+     * lost, not forgotten) nothing is granted for GRACE while they come */
+    "if not redis.call('ZSCORE', KEYS[3], '~') then\n"
+    "  redis.call('ZADD', KEYS[3], '+inf', '~')\n"
+    "  redis.call('PUBLISH', ARGV[15], 'S ' .. ARGV[16])\n"
+    "  if ARGV[17] == '1' then redis.call('SET', KEYS[10], '1', 'PX', ARGV[18]) end\n"
+    "end\n"
+    "local grace = redis.call('PTTL', KEYS[10])\n"
+    "if grace > 0 then\n"
+    "  redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
+    "  return {'wait', grace, 'seed'}\n"
+    "end\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - BUDGET_SPAN)\n"
-    "local used = redis.call('ZCARD', KEYS[3])\n"
+    "local used = redis.call('ZCOUNT', KEYS[3], '-inf', '(+inf')\n"
     "if used >= tonumber(ARGV[2]) then\n"
     "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
     "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
@@ -324,8 +342,8 @@ static const char lua_claim[] =
     "lu = now + tonumber(ARGV[3])\n"
     "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv)\n"
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
-    "redis.call('ZADD', KEYS[3], now, ARGV[5] .. ':' .. ser .. ':' .. now)\n"
-    "redis.call('PEXPIREAT', KEYS[3], now + BUDGET_SPAN + MARGIN)\n"
+    "redis.call('ZADD', KEYS[3], now, ARGV[14])\n" /* the read's name on its host (budget_member) */
+    "redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
     "if fly then\n" /* in flight for the client until its lease ends */
     "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"
     "  local px = redis.call('PTTL', KEYS[7])\n"
@@ -517,7 +535,30 @@ static const char lua_tell[] =
     "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
     "return kept\n";
 
-static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell, lua_held, lua_left};
+/* A host's own reads of the span, for the key's count (budget.h: what
+ * Redis did not have, after an outage, a stall, a restart or a flush).
+ * KEYS: the key's count, its grace. ARGV: 1 the grace (ms,
+ * budget_grace_ms), then pairs of a read's name (budget_member) and its
+ * age in ms. A name already counted is not counted again (NX); when any
+ * was new, the count is marked whole again and grants nothing for the
+ * grace, while the other hosts send theirs.
+ * Returns how many were new. */
+static const char lua_seed[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local added = 0\n"
+    "for i = 2, #ARGV - 1, 2 do\n"
+    "  local at = now - tonumber(ARGV[i + 1])\n"
+    "  if at > now - BUDGET_SPAN then added = added + redis.call('ZADD', KEYS[1], 'NX', at, ARGV[i]) end\n"
+    "end\n"
+    "if added > 0 then\n"
+    "  redis.call('ZADD', KEYS[1], '+inf', '~')\n"
+    "  redis.call('PEXPIRE', KEYS[1], MARK_KEEP)\n"
+    "  redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])\n"
+    "end\n"
+    "return added\n";
+
+static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell, lua_held, lua_left, lua_seed};
 
 char *state_redis_script_text(int script)
 {

@@ -26,9 +26,19 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
         *sp = '\0';
         p = sp + 1;
     }
-    if (n < 4 || n > 5 || strlen(f[0]) != 1)
+    if (n < 2 || n > 5 || strlen(f[0]) != 1)
         return false;
     memset(m, 0, sizeof *m);
+    uint8_t k[16];
+    if (f[0][0] == 'S') { /* a key's count found gone: send ours (budget.h) */
+        if (n != 2 || !ids_unhex(f[1], strlen(f[1]), k, 16))
+            return false;
+        m->kind = STATE_REDIS_MSG_SEED;
+        util_copy(m->key.hex, sizeof m->key.hex, f[1]);
+        return true;
+    }
+    if (n < 4)
+        return false;
     switch (f[0][0]) {
     case 'F': m->kind = STATE_REDIS_MSG_FINAL; break;
     case 'P': m->kind = STATE_REDIS_MSG_STATUS; break;
@@ -40,7 +50,6 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
     bool worded = m->kind == STATE_REDIS_MSG_FINAL || m->kind == STATE_REDIS_MSG_STATUS;
     if (n != (worded ? 5 : 4))
         return false;
-    uint8_t k[16];
     if (!ids_unhex(f[1], strlen(f[1]), k, 16))
         return false;
     util_copy(m->key.hex, sizeof m->key.hex, f[1]);

@@ -7,6 +7,8 @@
  *   W KEY ID MS        a read ended without a status; the next read in MS
  *   N KEY ID MS        a 404, remembered MS more
  *   B KEY CLIENT MS    CLIENT blocked for MS
+ *   S KEY              KEY's count of reads was found gone: every host
+ *                      sends its own (budget.h)
  * KEY and CLIENT are 32 lowercase hex digits, ID a transaction id as
  * ids_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
  * who can reach the Redis can publish: everything else is refused. */
@@ -35,6 +37,7 @@ enum state_redis_msg_kind {
     STATE_REDIS_MSG_NEXT,      /* a read ended without a status; next read in ms */
     STATE_REDIS_MSG_NOT_FOUND, /* a 404, remembered for ms */
     STATE_REDIS_MSG_BLOCK,     /* client (in id) blocked for ms */
+    STATE_REDIS_MSG_SEED,      /* the key's count was found gone: send this host's reads (key only) */
 };
 
 struct state_redis_msg {

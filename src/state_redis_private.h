@@ -18,7 +18,7 @@
 /* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
 #define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
 
-enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_HELD, SCRIPT_LEFT, SCRIPT_N };
+enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_HELD, SCRIPT_LEFT, SCRIPT_SEED, SCRIPT_N };
 
 struct rconn {
     struct state_redis *r;    /* NULL once it is not r's any more */
@@ -55,6 +55,7 @@ struct writeback {
     char *secret;             /* a copy, wiped when freed */
     char id[STATE_ID_MAX + 1];
     char word[STATUS_WORD_MAX + 1];
+    int64_t at;               /* when it was read or told (its cache time counts from there) */
 };
 
 enum phase { PH_DOWN, PH_JOINING, PH_UP };
@@ -64,6 +65,7 @@ struct state_redis {
     struct config_redis cfg;  /* password: our own copy */
     state_redis_msg_fn *on_msg;
     state_redis_blocked_fn *on_blocked;
+    state_redis_seed_fn *on_seed;
     void *ctx;
     enum phase phase;
     bool ever_up, unreachable_logged, stopping;

@@ -30,7 +30,7 @@ CAP = 512
 def scripts(c):
     exe = os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
     sha = {}
-    for name in ("claim", "tell", "held", "left"):
+    for name in ("claim", "tell", "held", "left", "seed"):
         text = subprocess.run([exe, name], check=True, capture_output=True, text=True).stdout
         sha[name] = c.cmd("SCRIPT", "LOAD", text)
     return sha
@@ -52,10 +52,21 @@ def tell(c, sha, tx, word):
     return c.cmd("EVALSHA", sha["tell"], str(len(keys)), *keys, word, "1", "600000", WAITS, tx, "test:wake", "k")
 
 
-def claim(c, sha, tx):
-    keys = [K + "t:" + tx, K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r"]
-    return c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(BUDGET), "10000", "0", tx, "1",
-                 K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7")
+def claim(c, sha, tx, budget=BUDGET, lost=False, member=None):
+    keys = [K + "t:" + tx, K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r", K + "g"]
+    return c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), "10000", "0", tx, "1",
+                 K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7", member or "h1:" + tx, "test:wake",
+                 "k", "1" if lost else "0", "2000")
+
+
+def seed(c, sha, reads, grace=2000):
+    """A host's reads (name, ms ago) sent to the key's count."""
+    return c.cmd("EVALSHA", sha["seed"], "2", K + "b", K + "g", str(grace),
+                 *[x for name, ago in reads for x in (name, str(ago))])
+
+
+def counted(c):
+    return c.cmd("ZCOUNT", K + "b", "-inf", "(+inf")
 
 
 def calls(c, command):
@@ -152,6 +163,55 @@ def test_a_refused_claim_and_a_fresh_hold_read_no_waiting_transaction(tmpdir):
         assert calls(c, "hmget") <= 2, "a fresh hold made %d HMGETs" % calls(c, "hmget")
 
 
+@harness.timeout(60)
+def test_a_read_is_counted_once_however_often_it_is_sent(tmpdir):
+    """budget.h: a read granted by Redis is named as its host names it, so
+    the host sending it again (every join) adds nothing and starts no
+    grace; reads Redis lacked (made while it was away) are added, those
+    older than the span are not, and nothing is granted during the grace."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c:
+        sha = scripts(c)
+        assert_eq(claim(c, sha, "A", member="h1:100")[0], "go")
+        assert_eq(seed(c, sha, [("h1:100", 5)]), 0)
+        assert_eq(c.cmd("PTTL", K + "g"), -2)
+        assert_eq(seed(c, sha, [("h2:7", 300), ("h2:8", 200), ("h2:1", 61000)]), 2)
+        assert_eq(counted(c), 3)
+        assert_eq(seed(c, sha, [("h2:7", 300), ("h2:8", 200)]), 0)  # a second join: nothing new
+        r = claim(c, sha, "B")
+        assert_eq((r[0], r[2]), ("wait", "seed"))
+        assert 0 < r[1] <= 2000, r
+        # the mark ('~', +inf) is never a read: a budget of 4 takes one more
+        c.cmd("DEL", K + "g")
+        assert_eq(claim(c, sha, "C", budget=4)[0], "go")
+        assert_eq(counted(c), 4)
+        r = claim(c, sha, "D", budget=4)
+        assert_eq((r[0], r[2]), ("wait", "budget"))
+
+
+@harness.timeout(60)
+def test_a_count_found_gone_asks_every_host_and_waits_when_it_was_lost(tmpdir):
+    """A key's count gone (a restart, a flush, an eviction) is announced on
+    the channel ('S K': every host sends its reads); when the host asking
+    had read with the key lately (lost, not forgotten) nothing is granted
+    for the grace, else the read goes at once (a key nobody used for an
+    hour)."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c, redis.client() as sub:
+        sha = scripts(c)
+        sub.cmd("SUBSCRIBE", "test:wake")
+        assert_eq(claim(c, sha, "A")[0], "go")
+        assert_eq(sub.reply(timeout=5), ["message", "test:wake", "S k"])  # the first count of the key
+        c.cmd("FLUSHALL")
+        sha = scripts(c)
+        r = claim(c, sha, "B", lost=True)
+        assert_eq((r[0], r[2]), ("wait", "seed"))
+        assert_eq(sub.reply(timeout=5), ["message", "test:wake", "S k"])
+        c.cmd("FLUSHALL")
+        sha = scripts(c)
+        assert_eq(claim(c, sha, "C", lost=False)[0], "go")
+
+
 def fair_share_case(c, sha, others):
     """A claim of A (an early read already made) with `others` waiting
     transactions that may read now and have had none, the spans leaving
@@ -167,10 +227,10 @@ def fair_share_case(c, sha, others):
     for j in range(budget - 3):  # room for 3
         c.cmd("ZADD", K + "b", str(now - 50000 + j * 1000), "r%d" % j)
     c.cmd("HSET", K + "t:A", "n", "1", "ls", str(now - 5000), "er", "1")
-    keys = [K + "t:A", K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r"]
+    keys = [K + "t:A", K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r", K + "g"]
     c.cmd("CONFIG", "RESETSTAT")
     r = c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), "10000", "0", "A", "1",
-              K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7")
+              K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7", "h1:A", "test:wake", "k", "0", "2000")
     return r, calls(c, "hmget")
 
 

@@ -1,7 +1,7 @@
 /* redis_scripts_print.c - print one of the Redis store's scripts (its text as
  * kembali loads it: the rules' prelude, plan_lua() and the body), for
  * tests/bench/redis_plan.py and tests/integration/test_redis_scripts.py.
- * Usage: redis-scripts claim|finish|tell|held|left */
+ * Usage: redis-scripts claim|finish|tell|held|left|seed */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,7 +9,7 @@
 
 int main(int argc, char **argv)
 {
-    static const char *const names[SCRIPT_N] = {"claim", "finish", "tell", "held", "left"};
+    static const char *const names[SCRIPT_N] = {"claim", "finish", "tell", "held", "left", "seed"};
     for (int i = 0; argc == 2 && i < SCRIPT_N; i++) {
         if (strcmp(argv[1], names[i]) != 0)
             continue;
@@ -20,6 +20,6 @@ int main(int argc, char **argv)
         free(text);
         return 0;
     }
-    fprintf(stderr, "usage: redis-scripts claim|finish|tell|held|left\n");
+    fprintf(stderr, "usage: redis-scripts claim|finish|tell|held|left|seed\n");
     return 2;
 }

@@ -167,10 +167,27 @@ static void test_lua_prelude(void **unused)
     assert_int_equal(rules_lua_prelude(buf, 10), -1);
 }
 
+/* A status kept through a Redis outage keeps its age (rules_ttl_left):
+ * an expired read 64 s ago has nothing left, a succeeded the rest of its
+ * hour, pending none. */
+static void test_ttl_left(void **unused)
+{
+    (void)unused;
+    const int64_t t0 = 1000000;
+    assert_int_equal(rules_ttl_left(TXS_EXPIRED, t0, t0), RULES_TTL_EXPIRED_MS);
+    assert_int_equal(rules_ttl_left(TXS_EXPIRED, t0, t0 + 59000), 1000);
+    assert_int_equal(rules_ttl_left(TXS_EXPIRED, t0, t0 + 64000), 0);
+    assert_int_equal(rules_ttl_left(TXS_SUCCEEDED, t0, t0 + 64000), RULES_TTL_FINAL_MS - 64000);
+    assert_int_equal(rules_ttl_left(TXS_SUCCEEDED, t0, t0 + RULES_TTL_FINAL_MS), 0);
+    assert_int_equal(rules_ttl_left(TXS_PENDING, t0, t0), 0);
+    assert_int_equal(rules_ttl_left(TXS_FAILED, t0 + 5, t0), RULES_TTL_FINAL_MS); /* a clock read early */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_effects),
+        cmocka_unit_test(test_ttl_left),
         cmocka_unit_test(test_not_found_is_remembered_and_charged),
         cmocka_unit_test(test_waits_and_pauses),
         cmocka_unit_test(test_replace_table),

@@ -717,6 +717,43 @@ static void test_rl_key_window(void **unused)
 
 /* ---- budget ---- */
 
+/* The reads a key's budget recorded, as Redis's count is made whole from
+ * them (budget.h): every read a time of its own, even in one ms; a read
+ * given back leaves; those of the span only, newest first. */
+static void test_key_reads_for_the_count(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a"), other = key_of(st, "sk_test_b");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t[4];
+    struct state_fact f;
+    int64_t at[8], newest;
+    assert_int_equal(state_key_reads(st, &k, T0, at, 8, &newest), 0);
+    assert_int_equal(newest, 0);
+    const char *ids[] = {"R1", "R2", "R3", "R4"};
+    for (int i = 0; i < 3; i++) /* three reads in the same ms */
+        assert_true(state_claim(st, &k, ids[i], &s, 100, TIMEOUT, T0, &t[i], &f));
+    assert_int_equal(t[0].budget_at, T0);
+    assert_int_equal(t[1].budget_at, T0 + 1);
+    assert_int_equal(t[2].budget_at, T0 + 2);
+    assert_int_equal(t[0].budget_prev, 0);
+    assert_int_equal(t[2].budget_prev, T0 + 1);
+    state_unclaim(st, &t[1], T0 + 5); /* never made: it leaves the count */
+    assert_int_equal(state_key_reads(st, &k, T0 + 10, at, 8, &newest), 2);
+    assert_int_equal(at[0], T0 + 2);
+    assert_int_equal(at[1], T0);
+    assert_int_equal(newest, T0 + 2);
+    assert_int_equal(state_key_reads(st, &other, T0 + 10, at, 8, &newest), 0);
+    /* a minute later they left the span; the newest is still known */
+    assert_true(state_claim(st, &k, ids[3], &s, 100, TIMEOUT, T0 + 30000, &t[3], &f));
+    assert_int_equal(state_key_reads(st, &k, T0 + 60003, at, 8, &newest), 1);
+    assert_int_equal(at[0], T0 + 30000);
+    assert_int_equal(state_key_reads(st, &k, T0 + 90000, at, 8, &newest), 0);
+    assert_int_equal(newest, T0 + 30000);
+    state_free(st);
+}
+
 static void test_budget(void **unused)
 {
     (void)unused;
@@ -2555,6 +2592,7 @@ int main(void)
         cmocka_unit_test(test_rl_tx_window),
         cmocka_unit_test(test_rl_key_window),
         cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_key_reads_for_the_count),
         cmocka_unit_test(test_tell_final_costs_no_read),
         cmocka_unit_test(test_tell_ttls),
         cmocka_unit_test(test_tell_pending_changes_nothing_else),
