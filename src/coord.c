@@ -48,9 +48,12 @@ struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, co
                                     .schedule_reads = pace_reads_within(cr->sched, pace_hold_ms(cr->sched))};
     struct state_redis_count count = {.lost = budget_count_lost(t->budget_prev, t->started)};
     budget_member(count.member, sizeof count.member, host->hex, t->budget_at);
-    return state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
-                             t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL, &plan, &count, fn,
-                             data);
+    struct state_redis_op *op = state_redis_claim(redis, cr->shop->secret, t->id, cr->sched, cr->shop->read_budget,
+                                                  t->lease_until - t->started, cr->has_rclient ? &cr->rclient : NULL,
+                                                  &plan, &count, fn, data);
+    if (op == NULL) /* read on this host's claim alone: the count gets it when Redis is back */
+        state_answered(st, t, t->started);
+    return op;
 }
 
 void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
@@ -89,6 +92,7 @@ enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const str
 {
     if (c->v == STATE_REDIS_GO) {
         cr->redis_serial = c->serial;
+        state_answered(st, &cr->ticket, now); /* Redis counts it */
         return COORD_READ;
     }
     state_unclaim(st, &cr->ticket, now);

@@ -378,6 +378,15 @@ bool state_known(struct state *st, const struct state_key *key, const char *id, 
     return known;
 }
 
+void state_answered(struct state *st, const struct state_ticket *t, int64_t now)
+{
+    st_lock(st, now);
+    struct st_keyent *k = st_key_get(st, &t->key, now, false);
+    if (k != NULL)
+        st_budget_answered(k, t->budget_at);
+    st_unlock(st);
+}
+
 int state_key_reads(struct state *st, const struct state_key *key, int64_t now, int64_t *at, int cap,
                     int64_t *newest)
 {
@@ -388,10 +397,11 @@ int state_key_reads(struct state *st, const struct state_key *key, int64_t now, 
     if (k != NULL && k->ring_n > 0) {
         *newest = k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX];
         for (int32_t j = 0; j < k->ring_n && n < cap; j++) { /* newest first */
-            int64_t t = k->ring[(k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX];
-            if (t <= now - PLAN_BUDGET_SPAN_MS)
+            int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+            if (k->ring[i] <= now - PLAN_BUDGET_SPAN_MS)
                 break; /* older ones are older still */
-            at[n++] = t;
+            if (!k->ring_asking[i]) /* else its claim is Redis's to count, or to refuse */
+                at[n++] = k->ring[i];
         }
     }
     st_unlock(st);

@@ -390,12 +390,19 @@ enum state_told {
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 
+/* The read of ticket t (claimed here) is no longer waiting on Redis's
+ * answer: Redis granted it (and counts it), or was not asked (the read is
+ * this host's alone). Until then state_key_reads() leaves it out: a claim
+ * Redis refuses is given back (state_unclaim), and sent meanwhile it
+ * would be counted though never made. Can't fail. */
+void state_answered(struct state *st, const struct state_ticket *t, int64_t now);
+
 /* The reads of `key` this state recorded in the budget's span ending at
- * `now` (every process's, whether Redis granted them or not), each at the
- * time its ring holds it (budget_stamp): at most cap of them, newest
- * first, into at[]; *newest is the newest read ever recorded (0: none),
- * in the span or not. Returns how many. Never creates an entry; can't
- * fail. */
+ * `now` (every process's, whether Redis granted them or not; not those
+ * still waiting on Redis's answer, state_answered), each at the time its
+ * ring holds it (budget_stamp): at most cap of them, newest first, into
+ * at[]; *newest is the newest read ever recorded (0: none), in the span
+ * or not. Returns how many. Never creates an entry; can't fail. */
 int state_key_reads(struct state *st, const struct state_key *key, int64_t now, int64_t *at, int cap,
                     int64_t *newest);
 

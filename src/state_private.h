@@ -35,8 +35,8 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 9 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
-                      * 9: hold_stamp */
+#define ST_VERSION 10 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+                       * 9: hold_stamp; 10: ring_asking */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -81,6 +81,8 @@ struct st_keyent {
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
     int64_t ring[STATE_BUDGET_MAX];
+    uint8_t ring_asking[STATE_BUDGET_MAX]; /* 1: Redis was asked for it and has not answered (budget.h:
+                                            * not sent to make its count whole, where its claim counts it) */
     /* the budget plan: transactions waiting (indexes into txs, checked on
      * every use), and when the latest ones were first held */
     int32_t nwaiting;
@@ -275,6 +277,10 @@ int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now);
 /* Count a read of the key started at `now` in its ring. Returns the time
  * it is recorded under (budget_stamp: unique among the key's). */
 int64_t st_budget_push(struct st_keyent *k, int64_t now);
+
+/* Redis answered the claim of the read the ring holds at t (granted it,
+ * or was not asked): it is no longer `asking`. */
+void st_budget_answered(struct st_keyent *k, int64_t t);
 
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */

@@ -739,6 +739,11 @@ static void test_key_reads_for_the_count(void **unused)
     assert_int_equal(t[2].budget_at, T0 + 2);
     assert_int_equal(t[0].budget_prev, 0);
     assert_int_equal(t[2].budget_prev, T0 + 1);
+    /* a read still waiting on Redis's answer is Redis's to count or refuse */
+    assert_int_equal(state_key_reads(st, &k, T0 + 1, at, 8, &newest), 0);
+    assert_int_equal(newest, T0 + 2);
+    state_answered(st, &t[0], T0 + 3);
+    state_answered(st, &t[2], T0 + 3);
     state_unclaim(st, &t[1], T0 + 5); /* never made: it leaves the count */
     assert_int_equal(state_key_reads(st, &k, T0 + 10, at, 8, &newest), 2);
     assert_int_equal(at[0], T0 + 2);
@@ -747,6 +752,7 @@ static void test_key_reads_for_the_count(void **unused)
     assert_int_equal(state_key_reads(st, &other, T0 + 10, at, 8, &newest), 0);
     /* a minute later they left the span; the newest is still known */
     assert_true(state_claim(st, &k, ids[3], &s, 100, TIMEOUT, T0 + 30000, &t[3], &f));
+    state_answered(st, &t[3], T0 + 30000);
     assert_int_equal(state_key_reads(st, &k, T0 + 60003, at, 8, &newest), 1);
     assert_int_equal(at[0], T0 + 30000);
     assert_int_equal(state_key_reads(st, &k, T0 + 90000, at, 8, &newest), 0);
