@@ -37,6 +37,7 @@
 #include "notify.h"
 #include "serve.h"
 #include "state.h"
+#include "state_redis.h"
 #include "state_redis_check.h"
 #include "util.h"
 
@@ -590,6 +591,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kembali: %s\n", err);
         goto out;
     }
+    /* A CGI process has one request and no time to join Redis after it:
+     * its claim waits for the join (the join's own limit, 1 s), so that it
+     * is decided with every host's rather than alone */
+    for (int64_t until = util_mono_ms() + STATE_REDIS_JOIN_MS, left;
+         cgi && state_redis_joining(app.redis) && (left = until - util_mono_ms()) > 0;)
+        if (loop_turn(loop, (int)left) != 0)
+            goto out;
     struct front_handler h = serve_handler(serve);
     front = cgi ? front_new_cgi(loop, &h, err, sizeof err) : front_new(loop, app.listen_fd, &h, err, sizeof err);
     if (front == NULL) {

@@ -178,6 +178,12 @@ void state_redis_free(struct state_redis *r);
 /* Is this process using Redis now (joined, not down)? */
 bool state_redis_up(const struct state_redis *r);
 
+/* Is this process's first join still under way (neither joined nor failed
+ * yet)? A CGI process waits for it before its one request (at most
+ * STATE_REDIS_JOIN_MS, the join's own limit), so that its claim is
+ * decided with every host's. false when r is NULL. */
+bool state_redis_joining(const struct state_redis *r);
+
 /* The reads per minute this process may count on for a key whose budget is
  * `budget`: all of it while up (Redis counts it once for every host), else
  * its share, budget / redis_hosts (at least 1). r may be NULL (budget). */
