@@ -391,6 +391,11 @@ bool state_redis_up(const struct state_redis *r)
     return r != NULL && r->phase == PH_UP;
 }
 
+bool state_redis_joining(const struct state_redis *r)
+{
+    return r != NULL && r->phase == PH_JOINING && !r->ever_up;
+}
+
 int state_redis_budget(const struct state_redis *r, int budget)
 {
     if (r == NULL || r->phase == PH_UP)
@@ -787,25 +792,16 @@ static redisReply *sync_cmd(redisContext *c, int argc, const char **argv, char *
     return x;
 }
 
-int state_redis_tell_once(const struct config_redis *cfg, const char *secret, const char *id, const char *word,
-                          bool final, int timeout_ms, char *err, size_t errlen)
+/* Connect to host:port (or cfg's Unix socket), authenticate, select, and
+ * with `want_master` check that ROLE says master; then record the told
+ * status as state_redis_tell() does. 0; -1 with a reason; 1 when the
+ * server is not a master (nothing was written). */
+static int tell_at(const struct config_redis *cfg, const char *host, int port, bool want_master, const char *secret,
+                   const char *id, const char *word, bool final, int timeout_ms, char *err, size_t errlen)
 {
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    const char *host = cfg->host;
-    int port = cfg->port;
-    char mip[INET6_ADDRSTRLEN + 1];
-    if (cfg->sentinel) { /* the master, as the first Sentinel that answers names it */
-        int which = -1;
-        char why[600];
-        state_redis_sentinel_master(cfg, timeout_ms, mip, sizeof mip, &port, &which, NULL, why, sizeof why);
-        if (which < 0) {
-            snprintf(err, errlen, "%s", why);
-            return -1;
-        }
-        host = mip;
-    }
-    redisContext *c = cfg->unix_socket ? redisConnectUnixWithTimeout(cfg->path, tv)
-                                       : redisConnectWithTimeout(host, port, tv);
+    redisContext *c = cfg->unix_socket && !cfg->sentinel ? redisConnectUnixWithTimeout(cfg->path, tv)
+                                                         : redisConnectWithTimeout(host, port, tv);
     if (c == NULL || c->err) {
         snprintf(err, errlen, "cannot connect: %s", c ? c->errstr : "out of memory");
         if (c)
@@ -826,6 +822,21 @@ int state_redis_tell_once(const struct config_redis *cfg, const char *secret, co
         goto out;
     freeReplyObject(x);
     x = NULL;
+    if (want_master) { /* as the daemon's join: an address a Sentinel named must be a master */
+        if ((x = sync_cmd(c, 1, (const char *[]){"ROLE"}, err, errlen)) == NULL)
+            goto out;
+        if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements < 1 || !reply_is(x->element[0], REDIS_REPLY_STRING) ||
+            strcmp(x->element[0]->str, "master") != 0) {
+            snprintf(err, errlen, "%s:%d is not a master (ROLE says %s)", host, port,
+                     reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING)
+                         ? x->element[0]->str
+                         : "something else");
+            rc = 1;
+            goto out;
+        }
+        freeReplyObject(x);
+        x = NULL;
+    }
     struct state_redis_id k;
     if (!state_redis_name(secret, &k)) {
         snprintf(err, errlen, "out of memory");
@@ -853,4 +864,30 @@ out:
         freeReplyObject(x);
     redisFree(c);
     return rc;
+}
+
+int state_redis_tell_once(const struct config_redis *cfg, const char *secret, const char *id, const char *word,
+                          bool final, int timeout_ms, char *err, size_t errlen)
+{
+    if (!cfg->sentinel)
+        return tell_at(cfg, cfg->host, cfg->port, false, secret, id, word, final, timeout_ms, err, errlen) == 0 ? 0
+                                                                                                               : -1;
+    /* each Sentinel in turn, as the daemon asks them: the first whose
+     * master answers ROLE master takes it (one that names a replica, after
+     * a failover it has not seen yet, is passed over) */
+    char why[600] = "";
+    for (int i = 0; i < cfg->nsentinels; i++) {
+        struct config_redis one = *cfg;
+        one.sentinels[0] = cfg->sentinels[i];
+        one.nsentinels = 1;
+        char mip[INET6_ADDRSTRLEN + 1];
+        int port = 0, which = -1;
+        state_redis_sentinel_master(&one, timeout_ms, mip, sizeof mip, &port, &which, NULL, why, sizeof why);
+        if (which < 0)
+            continue;
+        if (tell_at(cfg, mip, port, true, secret, id, word, final, timeout_ms, why, sizeof why) == 0)
+            return 0; /* else (not a master, not reachable): the next Sentinel, with why kept */
+    }
+    snprintf(err, errlen, "%s", why[0] ? why : "no Sentinel names a master");
+    return -1;
 }
