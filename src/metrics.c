@@ -127,8 +127,12 @@ static const struct metrics_row rows[] = {
     {"kembali_redis_claims_granted_total", C, "Claims of a read Redis granted.", REDIS(granted), NULL, 0, NULL},
     {"kembali_redis_messages_total", C, "Messages heard from other hosts through Redis.", REDIS(messages), NULL, 0,
      NULL},
-    {"kembali_redis_written_back_total", C, "Final statuses written back to Redis after a stay down.",
+    {"kembali_redis_written_back_total", C,
+     "Final statuses written back to Redis after a stay down (those whose cache time had not run out).",
      REDIS(written_back), NULL, 0, NULL},
+    {"kembali_redis_seeded_total", C,
+     "This host's reads sent to Redis to make a key's count whole (at a join, or when it was found gone).",
+     REDIS(seeded), NULL, 0, NULL},
     /* its value is `sentinel`, 1 wherever the row is shown */
     {"kembali_redis_master", G, "The master (named by the Sentinels) last joined.", SENTINEL(sentinel), "address", 1,
      master_label},

@@ -31,6 +31,7 @@ REDIS_NAMES = [
     "kembali_redis_up", "kembali_redis_joins_total", "kembali_redis_leaves_total",
     "kembali_redis_round_trips_total", "kembali_redis_pings_total", "kembali_redis_claims_total",
     "kembali_redis_claims_granted_total", "kembali_redis_messages_total", "kembali_redis_written_back_total",
+    "kembali_redis_seeded_total",
 ]
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")

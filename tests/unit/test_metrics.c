@@ -285,6 +285,7 @@ static void test_values_from_their_fields(void **unused)
     HAS("kembali_redis_claims_granted_total %ld\n", src.redis.granted);
     HAS("kembali_redis_messages_total %ld\n", src.redis.messages);
     HAS("kembali_redis_written_back_total %ld\n", src.redis.written_back);
+    HAS("kembali_redis_seeded_total %ld\n", src.redis.seeded);
 #undef HAS
     free(text);
 }

@@ -42,6 +42,9 @@ static void test_each_kind(void **unused)
     assert_int_equal(m.kind, STATE_REDIS_MSG_BLOCK);
     assert_string_equal(m.id, "fedcba9876543210fedcba9876543210");
     assert_true(parse("F " K " t 86400000 a_9", &m)); /* the longest span */
+    assert_true(parse("S " K, &m)); /* a key's count found gone */
+    assert_int_equal(m.kind, STATE_REDIS_MSG_SEED);
+    assert_string_equal(m.key.hex, K);
 }
 
 static void test_refused(void **unused)
@@ -58,6 +61,7 @@ static void test_refused(void **unused)
         "F " K " t1 100 Succeeded", "F " K " t1 100 succeeded ", "F  " K " t1 100 succeeded",
         "F " K " t1  100 succeeded", " F " K " t1 100 succeeded", "F " K " t1 100 succeeded extra",
         "B " K " t1 600000", "B " K " zz23456789abcdef0123456789abcdef 600000",
+        "S", "S ", "S " K " t1", "S " K " t1 100", "S 0123456789ABCDEF0123456789abcdef", "S " K "0", "W " K,
         "F " K " 0123456789012345678901234567890123456789012345678901234567890123456789 1 failed",
         "F " K " t1 100 abcdefghijklmnopqrstuvwxyzabcdefg", /* a word of 33 */
     };
