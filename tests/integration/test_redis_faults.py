@@ -1,0 +1,335 @@
+"""The budget and the truth through every Redis fault (budget.h): two
+kembali hosts (each its own state_dir) on one real redis-server (and, for
+the failover, a replica and a real redis-sentinel), a key whose budget is
+B reads a minute, against the sandbox. Each cell spends what it can
+before the fault, then keeps asking (fresh ids, both hosts, through the
+fault and after it, until every host is back and its grace has passed),
+and checks that Kasera saw at most B reads with the key: the test is
+shorter than a minute, so every read lies in one 60 s span. Each prints
+its figures: reads before and after the fault, the answers, how long the
+hosts were away.
+
+Beside them: a status written back after an outage keeps its age; a CGI
+process with Redis waits for its join before its one claim; `--notify`
+with Sentinels passes over one that names a replica (ROLE). Every wait is
+for a state (a log line, a key in Redis, a metric), never a sleep: the
+time a fault lasts (a SIGSTOP of 0.5 s) is the scenario itself."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import harness
+import kit
+import test_sentinel
+from harness import assert_eq
+
+B = 20  # the key's read_budget_per_minute
+GRACE = 2.0  # budget.h: BUDGET_GRACE_MS (5 s with Sentinels)
+
+
+def two_hosts(tmpdir, redis, url=None):
+    """Two hosts on `redis` (a harness.Redis, or a redis-sentinel:// URL
+    with `redis` the master), shop toko-a with a budget of B, joined."""
+    top = {"redis_hosts": 2}
+    if url is not None:
+        top["redis"] = url
+    else:
+        top["redis"] = redis.unix_url()
+    sb, ks = kit.start_hosts(tmpdir, 2, url or redis, top=top,
+                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                                                                read_budget_per_minute=B)])
+    for k in ks:
+        k.wait_log(30, event="redis_joined")
+    return sb, ks
+
+
+class Asker:
+    """Fresh pending ids asked in turn of each host (JSON: no hold, one read
+    at most), from a thread; `answers` counts each answer's word."""
+
+    def __init__(self, sb, ks, prefix):
+        self.sb, self.ks, self.prefix = sb, ks, prefix
+        self.n = 0
+        self.answers = {}
+        self.lock = threading.Lock()
+
+    def ask(self, count=1):
+        for _ in range(count):
+            with self.lock:
+                i = self.n
+                self.n += 1
+            id = "%s%d" % (self.prefix, i)
+            self.sb.put_tx(id, "pending")
+            r = self.ks[i % len(self.ks)].get("id=%s&format=json" % id, timeout=30)
+            word = r.header("kembali-status") or str(r.status)
+            with self.lock:
+                self.answers[word] = self.answers.get(word, 0) + 1
+
+    def burst(self, count):
+        """count requests at once, spread over threads (the fault's window)."""
+        ts = [threading.Thread(target=self.ask) for _ in range(count)]
+        for t in ts:
+            t.start()
+        return ts
+
+    def until(self, done, limit=40):
+        """Ask, one request after another, until done() (a state: every host
+        back, the grace over)."""
+        deadline = time.monotonic() + limit
+        while not done():
+            assert time.monotonic() < deadline, "the hosts did not come back within %d s" % limit
+            self.ask()
+
+
+def reads_with_the_key(sb):
+    return [r for r in sb.reads() if r.get("http") != 404]
+
+
+def back(ks, since, redis_keys=None):
+    """Every host is on Redis again (rejoined after `since` leaves, or never
+    left), and no grace runs (redis_keys: the keys of the Redis in use)."""
+    for k, n in zip(ks, since):
+        left = len(k.find_log(event="redis_left"))
+        if left > n and len(k.find_log(event="redis_rejoined")) < left:
+            return False
+        if k.metrics()["kembali_redis_up"] != 1:
+            return False
+    return redis_keys is None or not redis_keys("kembali:*}g")
+
+
+def away_times(ks):
+    """Per host, each stay away from Redis (s): redis_left to the next rejoin."""
+    out = []
+    for k in ks:
+        lefts = [kit.log_time(l) for l in k.find_log(event="redis_left")]
+        joins = [kit.log_time(l) for l in k.find_log(event="redis_rejoined")]
+        out.append([round(min([j for j in joins if j > t] or [float("nan")]) - t, 2) for t in lefts])
+    return out
+
+
+def judge(name, sb, ks, before, asker):
+    reads = reads_with_the_key(sb)
+    print("# %s: budget %d; reads before the fault %d, after %d, %d in all (one 60 s span); answers %r; "
+          "away (s) per host %r" % (name, B, before, len(reads) - before, len(reads), asker.answers,
+                                   away_times(ks)))
+    assert all(r["http"] != 429 for r in reads), "no read was refused by Kasera"
+    assert len(reads) <= B, "%d reads in one 60 s span on a budget of %d" % (len(reads), B)
+
+
+def spend(sb, ks, asker):
+    """The whole budget, through Redis, over both hosts."""
+    asker.ask(B)
+    assert_eq(len(reads_with_the_key(sb)), B)
+    return [len(k.find_log(event="redis_left")) for k in ks]
+
+
+@harness.timeout(120)
+def test_a_restart_without_persistence(tmpdir):
+    """The budget spent, then redis-server killed and started again empty:
+    the hosts' own records fill its count before it grants anything."""
+    redis = harness.Redis(tmpdir)
+    sb, ks = two_hosts(tmpdir, redis)
+    a = Asker(sb, ks, "r")
+    since = spend(sb, ks, a)
+    redis.kill()
+    for k in ks:
+        k.wait_log(15, event="redis_left")
+    a.ask(4)  # away: each host within its share, which its own reads already spent
+    redis.restart()
+    a.until(lambda: back(ks, since, redis.keys))
+    a.ask(4)
+    judge("restart", sb, ks, B, a)
+
+
+def stall(tmpdir, seconds):
+    """SIGSTOP for `seconds` with a burst of requests in it, nothing spent
+    before: the hosts read their shares alone (those that notice), and
+    once back those reads are in the count."""
+    redis = harness.Redis(tmpdir)
+    sb, ks = two_hosts(tmpdir, redis)
+    a = Asker(sb, ks, "s")
+    since = [0, 0]
+    redis.pause()
+    stalled = time.monotonic()
+    ts = a.burst(2 * B)
+    threading.Event().wait(max(0.0, seconds - (time.monotonic() - stalled)))  # the stall's length: the fault
+    redis.resume()
+    for t in ts:
+        t.join(40)
+    a.until(lambda: back(ks, since, redis.keys))
+    a.ask(2 * B)
+    judge("SIGSTOP %.1f s" % seconds, sb, ks, 0, a)
+
+
+@harness.timeout(120)
+def test_a_stall_of_a_tenth_of_a_second(tmpdir):
+    stall(tmpdir, 0.1)
+
+
+@harness.timeout(120)
+def test_a_stall_of_half_a_second(tmpdir):
+    stall(tmpdir, 0.5)
+
+
+@harness.timeout(120)
+def test_a_stall_of_two_seconds(tmpdir):
+    stall(tmpdir, 2.0)
+
+
+@harness.timeout(120)
+def test_flushall(tmpdir):
+    """FLUSHALL while both hosts stay connected: the count found gone is
+    announced, every host sends its reads, nothing is granted meanwhile."""
+    redis = harness.Redis(tmpdir)
+    sb, ks = two_hosts(tmpdir, redis)
+    a = Asker(sb, ks, "f")
+    since = spend(sb, ks, a)
+    redis.cmd("FLUSHALL")
+    a.ask(4)
+    a.until(lambda: back(ks, since, redis.keys))
+    a.ask(B)
+    for k in ks:
+        assert k.metrics()["kembali_redis_seeded_total"] >= B // 2 - 1, "each host sent its reads"
+    judge("FLUSHALL", sb, ks, B, a)
+
+
+@harness.timeout(120)
+def test_maxmemory_evicts_the_count(tmpdir):
+    """maxmemory with volatile-ttl (the README's setting): a burst of other
+    keys with longer lives evicts the key's count; it is found gone and
+    made whole again."""
+    redis = harness.Redis(tmpdir, args=["--maxmemory-policy", "volatile-ttl", "--maxmemory-samples", "10"])
+    sb, ks = two_hosts(tmpdir, redis)
+    a = Asker(sb, ks, "e")
+    since = spend(sb, ks, a)
+    counts = redis.keys("kembali:*}b")
+    assert_eq(len(counts), 1)
+    with redis.client() as c:
+        c.cmd("CONFIG", "SET", "maxmemory", str(int(c.cmd("INFO", "memory").split("used_memory:")[1].split()[0])
+                                                  + (1 << 20)))
+        filler = "x" * 65536
+        i = 0
+        while c.cmd("EXISTS", counts[0]) == 1:
+            assert i < 4000, "the count was never evicted"
+            c.cmd("SET", "filler:%d" % i, filler, "PX", "7200000")
+            i += 1
+        c.cmd("CONFIG", "SET", "maxmemory", "0")
+        print("# %d fillers of 64 KiB evicted the count" % i)
+    a.ask(4)
+    a.until(lambda: back(ks, since, redis.keys))
+    a.ask(B)
+    judge("maxmemory eviction", sb, ks, B, a)
+
+
+@harness.timeout(240)
+def test_a_failover_to_a_replica_that_lags(tmpdir):
+    """Sentinel fails over to a replica that lacks the last writes (its copy
+    of the count deleted: what a lagging replica would not have): the hosts
+    join the new master and send their reads before it grants any."""
+    master, replica = test_sentinel.pair(tmpdir)
+    sen = harness.Sentinel(tmpdir, master)
+    sb, ks = two_hosts(tmpdir, master, url=test_sentinel.url([sen]))
+    a = Asker(sb, ks, "o")
+    since = spend(sb, ks, a)
+    harness.wait_for(sen.replicas_ready, 60, msg="Sentinel knows a good replica")
+    harness.wait_for(lambda: replica.keys("kembali:*}b"), 30, msg="the count reached the replica")
+    replica.cmd("CONFIG", "SET", "replica-read-only", "no")
+    for key in replica.keys("kembali:*}b"):
+        replica.cmd("DEL", key)
+
+    def failover():
+        try:
+            return sen.cmd("SENTINEL", "FAILOVER", test_sentinel.MASTER) == "OK"
+        except harness.RedisError as e:  # NOGOODSLAVE, INPROG: not ready yet
+            print("# SENTINEL FAILOVER: %s" % e)
+            return False
+    harness.wait_for(failover, 60, interval=0.5, msg="Sentinel accepts SENTINEL FAILOVER")
+    for k in ks:
+        k.wait_log(30, event="redis_rejoined", port=str(replica.port))
+    a.until(lambda: back(ks, since, replica.keys), limit=60)
+    a.ask(B)
+    judge("Sentinel failover to a lagging replica", sb, ks, B, a)
+
+
+@harness.timeout(120)
+def test_a_status_written_back_keeps_its_age(tmpdir):
+    """An expired read while Redis was gone is written back for what is
+    left of its 60 s, not 60 s more: it never outlives Kasera's word."""
+    redis = harness.Redis(tmpdir)
+    sb, ks = two_hosts(tmpdir, redis)
+    redis.kill()
+    ks[0].wait_log(15, event="redis_left")
+    sb.put_tx("old", "expired")
+    assert_eq(ks[0].get("id=old&format=json").header("kembali-status"), "expired")
+    read_at = kit.log_time(ks[0].wait_log(10, event="read", id="old"))
+    harness.wait_for(lambda: time.time() - read_at >= 5, 10, msg="the status is 5 s old")  # its age: the scenario
+    redis.restart()
+    ks[0].wait_log(15, event="redis_rejoined")
+    keys = harness.wait_for(lambda: redis.keys("kembali:*t:old"), 10, msg="old is written back")
+    with redis.client() as c:
+        fu = int(c.cmd("HGET", keys[0], "fu"))
+        t = c.cmd("TIME")
+        now = int(t[0]) * 1000 + int(t[1]) // 1000
+        pttl = c.cmd("PTTL", keys[0])
+    age = time.time() - read_at
+    print("# an expired %.1f s old written back: cached %d ms more in Redis" % (age, fu - now))
+    assert fu - now <= 60000 - (age - 0.5) * 1000, "cached for a fresh minute"
+    assert pttl > 0
+
+
+@harness.timeout(120)
+def test_cgi_processes_wait_for_their_join(tmpdir):
+    """Two hosts' CGI processes asked for one pending transaction at once
+    (Apache mod_cgi on two machines): each joins Redis before its claim, so
+    they make one read between them, not one each."""
+    redis = harness.Redis(tmpdir)
+    sb, ks = two_hosts(tmpdir, redis)
+    for k in ks:
+        k.stop()
+    for trial in range(3):
+        id = "cgi%d" % trial
+        sb.put_tx(id, "pending")
+        env = dict(harness.cgi_params("id=%s&format=json" % id, host="toko-a.test"), PATH=os.environ["PATH"])
+        procs = [subprocess.Popen([harness.kembali_bin(), "--config", k.config_path], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for k in ks]
+        outs = [p.communicate(timeout=30) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+        assert all(b"Kembali-Status:" in o[0] for o in outs), outs
+        reads = sb.reads(id)
+        print("# trial %d: two CGI processes, %d read(s) of %s" % (trial, len(reads), id))
+        assert_eq(len(reads), 1, "one read between the two hosts")
+
+
+@harness.timeout(120)
+def test_notify_passes_over_a_sentinel_naming_a_replica(tmpdir):
+    """`kembali --notify` with a Sentinel that names the replica first: ROLE
+    says slave, the next Sentinel is asked, the status lands on the master."""
+    master, replica = test_sentinel.pair(tmpdir)
+    wrong = harness.Sentinel(tmpdir, replica, name="wrong", down_after_ms=600000)
+    good = harness.Sentinel(tmpdir, master, name="good", down_after_ms=600000)
+    sb, ks = two_hosts(tmpdir, master, url=test_sentinel.url([wrong, good]))
+    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n1",
+                        "succeeded"], capture_output=True, text=True, timeout=30)
+    assert_eq((p.returncode, p.stdout, p.stderr), (0, "", ""))
+    assert master.keys("kembali:*t:n1"), "the status is on the master"
+    assert_eq(ks[1].get("id=n1").header("kembali-status"), "succeeded")
+    assert_eq(sb.reads("n1"), [])
+    # with only the Sentinel that names the replica: recorded on this host,
+    # and the warning says why Redis did not get it
+    one = os.path.join(tmpdir, "one.json")
+    cfg = json.load(open(ks[0].config_path))
+    cfg["redis"] = test_sentinel.url([wrong])
+    harness.write_config_file(one, cfg)
+    p = subprocess.run([harness.kembali_bin(), "--config", one, "--notify", "toko-a", "n2", "succeeded"],
+                       capture_output=True, text=True, timeout=30)
+    assert_eq(p.returncode, 0)
+    assert "recorded on this host only" in p.stderr and "is not a master (ROLE says slave)" in p.stderr, p.stderr
+    assert_eq(replica.keys("kembali:*t:n2"), [])
+
+
+if __name__ == "__main__":
+    harness.run(globals())
