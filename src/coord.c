@@ -2,6 +2,9 @@
 #include "coord.h"
 
 #include "budget.h"
+#include "siphash.h"
+
+#include <stdlib.h>
 
 #include <string.h>
 
@@ -178,6 +181,7 @@ void coord_mirror(struct state *st, const struct state_key *key, const char *id,
         break;
     case STATE_REDIS_MSG_BLOCK:
     case STATE_REDIS_MSG_SEED:
+    case STATE_REDIS_MSG_READ:
         break;
     }
 }
@@ -192,6 +196,56 @@ void coord_told_here(struct state *st, struct state_redis *redis, struct coord_k
     state_lookup(st, &shop->key, id, sched, shop->read_budget, now, &f);
     if (f.status != TXS_NONE && f.status != TXS_UNKNOWN)
         state_redis_tell(redis, shop->secret, id, f.status_word, f.final, sched);
+}
+
+/* The heard reads' names are hashed only to be told apart (no secret) */
+static const uint8_t NAME_HASH_KEY[16] = "kembali-heard-v1";
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct coord_name *)a)->rkey.hex, ((const struct coord_name *)b)->rkey.hex);
+}
+
+void coord_names_for(struct coord_names *names, struct state_redis *redis, struct config *cfg)
+{
+    if (names->cfg == cfg)
+        return;
+    coord_names_free(names);
+    names->cfg = config_ref(cfg);
+    names->e = calloc(cfg->nshops > 0 ? (size_t)cfg->nshops : 1, sizeof *names->e);
+    if (names->e == NULL)
+        return;
+    for (int i = 0; i < cfg->nshops; i++)
+        if (state_redis_key_id(redis, cfg->shops[i].secret, &names->e[names->n].rkey)) {
+            names->e[names->n].key = cfg->shops[i].key;
+            names->n++;
+        }
+    qsort(names->e, (size_t)names->n, sizeof *names->e, name_cmp);
+}
+
+const struct state_key *coord_names_find(const struct coord_names *names, const struct state_redis_id *rkey)
+{
+    struct coord_name want = {.rkey = *rkey};
+    const struct coord_name *e =
+        names->e ? bsearch(&want, names->e, (size_t)names->n, sizeof *names->e, name_cmp) : NULL;
+    return e ? &e->key : NULL;
+}
+
+void coord_names_free(struct coord_names *names)
+{
+    free(names->e);
+    config_unref(names->cfg);
+    memset(names, 0, sizeof *names);
+}
+
+void coord_heard(struct state *st, const struct coord_names *names, const struct state_redis_id *host,
+                 const struct state_redis_msg *m, int64_t now)
+{
+    if (m->kind != STATE_REDIS_MSG_READ || strncmp(m->id, host->hex, 16) == 0)
+        return; /* this host's own read is in its ring already */
+    const struct state_key *key = coord_names_find(names, &m->key);
+    if (key != NULL)
+        state_heard(st, key, (uint32_t)siphash24(NAME_HASH_KEY, m->id, strlen(m->id)), now);
 }
 
 void coord_keys_learn(struct coord_keys *ks, struct state_redis *redis, const struct shop *shop, int64_t now)

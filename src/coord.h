@@ -137,6 +137,34 @@ void coord_told_here(struct state *st, struct state_redis *redis, struct coord_k
 void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
                 const struct state_redis_id *host, const struct state_redis_id *only, int64_t now);
 
+/* Every shop key of one configuration by its name in Redis, so that a
+ * message naming any of them finds it (coord_heard), however many shops. */
+struct coord_names {
+    struct config *cfg;        /* the configuration they are of (a reference), or NULL */
+    int n;
+    struct coord_name {
+        struct state_redis_id rkey;
+        struct state_key key;
+    } *e;                      /* sorted by rkey */
+};
+
+/* Make names those of cfg's shops, unless they are already. Out of memory:
+ * names is left empty (found: nothing). Can't fail otherwise. */
+void coord_names_for(struct coord_names *names, struct state_redis *redis, struct config *cfg);
+
+/* The state's key named rkey in Redis, or NULL. Can't fail. */
+const struct state_key *coord_names_find(const struct coord_names *names, const struct state_redis_id *rkey);
+
+/* Let names go (the configuration's reference too). Can't fail. */
+void coord_names_free(struct coord_names *names);
+
+/* Another host's read was granted (m: STATE_REDIS_MSG_READ): unless it is
+ * this host's (`host`), it spends the key's budget here too
+ * (state_heard), so that this host counts it if Redis goes away. Can't
+ * fail. */
+void coord_heard(struct state *st, const struct coord_names *names, const struct state_redis_id *host,
+                 const struct state_redis_msg *m, int64_t now);
+
 /* The keys this host used with Redis lately: Redis's name of each
  * (state_redis_key_id) and this state's (state_key_id), at most COORD_KEYS,
  * the least recently used forgotten first. A name is derived from its

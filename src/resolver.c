@@ -56,6 +56,7 @@ struct resolver {
     struct kasera_client *api;
     struct state_redis *redis;        /* the state across hosts, or NULL */
     struct state_redis_id host;       /* this host in Redis: from the state's salt, shared by its processes */
+    struct coord_names names;         /* every shop key's name in Redis (another host's reads heard) */
     resolver_answer_fn *answer;
     void *ctx;
     bool stopping;
@@ -540,6 +541,13 @@ static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
         on_redis_seed(rs, &m->key);
         return;
     }
+    if (m->kind == STATE_REDIS_MSG_READ) { /* another host's read spends the key's budget here too */
+        struct config *cfg = app_config(rs->app);
+        coord_names_for(&rs->names, rs->redis, cfg);
+        config_unref(cfg);
+        coord_heard(rs->app->state, &rs->names, &rs->host, m, util_mono_ms());
+        return;
+    }
     struct state *st = rs->app->state;
     struct resolver_watch *dirty = NULL;
     for (struct resolver_watch *w = rs->all; w; w = w->next) {
@@ -773,6 +781,7 @@ void resolver_free(struct resolver *rs)
         read_release(rs, rs->reads);
     }
     state_redis_free(rs->redis);
+    coord_names_free(&rs->names);
     rs->app->redis = NULL;
     free(rs->app->keys);
     rs->app->keys = NULL;

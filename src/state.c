@@ -378,6 +378,17 @@ bool state_known(struct state *st, const struct state_key *key, const char *id, 
     return known;
 }
 
+bool state_heard(struct state *st, const struct state_key *key, uint32_t who, int64_t now)
+{
+    st_lock(st, now);
+    struct st_keyent *k = st_key_get(st, key, now, true);
+    bool added = k != NULL && st_budget_heard(k, who, now);
+    if (k != NULL)
+        k->last_used = now;
+    st_unlock(st);
+    return added;
+}
+
 void state_answered(struct state *st, const struct state_ticket *t, int64_t now)
 {
     st_lock(st, now);
@@ -400,7 +411,7 @@ int state_key_reads(struct state *st, const struct state_key *key, int64_t now, 
             int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
             if (k->ring[i] <= now - PLAN_BUDGET_SPAN_MS)
                 break; /* older ones are older still */
-            if (!k->ring_asking[i]) /* else its claim is Redis's to count, or to refuse */
+            if (k->ring_kind[i] == RING_OWN) /* not another host's; not one whose claim Redis counts or refuses */
                 at[n++] = k->ring[i];
         }
     }

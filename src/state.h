@@ -390,6 +390,14 @@ enum state_told {
 enum state_told state_tell(struct state *st, const struct state_key *key, const char *id,
                            enum tx_status status, const char *word, int64_t now);
 
+/* Another host made a read with `key` that Redis granted (heard on its
+ * channel; `who` a hash of the read's name there): it spends the key's
+ * budget here too, from `now` for the span, so that while Redis is away
+ * this host counts what the others spent before (budget.h). Every process
+ * of the host hears it: recorded once. true when recorded now, false when
+ * it was already (or the key table is full). */
+bool state_heard(struct state *st, const struct state_key *key, uint32_t who, int64_t now);
+
 /* The read of ticket t (claimed here) is no longer waiting on Redis's
  * answer: Redis granted it (and counts it), or was not asked (the read is
  * this host's alone). Until then state_key_reads() leaves it out: a claim

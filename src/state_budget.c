@@ -27,7 +27,8 @@ int64_t st_budget_push(struct st_keyent *k, int64_t now)
     int64_t newest = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
     now = budget_stamp(newest, now); /* a name of its own in Redis's count (budget.h) */
     k->ring[k->ring_head] = now;
-    k->ring_asking[k->ring_head] = 1; /* until st_budget_answered */
+    k->ring_kind[k->ring_head] = RING_ASKING; /* until st_budget_answered */
+    k->ring_who[k->ring_head] = 0;
     k->ring_head = (k->ring_head + 1) % STATE_BUDGET_MAX;
     if (k->ring_n < STATE_BUDGET_MAX)
         k->ring_n++;
@@ -39,10 +40,28 @@ void st_budget_answered(struct st_keyent *k, int64_t t)
     for (int32_t j = 0; j < k->ring_n; j++) { /* newest first: it is one of the last */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         if (k->ring[i] == t) {
-            k->ring_asking[i] = 0;
+            if (k->ring_kind[i] == RING_ASKING)
+                k->ring_kind[i] = RING_OWN;
             return;
         }
     }
+}
+
+bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) {
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] <= now - PLAN_BUDGET_SPAN_MS)
+            break;
+        if (k->ring_kind[i] == RING_HEARD && k->ring_who[i] == who)
+            return false;
+    }
+    int64_t at = st_budget_push(k, now);
+    int32_t i = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+    k->ring[i] = at;
+    k->ring_kind[i] = RING_HEARD;
+    k->ring_who[i] = who;
+    return true;
 }
 
 /* Take back one read started at t (the newest such) from the ring: the
@@ -56,7 +75,8 @@ void st_budget_unpush(struct st_keyent *k, int64_t t)
         for (; j > 0; j--) {
             int32_t newer = (i + 1) % STATE_BUDGET_MAX;
             k->ring[i] = k->ring[newer];
-            k->ring_asking[i] = k->ring_asking[newer];
+            k->ring_kind[i] = k->ring_kind[newer];
+            k->ring_who[i] = k->ring_who[newer];
             i = newer;
         }
         k->ring_head = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;

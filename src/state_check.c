@@ -174,8 +174,8 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     for (int32_t j = 0; j < k->ring_n; j++) { /* only the ring_n newest are ever read */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         clamp_time(&k->ring[i], now, 0, dmg);
-        if (k->ring_asking[i] > 1) { /* a flag: 0 or 1 */
-            k->ring_asking[i] = 0;
+        if (k->ring_kind[i] > RING_HEARD) {
+            k->ring_kind[i] = RING_HEARD; /* never sent as this host's */
             dmg[DMG_KEY_ENTRY]++;
         }
     }

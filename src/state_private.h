@@ -36,7 +36,7 @@
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
 #define ST_VERSION 10 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
-                       * 9: hold_stamp; 10: ring_asking */
+                       * 9: hold_stamp; 10: ring_kind, ring_who */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -81,8 +81,8 @@ struct st_keyent {
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
     int64_t ring[STATE_BUDGET_MAX];
-    uint8_t ring_asking[STATE_BUDGET_MAX]; /* 1: Redis was asked for it and has not answered (budget.h:
-                                            * not sent to make its count whole, where its claim counts it) */
+    uint8_t ring_kind[STATE_BUDGET_MAX]; /* RING_*: whose read, and whether Redis has answered its claim */
+    uint32_t ring_who[STATE_BUDGET_MAX]; /* RING_HEARD: a hash of its name in Redis's count (heard once) */
     /* the budget plan: transactions waiting (indexes into txs, checked on
      * every use), and when the latest ones were first held */
     int32_t nwaiting;
@@ -278,9 +278,22 @@ int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now);
  * it is recorded under (budget_stamp: unique among the key's). */
 int64_t st_budget_push(struct st_keyent *k, int64_t now);
 
+/* What a ring entry is (budget.h): this host's read, counted wherever it
+ * should be; this host's read whose claim Redis has not answered (not
+ * sent to make Redis's count whole: its claim counts it, or is refused
+ * and given back); another host's read that Redis granted, heard on the
+ * channel (it spends the key's budget here too, and is never sent as
+ * this host's). */
+enum { RING_OWN = 0, RING_ASKING = 1, RING_HEARD = 2 };
+
 /* Redis answered the claim of the read the ring holds at t (granted it,
- * or was not asked): it is no longer `asking`. */
+ * or was not asked): it is no longer RING_ASKING. */
 void st_budget_answered(struct st_keyent *k, int64_t t);
+
+/* Another host's read named `who` (a hash of its name) heard at `now`:
+ * pushed as RING_HEARD unless the ring holds it already (every process of
+ * this host hears it). false when it was there. */
+bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now);
 
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */

@@ -343,6 +343,7 @@ static const char lua_claim[] =
     "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv)\n"
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[14])\n" /* the read's name on its host (budget_member) */
+    "redis.call('PUBLISH', ARGV[15], 'R ' .. ARGV[16] .. ' ' .. ARGV[14])\n" /* every host counts it too */
     "redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
     "if fly then\n" /* in flight for the client until its lease ends */
     "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"

@@ -37,6 +37,16 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
         util_copy(m->key.hex, sizeof m->key.hex, f[1]);
         return true;
     }
+    if (f[0][0] == 'R') { /* a read granted: its name, 16 hex digits ':' its time */
+        size_t nl = strlen(f[2]);
+        if (n != 3 || !ids_unhex(f[1], strlen(f[1]), k, 16) || nl < 18 || nl > 16 + 1 + 20 || f[2][16] != ':' ||
+            !ids_unhex(f[2], 16, k, 8) || strspn(f[2] + 17, "0123456789") != nl - 17)
+            return false;
+        m->kind = STATE_REDIS_MSG_READ;
+        util_copy(m->key.hex, sizeof m->key.hex, f[1]);
+        util_copy(m->id, sizeof m->id, f[2]);
+        return true;
+    }
     if (n < 4)
         return false;
     switch (f[0][0]) {

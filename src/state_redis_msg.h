@@ -9,6 +9,8 @@
  *   B KEY CLIENT MS    CLIENT blocked for MS
  *   S KEY              KEY's count of reads was found gone: every host
  *                      sends its own (budget.h)
+ *   R KEY NAME         a read with KEY granted, NAME its name in the
+ *                      count (budget_member: 16 hex digits, ':', digits)
  * KEY and CLIENT are 32 lowercase hex digits, ID a transaction id as
  * ids_valid_id() takes, WORD [a-z0-9_]{1,32}, MS 0 to 86400000. Anybody
  * who can reach the Redis can publish: everything else is refused. */
@@ -38,12 +40,13 @@ enum state_redis_msg_kind {
     STATE_REDIS_MSG_NOT_FOUND, /* a 404, remembered for ms */
     STATE_REDIS_MSG_BLOCK,     /* client (in id) blocked for ms */
     STATE_REDIS_MSG_SEED,      /* the key's count was found gone: send this host's reads (key only) */
+    STATE_REDIS_MSG_READ,      /* a read granted, named in id (budget_member) */
 };
 
 struct state_redis_msg {
     enum state_redis_msg_kind kind;
     struct state_redis_id key;
-    char id[STATE_ID_MAX + 1];          /* the transaction; BLOCK: the client's hex */
+    char id[STATE_ID_MAX + 1];          /* the transaction; BLOCK: the client's hex; READ: the read's name */
     char word[STATUS_WORD_MAX + 1];     /* FINAL, STATUS */
     int64_t ms;
 };

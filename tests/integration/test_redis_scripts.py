@@ -202,6 +202,7 @@ def test_a_count_found_gone_asks_every_host_and_waits_when_it_was_lost(tmpdir):
         sub.cmd("SUBSCRIBE", "test:wake")
         assert_eq(claim(c, sha, "A")[0], "go")
         assert_eq(sub.reply(timeout=5), ["message", "test:wake", "S k"])  # the first count of the key
+        assert_eq(sub.reply(timeout=5), ["message", "test:wake", "R k h1:A"])  # every host counts the read
         c.cmd("FLUSHALL")
         sha = scripts(c)
         r = claim(c, sha, "B", lost=True)
@@ -210,6 +211,8 @@ def test_a_count_found_gone_asks_every_host_and_waits_when_it_was_lost(tmpdir):
         c.cmd("FLUSHALL")
         sha = scripts(c)
         assert_eq(claim(c, sha, "C", lost=False)[0], "go")
+        assert_eq(sub.reply(timeout=5), ["message", "test:wake", "S k"])
+        assert_eq(sub.reply(timeout=5), ["message", "test:wake", "R k h1:C"])
 
 
 def fair_share_case(c, sha, others):

@@ -760,6 +760,32 @@ static void test_key_reads_for_the_count(void **unused)
     state_free(st);
 }
 
+/* Another host's read heard on the channel spends the key's budget here
+ * too (so a host Redis left counts it), once however many processes hear
+ * it, and is never sent as this host's. */
+static void test_heard_reads_spend_the_budget(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct pace_schedule s = sched_default();
+    struct state_ticket t;
+    struct state_fact f;
+    int64_t at[8], newest;
+    assert_true(state_heard(st, &k, 11, T0));
+    assert_false(state_heard(st, &k, 11, T0 + 1)); /* another process heard it too */
+    assert_true(state_heard(st, &k, 12, T0 + 2));
+    assert_true(state_claim(st, &k, "H1", &s, 3, TIMEOUT, T0 + 3, &t, &f));
+    state_answered(st, &t, T0 + 3);
+    assert_false(state_claim(st, &k, "H2", &s, 3, TIMEOUT, T0 + 4, &t, &f)); /* 2 heard + 1 own */
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_int_equal(state_key_reads(st, &k, T0 + 5, at, 8, &newest), 1);
+    assert_int_equal(at[0], T0 + 3);
+    /* a minute on, heard again: a new read of the same name's span */
+    assert_true(state_heard(st, &k, 11, T0 + 60001));
+    state_free(st);
+}
+
 static void test_budget(void **unused)
 {
     (void)unused;
@@ -2599,6 +2625,7 @@ int main(void)
         cmocka_unit_test(test_rl_key_window),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_key_reads_for_the_count),
+        cmocka_unit_test(test_heard_reads_spend_the_budget),
         cmocka_unit_test(test_tell_final_costs_no_read),
         cmocka_unit_test(test_tell_ttls),
         cmocka_unit_test(test_tell_pending_changes_nothing_else),

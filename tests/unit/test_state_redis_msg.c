@@ -42,6 +42,11 @@ static void test_each_kind(void **unused)
     assert_int_equal(m.kind, STATE_REDIS_MSG_BLOCK);
     assert_string_equal(m.id, "fedcba9876543210fedcba9876543210");
     assert_true(parse("F " K " t 86400000 a_9", &m)); /* the longest span */
+    assert_true(parse("R " K " 0123456789abcdef:4971809", &m)); /* a read granted */
+    assert_int_equal(m.kind, STATE_REDIS_MSG_READ);
+    assert_string_equal(m.id, "0123456789abcdef:4971809");
+    assert_true(parse("R " K " 0123456789abcdef:-9223372036854775808", &m) == false);
+    assert_true(parse("R " K " 0123456789abcdef:18446744073709551615", &m));
     assert_true(parse("S " K, &m)); /* a key's count found gone */
     assert_int_equal(m.kind, STATE_REDIS_MSG_SEED);
     assert_string_equal(m.key.hex, K);
@@ -61,6 +66,9 @@ static void test_refused(void **unused)
         "F " K " t1 100 Succeeded", "F " K " t1 100 succeeded ", "F  " K " t1 100 succeeded",
         "F " K " t1  100 succeeded", " F " K " t1 100 succeeded", "F " K " t1 100 succeeded extra",
         "B " K " t1 600000", "B " K " zz23456789abcdef0123456789abcdef 600000",
+        "R " K, "R " K " t1", "R " K " 0123456789abcdef", "R " K " 0123456789abcdef:", "R " K " 0123456789ABCDEF:1",
+        "R " K " 0123456789abcdef:1 x", "R " K " 0123456789abcde:12", "R " K " 0123456789abcdef:1a",
+        "R " K " 0123456789abcdef:123456789012345678901",
         "S", "S ", "S " K " t1", "S " K " t1 100", "S 0123456789ABCDEF0123456789abcdef", "S " K "0", "W " K,
         "F " K " 0123456789012345678901234567890123456789012345678901234567890123456789 1 failed",
         "F " K " t1 100 abcdefghijklmnopqrstuvwxyzabcdefg", /* a word of 33 */
