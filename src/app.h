@@ -37,6 +37,9 @@ struct app_metrics {
     atomic_long budget_waits;       /* held transactions whose read waited for the key's budget (once each) */
     atomic_long streamed;           /* streamed pages whose waiting top went out */
     atomic_long streamed_cut;       /* ... that ended without their result (it could not be built) */
+    atomic_long json_answers;       /* answers in JSON (format=json or Accept) */
+    atomic_long held_answered;      /* held requests answered (not gone) */
+    atomic_long held_ms;            /* the milliseconds they were held, summed */
 };
 
 struct app {

@@ -3,12 +3,15 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "classify.h"
 #include "render.h"
 #include "word.h"
 
-enum metrics_type { METRIC_COUNTER, METRIC_GAUGE };
+/* METRIC_COUNTER_MS: a counter of milliseconds, shown in seconds (the
+ * base unit promtool asks for), its thousandths kept. */
+enum metrics_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_COUNTER_MS };
 
 /* Which source a row's value is read from. */
 enum metrics_from { FROM_APP, FROM_STATE, FROM_FRONT, FROM_HELD, FROM_SHOP, FROM_REDIS, FROM_SENTINEL };
@@ -90,6 +93,13 @@ static const struct metrics_row rows[] = {
     {"kembali_checking_answers_total", C,
      "Held requests answered checking, by why no further read could be made for them (pace: the schedule ran "
      "out without a final status).", APP(checking[0]), "reason", WAIT_CLIENT + 1, wait_label},
+    {"kembali_json_answers_total", C, "Answers in JSON (format=json, or an Accept that prefers it).",
+     APP(json_answers), NULL, 0, NULL},
+    {"kembali_held_answers_total", C, "Held requests answered (a client gone before its answer is not counted).",
+     APP(held_answered), NULL, 0, NULL},
+    {"kembali_held_answer_seconds_total", METRIC_COUNTER_MS,
+     "Seconds the answered held requests waited for their answer, summed.",
+     APP(held_ms), NULL, 0, NULL},
     {"kembali_method_not_allowed_total", C, "Requests with a method other than GET and HEAD (405).",
      APP(method_not_allowed), NULL, 0, NULL},
     {"kembali_api_reads_total", C, "Reads of the Kasera API by outcome.", APP(reads[0]), "outcome", OUT_NO_ANSWER + 1,
@@ -241,10 +251,14 @@ enum dynbuf_rc metrics_render(const struct metrics_src *src, struct dynbuf *b)
                 continue;
         }
         if (dynbuf_addf(b, "# HELP %s %s\n# TYPE %s %s\n", r->name, r->help, r->name,
-                        r->type == METRIC_COUNTER ? "counter" : "gauge") != DYNBUF_OK)
+                        r->type == METRIC_GAUGE ? "gauge" : "counter") != DYNBUF_OK)
             return dynbuf_error(b);
         if (r->label == NULL) {
-            if (dynbuf_addf(b, "%s %ld\n", r->name, row_value(r, src, 0)) != DYNBUF_OK)
+            long v = row_value(r, src, 0);
+            enum dynbuf_rc rc = r->type == METRIC_COUNTER_MS
+                                    ? dynbuf_addf(b, "%s %ld.%03ld\n", r->name, v / 1000, labs(v % 1000))
+                                    : dynbuf_addf(b, "%s %ld\n", r->name, v);
+            if (rc != DYNBUF_OK)
                 return dynbuf_error(b);
             continue;
         }

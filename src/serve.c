@@ -268,6 +268,8 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
     }
     dynbuf_free(&body);
     atomic_fetch_add(&a->m.requests[ans->word], 1);
+    if (r->json)
+        atomic_fetch_add(&a->m.json_answers, 1);
     log_request(r, http, word);
     send_out(r, &out, rc);
     dynbuf_free(&out);
@@ -504,6 +506,8 @@ static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_f
     request_answer(f, util_mono_ms(), &ans);
     if (ans.word == W_CHECKING && (unsigned)f->wait <= WAIT_CLIENT)
         atomic_fetch_add(&r->s->app->m.checking[f->wait], 1);
+    atomic_fetch_add(&r->s->app->m.held_answered, 1);
+    atomic_fetch_add(&r->s->app->m.held_ms, (long)(util_mono_ms() - r->arrived));
     if (r->sc.painted != 0)
         respond_stream_end(r, &ans);
     else

@@ -259,6 +259,14 @@ static void test_values_from_their_fields(void **unused)
     for (int w = 0; w <= WAIT_CLIENT; w++)
         HAS("kembali_checking_answers_total{reason=\"%s\"} %ld\n", reasons[w], atomic_load(&am.checking[w]));
     HAS("kembali_budget_waits_total %ld\n", atomic_load(&am.budget_waits));
+    HAS("kembali_json_answers_total %ld\n", atomic_load(&am.json_answers));
+    HAS("kembali_held_answers_total %ld\n", atomic_load(&am.held_answered));
+    long ms = atomic_load(&am.held_ms);
+    HAS("kembali_held_answer_seconds_total %ld.%03ld\n", ms / 1000, ms % 1000);
+    atomic_store(&am.held_ms, 12005); /* milliseconds shown as seconds, the thousandths kept */
+    free(text);
+    text = render(&src);
+    HAS("kembali_held_answer_seconds_total 12.005\n");
     HAS("kembali_streamed_pages_total %ld\n", atomic_load(&am.streamed));
     HAS("kembali_streamed_pages_cut_total %ld\n", atomic_load(&am.streamed_cut));
     HAS("kembali_held_requests_max %ld\n", src.held.max_held);
