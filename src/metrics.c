@@ -3,21 +3,26 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "classify.h"
 #include "render.h"
 #include "word.h"
 
-enum metrics_type { METRIC_COUNTER, METRIC_GAUGE };
+/* METRIC_COUNTER_MS: a counter of milliseconds, shown in seconds (the
+ * base unit promtool asks for), its thousandths kept. */
+enum metrics_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_COUNTER_MS };
 
 /* Which source a row's value is read from. */
-enum metrics_from { FROM_APP, FROM_STATE, FROM_FRONT, FROM_REDIS, FROM_SENTINEL };
+enum metrics_from { FROM_APP, FROM_STATE, FROM_FRONT, FROM_HELD, FROM_SHOP, FROM_REDIS, FROM_SENTINEL };
 
 /* One metric. Its value is the long (an atomic_long for FROM_APP) at `off`
  * in its source (FROM_SENTINEL: src->redis, its rows only with Sentinels); a
  * labelled metric has `labels` values at consecutive longs from there, the
  * i-th named label_value(src, i), a sample left out where that is NULL (and
- * the metric, HELP and TYPE too, where every one is). */
+ * the metric, HELP and TYPE too, where every one is). A FROM_SHOP row has
+ * one sample per listed shop (src->nshops, `labels` unused): the long at
+ * `off` in src->shops[i], labelled with its id. */
 struct metrics_row {
     const char *name;
     enum metrics_type type;
@@ -36,6 +41,8 @@ struct metrics_row {
 #define APP(f) FROM_APP, FIELD(struct app_metrics, f, atomic_long)
 #define STATE(f) FROM_STATE, FIELD(struct state_metrics, f, long)
 #define FRONT(f) FROM_FRONT, FIELD(struct metrics_front, f, long)
+#define HELD(f) FROM_HELD, FIELD(struct metrics_held, f, long)
+#define SHOP(f) FROM_SHOP, FIELD(struct metrics_shop, f, long)
 #define REDIS(f) FROM_REDIS, FIELD(struct state_redis_metrics, f, long)
 #define SENTINEL(f) FROM_SENTINEL, FIELD(struct state_redis_metrics, f, long)
 #define C METRIC_COUNTER
@@ -53,6 +60,24 @@ static const char *outcome_label(const struct metrics_src *src, int i)
     return classify_outcome_name((enum outcome_kind)i);
 }
 
+/* Why a held request's next read could not be made (enum state_wait):
+ * the reason of kembali_checking_answers_total. */
+static const char *wait_label(const struct metrics_src *src, int i)
+{
+    static const char *const names[] = {
+        [WAIT_NONE] = "none",          [WAIT_PACE] = "pace",          [WAIT_RETRY] = "retry_after",
+        [WAIT_KEY_PAUSE] = "key_paused", [WAIT_HOST_PAUSE] = "host_paused", [WAIT_BUDGET] = "budget",
+        [WAIT_FULL] = "full",          [WAIT_CLIENT] = "client",
+    };
+    (void)src;
+    return (unsigned)i < sizeof names / sizeof names[0] ? names[i] : NULL;
+}
+
+static const char *shop_label(const struct metrics_src *src, int i)
+{
+    return src->shops[i].id;
+}
+
 /* The master last joined, "IP:PORT" (nothing to escape); NULL before the
  * first. */
 static const char *master_label(const struct metrics_src *src, int i)
@@ -65,6 +90,16 @@ static const char *master_label(const struct metrics_src *src, int i)
  * tests know them. */
 static const struct metrics_row rows[] = {
     {"kembali_answers_total", C, "Answers by status word.", APP(requests[0]), "status", W_COUNT, word_label},
+    {"kembali_checking_answers_total", C,
+     "Held requests answered checking, by why no further read could be made for them (pace: the schedule ran "
+     "out without a final status).", APP(checking[0]), "reason", WAIT_CLIENT + 1, wait_label},
+    {"kembali_json_answers_total", C, "Answers in JSON (format=json, or an Accept that prefers it).",
+     APP(json_answers), NULL, 0, NULL},
+    {"kembali_held_answers_total", C, "Held requests answered (a client gone before its answer is not counted).",
+     APP(held_answered), NULL, 0, NULL},
+    {"kembali_held_answer_seconds_total", METRIC_COUNTER_MS,
+     "Seconds the answered held requests waited for their answer, summed.",
+     APP(held_ms), NULL, 0, NULL},
     {"kembali_method_not_allowed_total", C, "Requests with a method other than GET and HEAD (405).",
      APP(method_not_allowed), NULL, 0, NULL},
     {"kembali_api_reads_total", C, "Reads of the Kasera API by outcome.", APP(reads[0]), "outcome", OUT_NO_ANSWER + 1,
@@ -74,6 +109,19 @@ static const struct metrics_row rows[] = {
     {"kembali_held_requests", G, "Requests held until their answer is due, now.", APP(held), NULL, 0, NULL},
     {"kembali_held_requests_peak", G, "The most requests held at once since the start.", APP(held_peak), NULL, 0,
      NULL},
+    {"kembali_held_requests_max", G, "The most requests one process holds at once (max_held).", HELD(max_held),
+     NULL, 0, NULL},
+    {"kembali_held_requests_per_shop_max", G, "The most requests one process holds at once for one shop "
+     "(max_held_per_shop).", HELD(max_held_per_shop), NULL, 0, NULL},
+    {"kembali_held_requests_busiest_shop", G, "Requests held now for the shop with the most held.",
+     HELD(busiest_shop), NULL, 0, NULL},
+    {"kembali_budget_waits_total", C,
+     "Held transactions whose next read waited for the key's read budget (spent, or kept for last-chance reads "
+     "by the flash-sale plan), once per transaction held.", APP(budget_waits), NULL, 0, NULL},
+    {"kembali_streamed_pages_total", C, "Streamed pages whose waiting top went out.", APP(streamed), NULL, 0, NULL},
+    {"kembali_streamed_pages_cut_total", C,
+     "Streamed pages that ended without their result (it could not be built): the buyer kept the waiting top.",
+     APP(streamed_cut), NULL, 0, NULL},
     {"kembali_answers_without_wait_total", C, "Requests answered at once from what was known.", APP(cache_answers),
      NULL, 0, NULL},
     {"kembali_probe_answers_total", C,
@@ -111,6 +159,18 @@ static const struct metrics_row rows[] = {
      NULL},
     {"kembali_state_key_full_total", C, "API keys that found no slot (answered checking).", STATE(key_full), NULL, 0,
      NULL},
+    {"kembali_host_paused", G,
+     "1 while Kasera's failed-authentication limiter blocks this host (every key paused), else 0.",
+     STATE(host_paused), NULL, 0, NULL},
+    {"kembali_shops_active", G, "Shops whose key read in the last 60 s or is paused now.", HELD(shops_active), NULL,
+     0, NULL},
+    {"kembali_shop_reads_last_minute", G,
+     "Reads started with the shop's key in the last 60 s on this host (shops in use only).", SHOP(reads), "shop", 0,
+     shop_label},
+    {"kembali_shop_read_budget", G, "The shop's read_budget_per_minute (shops in use only).", SHOP(budget), "shop",
+     0, shop_label},
+    {"kembali_shop_key_paused", G, "1 while the shop's key is paused by a 401 or a per-key 429 (shops in use only).",
+     SHOP(paused), "shop", 0, shop_label},
     {"kembali_clients_blocked", G, "Clients blocked for probing now.", STATE(clients_blocked), NULL, 0, NULL},
     {"kembali_client_blocks_total", C, "Blocks of probing clients started.", STATE(client_blocks), NULL, 0, NULL},
     {"kembali_client_full_total", C, "Answers 404 that found no room to be counted against their client.",
@@ -148,6 +208,8 @@ static const struct metrics_row rows[] = {
 #undef APP
 #undef STATE
 #undef FRONT
+#undef HELD
+#undef SHOP
 #undef REDIS
 #undef SENTINEL
 #undef C
@@ -165,6 +227,10 @@ static long row_value(const struct metrics_row *r, const struct metrics_src *src
         return *(const long *)((const char *)&src->state + off);
     case FROM_FRONT:
         return *(const long *)((const char *)&src->front + off);
+    case FROM_HELD:
+        return *(const long *)((const char *)&src->held + off);
+    case FROM_SHOP:
+        return *(const long *)((const char *)&src->shops[i] + r->off);
     case FROM_REDIS:
     case FROM_SENTINEL:
         return *(const long *)((const char *)&src->redis + off);
@@ -180,22 +246,27 @@ enum dynbuf_rc metrics_render(const struct metrics_src *src, struct dynbuf *b)
             continue;
         if (r->from == FROM_SENTINEL && !src->redis.sentinel)
             continue;
+        int labels = r->from == FROM_SHOP ? src->nshops : r->labels;
         if (r->label != NULL) {
             int shown = 0;
-            for (int i = 0; i < r->labels; i++)
+            for (int i = 0; i < labels; i++)
                 shown += r->label_value(src, i) != NULL;
             if (shown == 0)
                 continue;
         }
         if (dynbuf_addf(b, "# HELP %s %s\n# TYPE %s %s\n", r->name, r->help, r->name,
-                        r->type == METRIC_COUNTER ? "counter" : "gauge") != DYNBUF_OK)
+                        r->type == METRIC_GAUGE ? "gauge" : "counter") != DYNBUF_OK)
             return dynbuf_error(b);
         if (r->label == NULL) {
-            if (dynbuf_addf(b, "%s %ld\n", r->name, row_value(r, src, 0)) != DYNBUF_OK)
+            long v = row_value(r, src, 0);
+            enum dynbuf_rc rc = r->type == METRIC_COUNTER_MS
+                                    ? dynbuf_addf(b, "%s %ld.%03ld\n", r->name, v / 1000, labs(v % 1000))
+                                    : dynbuf_addf(b, "%s %ld\n", r->name, v);
+            if (rc != DYNBUF_OK)
                 return dynbuf_error(b);
             continue;
         }
-        for (int i = 0; i < r->labels; i++) {
+        for (int i = 0; i < labels; i++) {
             const char *v = r->label_value(src, i);
             if (v != NULL &&
                 dynbuf_addf(b, "%s{%s=\"%s\"} %ld\n", r->name, r->label, v, row_value(r, src, i)) != DYNBUF_OK)

@@ -37,6 +37,7 @@ struct resolver_watch {
     struct rread *reading;            /* our read of it in flight, or NULL */
     struct loop_timer timer;
     bool dirty;                       /* on the list of watches to step this turn */
+    bool budget_waited;               /* counted in budget_waits: its read waited for the key's budget */
     struct resolver_watch *hnext, *prev, *next, *dnext;
 };
 
@@ -456,6 +457,10 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             i = 0;
             for (struct resolver_waiter *r = w->waiters; r; r = r->next)
                 r->h = rs->hw[i++];
+        }
+        if (fit && !res.claimed && f->wait == WAIT_BUDGET && !w->budget_waited) {
+            w->budget_waited = true;
+            atomic_fetch_add(&rs->app->m.budget_waits, 1);
         }
         bool started = !fit || !res.claimed || read_start(rs, w, w->waiters, &t);
         /* answer (the callback may free the waiter: take next first) */

@@ -268,6 +268,8 @@ static void respond(struct serve_req *r, const struct answer *ans, int http, con
     }
     dynbuf_free(&body);
     atomic_fetch_add(&a->m.requests[ans->word], 1);
+    if (r->json)
+        atomic_fetch_add(&a->m.json_answers, 1);
     log_request(r, http, word);
     send_out(r, &out, rc);
     dynbuf_free(&out);
@@ -286,8 +288,42 @@ static void respond_405(struct serve_req *r)
     respond(r, &ans, 405, "Allow: GET, HEAD\r\n");
 }
 
+/* The held requests' caps, and the most held now for one shop. */
+static void held_of(const struct serve *s, const struct config *cfg, struct metrics_held *out)
+{
+    out->max_held = cfg->max_held;
+    out->max_held_per_shop = cfg->max_held_per_shop;
+    for (int i = 0; i < SERVE_SHOP_BUCKETS; i++) /* bounded: the shops that held a request */
+        for (const struct serve_shop *c = s->shops[i]; c; c = c->next)
+            if (c->held > out->busiest_shop)
+                out->busiest_shop = c->held;
+}
+
+/* The shops of cfg in use now (their key read in the last 60 s, or is
+ * paused): the first METRICS_SHOPS_MAX of them into shops[] (*n), all of
+ * them counted in held->shops_active. */
+static void shops_of(struct state *st, const struct config *cfg, struct metrics_shop *shops, int *n,
+                     struct metrics_held *held)
+{
+    int64_t now = util_mono_ms();
+    *n = 0;
+    for (int i = 0; i < cfg->nshops; i++) {
+        const struct shop *sh = &cfg->shops[i];
+        int reads;
+        bool paused;
+        state_key_usage(st, &sh->key, now, &reads, &paused);
+        if (reads == 0 && !paused)
+            continue;
+        held->shops_active++;
+        if (shops != NULL && *n < METRICS_SHOPS_MAX)
+            shops[(*n)++] = (struct metrics_shop){
+                .id = sh->id, .reads = reads, .budget = sh->read_budget, .paused = paused};
+    }
+}
+
 /* The metrics page (metrics.h): its values read now, its text from the
- * table. */
+ * table. Out of memory for the shops' list, the page lists none (their
+ * count stays). */
 static void respond_metrics(struct serve_req *r)
 {
     struct app *a = r->s->app;
@@ -299,10 +335,16 @@ static void respond_metrics(struct serve_req *r)
     state_metrics(a->state, &src.state);
     if (a->redis != NULL)
         state_redis_metrics(a->redis, &src.redis);
+    held_of(r->s, r->cfg, &src.held);
+    size_t cap = r->cfg->nshops < METRICS_SHOPS_MAX ? (size_t)r->cfg->nshops : METRICS_SHOPS_MAX;
+    struct metrics_shop *shops = cap > 0 ? calloc(cap, sizeof *shops) : NULL;
+    shops_of(a->state, r->cfg, shops, &src.nshops, &src.held);
+    src.shops = shops;
     struct dynbuf b, out;
     dynbuf_init(&b, SERVE_ANSWER_MAX);
     dynbuf_init(&out, SERVE_ANSWER_MAX);
     enum dynbuf_rc rc = metrics_render(&src, &b);
+    free(shops);
     if (rc == DYNBUF_OK)
         rc = build_response(r, 200, NULL, "text/plain; version=0.0.4", -1, NULL, &b, &out);
     dynbuf_free(&b);
@@ -446,8 +488,10 @@ static void respond_stream_end(struct serve_req *r, const struct answer *ans)
     enum dynbuf_rc rc = render_wait_result(r->shop->tpl, ans->word, &v, &out);
     atomic_fetch_add(&r->s->app->m.requests[ans->word], 1);
     log_request(r, 200, word_name(ans->word)); /* the status line went out with the top */
-    if (rc != DYNBUF_OK)
+    if (rc != DYNBUF_OK) {
+        atomic_fetch_add(&r->s->app->m.streamed_cut, 1);
         log_answer_failed(r, "result", rc);
+    }
     front_reply(r->s->front, r->fr, dynbuf_ptr(&out), dynbuf_len(&out)); /* a failed buffer holds nothing */
     r->fr = NULL;
     dynbuf_free(&out);
@@ -460,6 +504,10 @@ static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_f
     struct answer ans;
     (void)ctx;
     request_answer(f, util_mono_ms(), &ans);
+    if (ans.word == W_CHECKING && (unsigned)f->wait <= WAIT_CLIENT)
+        atomic_fetch_add(&r->s->app->m.checking[f->wait], 1);
+    atomic_fetch_add(&r->s->app->m.held_answered, 1);
+    atomic_fetch_add(&r->s->app->m.held_ms, (long)(util_mono_ms() - r->arrived));
     if (r->sc.painted != 0)
         respond_stream_end(r, &ans);
     else
@@ -509,6 +557,7 @@ static void on_stream_timer(struct loop *l, struct loop_timer *t)
         rc = front_reply_part(r->s->front, r->fr, dynbuf_ptr(&out), dynbuf_len(&out));
         dynbuf_free(&out);
         r->sc.painted = r->sc.last_sent = now;
+        atomic_fetch_add(&r->s->app->m.streamed, 1);
     } else if (d == STREAM_COMMENT) {
         rc = front_reply_part(r->s->front, r->fr, comment, sizeof comment - 1);
         r->sc.last_sent = now;

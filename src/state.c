@@ -589,6 +589,7 @@ void state_metrics(struct state *st, struct state_metrics *out)
     int64_t now = util_mono_ms();
     for (int32_t i = 0; i < st->cln; i++) /* bounded: client_slots */
         out->clients_blocked += st->clients[i].used && st->clients[i].blocked_until > now;
+    out->host_paused = st->h->host_paused_until > now;
     out->stale_locks = st->h->stale_locks;
     out->last_chance_reads = st->h->last_chance_reads;
     out->reserved = 0;

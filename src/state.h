@@ -151,6 +151,7 @@ struct state_metrics {
     long tx_per_key, quota_full; /* quota_full: a new entry refused by the per-key quota (checking) */
     long key_used, key_slots, key_evictions, key_full; /* key_full: a key found no slot (checking) */
     long clients_blocked;      /* clients blocked now (a gauge) */
+    long host_paused;          /* 1 while Kasera's failed-authentication 429 pauses every key, else 0 */
     long client_blocks;        /* blocks started */
     long client_slots, client_full; /* client_full: a 404 or a read in flight that found no room to be counted */
     long recoveries;   /* a process died holding the lock; the next one repaired */
@@ -500,6 +501,15 @@ void state_plan_elsewhere(struct state *st, bool elsewhere);
 /* Counters and gauges for the metrics page (clients_blocked counts the
  * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);
+
+/* What the state knows of `key` at `now`, for the metrics page: the reads
+ * started with it within the budget's span (the last 60 s, as
+ * read_budget_per_minute counts them: every process sharing this state,
+ * rejected reads included, and with Redis the other hosts' it heard of)
+ * and whether its reads are paused now (a 401 or
+ * a per-key 429). A key the state does not hold: 0 and false. Never
+ * creates an entry; this function can't fail. */
+void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused);
 
 /* Ids nobody has paid for (interface.md). The client of a request to the
  * shop of `key`: a keyed hash (the state's salt) of (key, its address),

@@ -22,6 +22,21 @@ int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now)
     return t > now ? t : now;
 }
 
+void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused)
+{
+    *reads = 0;
+    *paused = false;
+    st_lock(st, now);
+    const struct st_keyent *k = st_key_find(st, key);
+    for (int32_t j = 0; k != NULL && j < k->ring_n && j < STATE_BUDGET_MAX; j++) { /* newest first */
+        if (k->ring[(k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX] < now - PLAN_BUDGET_SPAN_MS)
+            break;
+        (*reads)++;
+    }
+    *paused = k != NULL && k->paused_until > now;
+    st_unlock(st);
+}
+
 int64_t st_budget_push(struct st_keyent *k, int64_t now)
 {
     int64_t newest = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;

@@ -44,6 +44,9 @@ LEFTOVER_GLOBS = ["/etc/kembali", "/etc/logrotate.d/kembali", "/usr/bin/kembali"
                   "/var/log/kembali", "/run/kembali", "/var/lib/dpkg/info/kembali.*",
                   "/var/lib/systemd/deb-systemd-helper-enabled/**/kembali*",
                   "/var/lib/systemd/deb-systemd-helper-masked/kembali*", "/etc/systemd/system/**/kembali*"]
+# the monitoring kit (contrib/monitoring/, docs/runbook.md)
+MONITORING = "/usr/share/kembali/monitoring"
+MONITORING_FILES = ["kembali.rules.yml", "kembali.rules.test.yml", "kembali.dashboard.json", "runbook.md"]
 APT_ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
 
 
@@ -116,9 +119,12 @@ def check_installed():
               "/usr/share/kembali/templates/en/checking.html", "/usr/share/man/man8/kembali.8.gz",
               UNITS + "/kembali.service", UNITS + "/kembali.socket", UNITS + "/kembali@.service",
               UNITS + "/kembali@.socket", "/etc/logrotate.d/kembali", CONFIG, "/usr/lib/sysusers.d/kembali.conf",
-              "/usr/lib/tmpfiles.d/kembali.conf"]:
+              "/usr/lib/tmpfiles.d/kembali.conf"] + [MONITORING + "/" + f for f in MONITORING_FILES]:
         assert_in(f, files)
         assert os.path.isfile(f), f
+    # the monitoring kit is whole where it is installed: its rules pass their tests there
+    p = sh([harness.promtool_or_skip(), "test", "rules", "kembali.rules.test.yml"], cwd=MONITORING)
+    assert_in("SUCCESS", p.stdout)
     conffiles = sh(["dpkg-query", "-W", "-f=${Conffiles}", PKG]).stdout
     for f in (CONFIG, "/etc/logrotate.d/kembali"):
         assert_in(f + " ", conffiles, "conffiles")

@@ -123,6 +123,9 @@ static void fill(struct app_metrics *am, struct metrics_src *src, bool redis)
         l[i] = n++;
     src->front.connections = n++;
     src->front.accepted = n++;
+    l = (long *)&src->held;
+    for (size_t i = 0; i < sizeof src->held / sizeof(long); i++)
+        l[i] = n++;
     src->has_redis = redis;
     l = (long *)&src->redis; /* its longs, up to the master's address */
     for (size_t i = 0; i < offsetof(struct state_redis_metrics, master) / sizeof(long); i++)
@@ -250,6 +253,27 @@ static void test_values_from_their_fields(void **unused)
     for (int k = 0; k <= OUT_NO_ANSWER; k++)
         HAS("kembali_api_reads_total{outcome=\"%s\"} %ld\n", classify_outcome_name((enum outcome_kind)k),
             atomic_load(&am.reads[k]));
+    static const char *const reasons[] = {"none", "pace", "retry_after", "key_paused", "host_paused", "budget",
+                                          "full", "client"};
+    assert_int_equal(sizeof reasons / sizeof reasons[0], WAIT_CLIENT + 1);
+    for (int w = 0; w <= WAIT_CLIENT; w++)
+        HAS("kembali_checking_answers_total{reason=\"%s\"} %ld\n", reasons[w], atomic_load(&am.checking[w]));
+    HAS("kembali_budget_waits_total %ld\n", atomic_load(&am.budget_waits));
+    HAS("kembali_json_answers_total %ld\n", atomic_load(&am.json_answers));
+    HAS("kembali_held_answers_total %ld\n", atomic_load(&am.held_answered));
+    long ms = atomic_load(&am.held_ms);
+    HAS("kembali_held_answer_seconds_total %ld.%03ld\n", ms / 1000, ms % 1000);
+    atomic_store(&am.held_ms, 12005); /* milliseconds shown as seconds, the thousandths kept */
+    free(text);
+    text = render(&src);
+    HAS("kembali_held_answer_seconds_total 12.005\n");
+    HAS("kembali_streamed_pages_total %ld\n", atomic_load(&am.streamed));
+    HAS("kembali_streamed_pages_cut_total %ld\n", atomic_load(&am.streamed_cut));
+    HAS("kembali_held_requests_max %ld\n", src.held.max_held);
+    HAS("kembali_held_requests_per_shop_max %ld\n", src.held.max_held_per_shop);
+    HAS("kembali_held_requests_busiest_shop %ld\n", src.held.busiest_shop);
+    HAS("kembali_shops_active %ld\n", src.held.shops_active);
+    HAS("kembali_host_paused %ld\n", src.state.host_paused);
     HAS("kembali_method_not_allowed_total %ld\n", atomic_load(&am.method_not_allowed));
     HAS("kembali_api_reads_started_total %ld\n", atomic_load(&am.reads_started));
     HAS("kembali_api_connections_total %ld\n", atomic_load(&am.connections));
@@ -290,6 +314,58 @@ static void test_values_from_their_fields(void **unused)
     free(text);
 }
 
+/* The shops in use, one sample each per shop row, labelled with the id;
+ * none listed: the shop rows are left out, HELP and TYPE too. */
+static void test_shop_rows(void **unused)
+{
+    (void)unused;
+    struct app_metrics am;
+    struct metrics_src src;
+    fill(&am, &src, false);
+    char *text = check_src(&src);
+    assert_null(strstr(text, "kembali_shop_"));
+    free(text);
+
+    const struct metrics_shop shops[] = {
+        {.id = "toko-a", .reads = 7, .budget = 120, .paused = 0},
+        {.id = "toko_b-2", .reads = 0, .budget = 60, .paused = 1},
+    };
+    src.shops = shops;
+    src.nshops = 2;
+    text = check_src(&src);
+    assert_non_null(strstr(text, "\n# TYPE kembali_shop_reads_last_minute gauge\n"
+                                 "kembali_shop_reads_last_minute{shop=\"toko-a\"} 7\n"
+                                 "kembali_shop_reads_last_minute{shop=\"toko_b-2\"} 0\n"));
+    assert_non_null(strstr(text, "\nkembali_shop_read_budget{shop=\"toko-a\"} 120\n"
+                                 "kembali_shop_read_budget{shop=\"toko_b-2\"} 60\n"));
+    assert_non_null(strstr(text, "\nkembali_shop_key_paused{shop=\"toko-a\"} 0\n"
+                                 "kembali_shop_key_paused{shop=\"toko_b-2\"} 1\n"));
+    free(text);
+}
+
+/* METRICS_SHOPS_MAX shops with the longest ids fit the page's ceiling
+ * (the front's 1 MiB) with room to spare. */
+static void test_most_shops_fit(void **unused)
+{
+    (void)unused;
+    struct app_metrics am;
+    struct metrics_src src;
+    fill(&am, &src, true);
+    static char ids[METRICS_SHOPS_MAX][65];
+    static struct metrics_shop shops[METRICS_SHOPS_MAX];
+    for (int i = 0; i < METRICS_SHOPS_MAX; i++) {
+        snprintf(ids[i], sizeof ids[i], "%064d", i);
+        shops[i] = (struct metrics_shop){.id = ids[i], .reads = 300, .budget = 300, .paused = 1};
+    }
+    src.shops = shops;
+    src.nshops = METRICS_SHOPS_MAX;
+    struct dynbuf b;
+    dynbuf_init(&b, 1 << 20);
+    assert_int_equal(metrics_render(&src, &b), DYNBUF_OK);
+    assert_true(dynbuf_len(&b) < (1 << 20) / 2);
+    dynbuf_free(&b);
+}
+
 /* A page that does not fit its buffer is an error, never a cut page. */
 static void test_too_small_a_buffer(void **unused)
 {
@@ -310,6 +386,8 @@ int main(void)
         cmocka_unit_test(test_every_metric_has_help_and_type),
         cmocka_unit_test(test_values_from_their_fields),
         cmocka_unit_test(test_sentinel_rows),
+        cmocka_unit_test(test_shop_rows),
+        cmocka_unit_test(test_most_shops_fit),
         cmocka_unit_test(test_too_small_a_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -821,6 +821,47 @@ static void test_budget(void **unused)
     state_free(st);
 }
 
+/* The metrics' view of a key: its reads of the last 60 s (a read counts
+ * until 60 s after it started, as the budget counts it), and its pause. */
+static void test_key_usage(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key ka = key_of(st, "sk_test_a"), kb = key_of(st, "sk_test_b"), kc = key_of(st, "sk_test_c");
+    struct state_ticket t;
+    int reads = -1;
+    bool paused = true;
+    state_key_usage(st, &kc, T0, &reads, &paused); /* never used: nothing, and no entry made */
+    assert_int_equal(reads, 0);
+    assert_false(paused);
+    const char *ids[] = {"T1", "T2", "T3"};
+    for (int i = 0; i < 3; i++) {
+        assert_true(claim(st, &ka, ids[i], T0 + 1000 * i, &t, NULL));
+        finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1000 * i + 5);
+    }
+    state_key_usage(st, &ka, T0 + 2000, &reads, &paused);
+    assert_int_equal(reads, 3);
+    assert_false(paused);
+    state_key_usage(st, &ka, T0 + 60000, &reads, &paused); /* the first still counts, */
+    assert_int_equal(reads, 3);
+    state_key_usage(st, &ka, T0 + 60001, &reads, &paused); /* and no longer */
+    assert_int_equal(reads, 2);
+    state_key_usage(st, &ka, T0 + 2000 + 60001, &reads, &paused);
+    assert_int_equal(reads, 0);
+
+    assert_true(claim(st, &kb, "T1", T0, &t, NULL));
+    finish(st, &t, "toko-b", oc_kind(OUT_UNAUTHORIZED), T0 + 100);
+    state_key_usage(st, &kb, T0 + 200, &reads, &paused);
+    assert_int_equal(reads, 1); /* a rejected read counts */
+    assert_true(paused);
+    state_key_usage(st, &kb, T0 + 100 + 300001, &reads, &paused); /* after the 5 minutes */
+    assert_int_equal(reads, 0);
+    assert_false(paused);
+    state_key_usage(st, &ka, T0 + 200, &reads, &paused); /* the other key is not paused */
+    assert_false(paused);
+    state_free(st);
+}
+
 /* ---- told by the shop ---- */
 
 static enum state_told tell(struct state *st, const struct state_key *k, const char *id, enum tx_status s,
@@ -2674,6 +2715,7 @@ int main(void)
         cmocka_unit_test(test_defer_in_flight_cleared),
         cmocka_unit_test(test_defer_not_before),
         cmocka_unit_test(test_learn_not_found),
+        cmocka_unit_test(test_key_usage),
         cmocka_unit_test(test_client_block),
         cmocka_unit_test(test_reserve_mirrors_another_store),
         cmocka_unit_test(test_holds_and_leaves_are_stamped_in_order),
