@@ -8,9 +8,10 @@
  *
  *   - Redis up and its count whole: Redis counts every host's reads (the
  *     key's budget set) and grants a read only under the budget;
- *   - Redis away (down, stalled, joining, rejoining): each host counts its
- *     own reads of the span (its state, every process's) and spends at
- *     most budget_share() of the budget;
+ *   - Redis away (down, stalled, joining, rejoining): each host counts the
+ *     reads of the span it knows of (its state: its own, every process's,
+ *     and the others' that Redis granted, heard on its channel before it
+ *     went away) and spends them within budget_share() of the budget;
  *   - Redis back: its count is made whole before it grants anything. Every
  *     host sends its own reads of the span (budget_seed) each named by
  *     budget_member(): unique per host and read, so a read Redis counted
