@@ -20,6 +20,8 @@ struct kasera_client {
     struct loop_timer timer;   /* libcurl's timeout */
     kasera_done_fn *done;
     void *ctx;
+    int active;                          /* transfers under way (at most KASERA_READS_MAX) */
+    struct kasera_read *qhead, *qtail;   /* reads waiting their turn, oldest first */
 };
 
 /* One socket libcurl asked us to watch (curl_multi_assign'ed to it). */
@@ -109,7 +111,7 @@ struct kasera_client *kasera_new(struct loop *l, kasera_done_fn *done, void *ctx
     c->done = done;
     c->ctx = ctx;
     loop_timer_init(&c->timer, on_timer, c);
-    curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, 64L);
+    curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, (long)KASERA_READS_MAX);
     curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
     curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
     curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
@@ -206,8 +208,69 @@ static void wipe_headers(struct kasera_read *r)
     r->headers = NULL;
 }
 
+static int start_now(struct kasera_client *c, struct kasera_read *r, const char *api_base, const char *id,
+                     const char *key, long timeout_ms);
+
+static void queue_unlink(struct kasera_client *c, struct kasera_read *r)
+{
+    if (r->q_prev)
+        r->q_prev->q_next = r->q_next;
+    else
+        c->qhead = r->q_next;
+    if (r->q_next)
+        r->q_next->q_prev = r->q_prev;
+    else
+        c->qtail = r->q_prev;
+    r->q_prev = r->q_next = NULL;
+    r->queued = 0;
+}
+
+/* Start the reads waiting their turn while there is room; one whose time
+ * ran out while it waited ends unsent. */
+static void queue_pump(struct kasera_client *c)
+{
+    while (c->active < KASERA_READS_MAX && c->qhead != NULL) {
+        struct kasera_read *r = c->qhead;
+        queue_unlink(c, r);
+        long left = r->q_timeout - (long)(util_mono_ms() - r->q_since);
+        if (left <= 0)
+            util_copy(r->error, sizeof r->error, "no connection free within the read's timeout; not sent");
+        if (left <= 0 || start_now(c, r, r->q_base, r->q_id, r->q_key, left) != 0)
+            c->done(c->ctx, r); /* may start or queue reads: the loop looks again */
+    }
+}
+
 int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api_base,
                  const char *id, const char *key, long timeout_ms)
+{
+    if (c->active < KASERA_READS_MAX && c->qhead == NULL)
+        return start_now(c, r, api_base, id, key, timeout_ms);
+    r->http = 0;
+    r->body = NULL;
+    r->body_len = 0;
+    r->error[0] = '\0';
+    r->connects = 0;
+    r->sends = 0;
+    r->sent = 0;
+    r->easy = r->headers = NULL;
+    r->q_base = api_base;
+    r->q_id = id;
+    r->q_key = key;
+    r->q_timeout = timeout_ms;
+    r->q_since = util_mono_ms();
+    r->queued = 1;
+    r->q_next = NULL;
+    r->q_prev = c->qtail;
+    if (c->qtail)
+        c->qtail->q_next = r;
+    else
+        c->qhead = r;
+    c->qtail = r;
+    return 0;
+}
+
+static int start_now(struct kasera_client *c, struct kasera_read *r, const char *api_base, const char *id,
+                     const char *key, long timeout_ms)
 {
     char url[1024], auth[300];
     r->http = 0;
@@ -271,6 +334,7 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
         util_copy(r->error, sizeof r->error, "curl_multi_add_handle failed");
         return -1;
     }
+    c->active++;
     return 0;
 }
 
@@ -304,8 +368,10 @@ static void check_done(struct kasera_client *c)
         curl_easy_cleanup(e);
         wipe_headers(r);
         r->easy = NULL;
+        c->active--;
         c->done(c->ctx, r);
     }
+    queue_pump(c);
 }
 
 void kasera_response(const struct kasera_read *r, struct api_response *out)
@@ -324,12 +390,17 @@ void kasera_response(const struct kasera_read *r, struct api_response *out)
 
 void kasera_abort(struct kasera_client *c, struct kasera_read *r)
 {
+    if (r->queued) {
+        queue_unlink(c, r);
+        return;
+    }
     if (r->easy == NULL)
         return;
     curl_multi_remove_handle(c->multi, r->easy);
     curl_easy_cleanup(r->easy);
     wipe_headers(r);
     r->easy = NULL;
+    c->active--;
 }
 
 void kasera_read_clear(struct kasera_read *r)

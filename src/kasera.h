@@ -10,6 +10,11 @@
  * when a reused one dies before any answer, which Kasera would count as a
  * second read of the transaction within its 1 s window; such a read ends as
  * a read without answer instead.
+ * At most KASERA_READS_MAX reads are under way at once: the others wait
+ * their turn in order, holding no transfer (a burst of thousands of first
+ * reads would otherwise open as many connections, each with libcurl's
+ * buffers); the wait counts in the read's timeout, so a read still ends
+ * within its timeout of kasera_start(), sent or not.
  * The secret key is put in the Authorization header and nowhere else; the
  * header memory is wiped when the read ends. */
 #ifndef KEMBALI_KASERA_H
@@ -21,6 +26,7 @@
 #include "loop.h"
 
 #define KASERA_BODY_MAX (64 * 1024)
+#define KASERA_READS_MAX 64   /* reads under way at once (the connections kept are as many) */
 
 struct kasera_client;
 
@@ -40,6 +46,11 @@ struct kasera_read {
     /* private */
     void *easy;
     void *headers;
+    int queued;               /* waiting its turn (no transfer yet) */
+    const char *q_base, *q_id, *q_key;
+    long q_timeout;
+    int64_t q_since;
+    struct kasera_read *q_prev, *q_next;
 };
 
 /* Called on the loop for each read that ended; the read's fields are final
@@ -53,15 +64,18 @@ struct kasera_client *kasera_new(struct loop *l, kasera_done_fn *done, void *ctx
 void kasera_free(struct kasera_client *c);
 
 /* Start reading transaction `id` (already validated) from api_base with
- * secret `key`. Returns 0, or -1 with r->error set (nothing started). */
+ * secret `key`, within timeout_ms; when KASERA_READS_MAX reads are under
+ * way it waits its turn (api_base, id and key must then stay valid until
+ * the read ends), and ends unsent (http 0) if its time runs out first.
+ * Returns 0, or -1 with r->error set (nothing started). */
 int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api_base,
                  const char *id, const char *key, long timeout_ms);
 
 /* The answer of a finished read, as classify_response() wants it. */
 void kasera_response(const struct kasera_read *r, struct api_response *out);
 
-/* Abandon a read in flight (at shutdown); its resources are released
- * except the body (kasera_read_clear). */
+/* Abandon a read in flight or waiting its turn (at shutdown); its
+ * resources are released except the body (kasera_read_clear). */
 void kasera_abort(struct kasera_client *c, struct kasera_read *r);
 
 /* Free the body of a finished read. */

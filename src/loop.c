@@ -18,6 +18,7 @@
 #include "util.h"
 
 #define LOOP_BATCH 64
+#define LOOP_TIMER_SLICE_MS 2 /* the longest run of due timers before the sockets are looked at again */
 
 struct loop {
     int epfd;
@@ -214,11 +215,17 @@ int loop_turn(struct loop *l, int timeout_ms)
     }
     l->nbatch = l->ibatch = 0;
     /* timers due now, at most as many runs as there were timers (one that
-     * a callback re-arms for `now` runs again next turn, not for ever) */
+     * a callback re-arms for `now` runs again next turn, not for ever), and
+     * for at most LOOP_TIMER_SLICE_MS: thousands of held requests due at
+     * once go on next turn, after a look at the sockets (a cached answer
+     * waits behind a slice, not behind all of them) */
+    int64_t slice_end = l->now + LOOP_TIMER_SLICE_MS;
     for (size_t budget = l->nheap; budget > 0 && l->nheap > 0 && l->heap[0]->at <= l->now; budget--) {
         struct loop_timer *t = l->heap[0];
         loop_timer_stop(l, t);
         t->fn(l, t);
+        if (util_mono_ms() >= slice_end)
+            break;
     }
     return 0;
 }

@@ -77,7 +77,10 @@ int loop_run(struct loop *l);
 void loop_stop(struct loop *l);
 
 /* One turn: wait at most timeout_ms (-1: until the next timer or event,
- * 0: do not wait), run what is due. Returns 0, -1 on a failed epoll_wait.
+ * 0: do not wait), run what is due: the ready callbacks, then the due
+ * timers in order of `at` for at most LOOP_TIMER_SLICE_MS (2 ms; at least
+ * one), the rest next turn (which then does not wait). Returns 0, -1 on a
+ * failed epoll_wait.
  * For callers that need to interleave their own checks (shutdown). */
 int loop_turn(struct loop *l, int timeout_ms);
 

@@ -22,23 +22,20 @@
 #include "log.h"
 #include "state_redis.h"
 #include "util.h"
+#include "watchset.h"
 
-#define WATCH_BUCKETS 4096
 #define WAKE_POLL_MS 100   /* how often the wake thread looks at its stop flag */
 
 struct rread;
 
 struct resolver_watch {
+    struct watchset_node node;        /* first: its (key, id), in rs->ws */
     struct resolver *rs;
-    struct state_key key;
-    char id[STATE_ID_MAX + 1];
     struct resolver_waiter *waiters;  /* newest first: it leads (schedule, budget) */
     size_t nwaiters;
     struct rread *reading;            /* our read of it in flight, or NULL */
     struct loop_timer timer;
-    bool dirty;                       /* on the list of watches to step this turn */
     bool budget_waited;               /* counted in budget_waits: its read waited for the key's budget */
-    struct resolver_watch *hnext, *prev, *next, *dnext;
 };
 
 struct rread {
@@ -62,8 +59,8 @@ struct resolver {
     void *ctx;
     bool stopping;
     size_t held;
-    struct resolver_watch *buckets[WATCH_BUCKETS];
-    struct resolver_watch *all;
+    struct watchset ws;               /* the watches, found by what changed */
+    uint64_t cursor;                  /* the state's change log read up to here (state_changes) */
     struct rread *reads;
     /* the scratch arrays of one step, grown to the largest watch */
     struct hold_waiter *hw;
@@ -79,22 +76,15 @@ struct resolver {
 
 /* ---- watches ---- */
 
-static uint32_t watch_hash(const struct state_key *k, const char *id)
+/* The watch of node n (its first member), or NULL. */
+static struct resolver_watch *watch_of(struct watchset_node *n)
 {
-    uint32_t h = 2166136261u;
-    for (int i = 0; i < 16; i++)
-        h = (h ^ k->b[i]) * 16777619u;
-    for (; *id; id++)
-        h = (h ^ (uint8_t)*id) * 16777619u;
-    return h % WATCH_BUCKETS;
+    return (struct resolver_watch *)n;
 }
 
 static struct resolver_watch *watch_find(struct resolver *rs, const struct state_key *k, const char *id)
 {
-    for (struct resolver_watch *w = rs->buckets[watch_hash(k, id)]; w; w = w->hnext)
-        if (memcmp(w->key.b, k->b, 16) == 0 && strcmp(w->id, id) == 0)
-            return w;
-    return NULL;
+    return watch_of(watchset_find(&rs->ws, k, id));
 }
 
 static void on_watch_timer(struct loop *l, struct loop_timer *t);
@@ -108,31 +98,14 @@ static struct resolver_watch *watch_get(struct resolver *rs, const struct state_
     if (w == NULL)
         return NULL;
     w->rs = rs;
-    w->key = *k;
-    util_copy(w->id, sizeof w->id, id);
+    watchset_add(&rs->ws, &w->node, k, id);
     loop_timer_init(&w->timer, on_watch_timer, w);
-    uint32_t h = watch_hash(k, id);
-    w->hnext = rs->buckets[h];
-    rs->buckets[h] = w;
-    w->next = rs->all;
-    if (rs->all)
-        rs->all->prev = w;
-    rs->all = w;
     return w;
 }
 
 static void watch_drop(struct resolver *rs, struct resolver_watch *w)
 {
-    struct resolver_watch **pp = &rs->buckets[watch_hash(&w->key, w->id)];
-    while (*pp != w)
-        pp = &(*pp)->hnext;
-    *pp = w->hnext;
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        rs->all = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
+    watchset_remove(&rs->ws, &w->node);
     if (w->reading)
         w->reading->w = NULL;
     loop_timer_stop(rs->loop, &w->timer);
@@ -150,7 +123,7 @@ static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
     r->prev = r->next = NULL;
     r->w = NULL;
     if (r->registered) {
-        coord_unhold(w->rs->app->state, w->rs->redis, r->shop, w->id, &w->rs->host, util_mono_ms());
+        coord_unhold(w->rs->app->state, w->rs->redis, r->shop, w->node.id, &w->rs->host, util_mono_ms());
         r->registered = false;
     }
     w->nwaiters--;
@@ -365,7 +338,7 @@ static void answer_client(struct resolver *rs, struct resolver_watch *w, const s
     const struct resolver_waiter *lead = w->waiters;
     if (lead == NULL)
         return;
-    state_lookup(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
+    state_lookup(rs->app->state, &w->node.key, w->node.id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
     for (struct resolver_waiter *r = w->waiters, *nx; r; r = nx) {
         nx = r->next;
         if (r->has_rclient && strcmp(r->rclient.hex, client->hex) == 0) {
@@ -449,7 +422,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             /* a fresh clock: a claim records its start, which the pace counts from */
             const struct resolver_waiter *lead = w->waiters;
             coord_plan(rs->app->state, rs->redis);
-            hold_step(rs->app->state, &w->key, w->id, &lead->cfg->sched,
+            hold_step(rs->app->state, &w->node.key, w->node.id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
                       lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,
                       util_mono_ms(), rs->ans, &t, &res);
@@ -500,9 +473,26 @@ static void on_watch_timer(struct loop *l, struct loop_timer *t)
     step(w->rs, w);
 }
 
-/* A read ended in some process, or the shop told a status (state_tell):
- * every watch looks again, those with a read of their own in flight too (a
- * told final status answers them at once; otherwise they go on waiting). */
+/* Step every marked watch that has requests held (stepping may drop
+ * watches: watchset_pop() never returns one that is gone). */
+static void step_marked(struct resolver *rs)
+{
+    struct watchset_node *n;
+    while ((n = watchset_pop(&rs->ws)) != NULL) {
+        struct resolver_watch *w = watch_of(n);
+        if (w->waiters != NULL)
+            step(rs, w);
+    }
+}
+
+#define WAKE_BATCH 64
+
+/* Something changed in some process (the state's generation moved): read
+ * what from the state's change log and look again only at the watches it
+ * concerns (a read's end, a told status: that transaction's; a pause: its
+ * key's or every one), those with a read of their own in flight too (a
+ * told final status answers them at once; otherwise they go on waiting).
+ * A log read too late (lost) looks at every watch. */
 static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct resolver *rs = io->data;
@@ -510,23 +500,19 @@ static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
     (void)l, (void)events;
     if (read(rs->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
         return;
-    struct resolver_watch *dirty = NULL;
-    for (struct resolver_watch *w = rs->all; w; w = w->next)
-        if (w->waiters != NULL) {
-            w->dnext = dirty;
-            dirty = w;
-        }
-    /* stepping may drop watches, so walk a list made before */
-    while (dirty) {
-        struct resolver_watch *w = dirty;
-        dirty = w->dnext;
-        step(rs, w);
-    }
+    struct state_change ch[WAKE_BATCH];
+    bool lost = false;
+    size_t n;
+    do {
+        n = state_changes(rs->app->state, &rs->cursor, ch, WAKE_BATCH, util_mono_ms(), &lost);
+        for (size_t i = 0; i < n; i++)
+            watchset_mark_change(&rs->ws, &ch[i]);
+    } while (n == WAKE_BATCH);
+    if (lost)
+        watchset_mark_all(&rs->ws);
+    step_marked(rs);
 }
 
-/* Another process (maybe on another host) published a read's end or a
- * told status: mirror it in this host's state for the watches that wait
- * on it, and let them decide again. */
 /* Redis asks for this host's reads with a key (rkey), or with every key
  * (NULL: a join): budget.h. */
 static void on_redis_seed(void *ctx, const struct state_redis_id *rkey)
@@ -537,6 +523,9 @@ static void on_redis_seed(void *ctx, const struct state_redis_id *rkey)
     config_unref(cfg);
 }
 
+/* Another process (maybe on another host) published a read's end or a
+ * told status: mirror it in this host's state for the watches that wait
+ * on it (its id's, under the key Redis names), and let them decide again. */
 static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
 {
     struct resolver *rs = ctx;
@@ -554,25 +543,22 @@ static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
         return;
     }
     struct state *st = rs->app->state;
-    struct resolver_watch *dirty = NULL;
-    for (struct resolver_watch *w = rs->all; w; w = w->next) {
-        if (w->waiters == NULL || strcmp(w->id, m->id) != 0)
+    int64_t now = util_mono_ms();
+    bool any = false;
+    for (struct watchset_node *n = watchset_id_first(&rs->ws, m->id); n; n = watchset_id_next(n, m->id)) {
+        struct resolver_watch *w = watch_of(n);
+        if (w->waiters == NULL)
             continue;
         struct state_redis_id k;
         if (!state_redis_key_id(rs->redis, w->waiters->shop->secret, &k) || strcmp(k.hex, m->key.hex) != 0)
             continue;
-        w->dnext = dirty;
-        dirty = w;
+        coord_mirror(st, &n->key, n->id, m, now);
+        watchset_mark(&rs->ws, n);
+        any = true;
     }
-    int64_t now = util_mono_ms();
-    if (dirty == NULL) /* nobody waits here: what this host knows of it may still answer */
+    if (!any) /* nobody waits here: what this host knows of it may still answer */
         coord_mirror_unwatched(st, rs->app->keys, m, now);
-    while (dirty) {
-        struct resolver_watch *w = dirty;
-        dirty = w->dnext;
-        coord_mirror(st, &w->key, w->id, m, now);
-        step(rs, w);
-    }
+    step_marked(rs);
 }
 
 /* The wake thread: waits on the state's futex generation; when it moves,
@@ -608,6 +594,8 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
     rs->answer = answer;
     rs->ctx = ctx;
     rs->wake_fd = -1;
+    watchset_init(&rs->ws);
+    rs->cursor = state_changes_head(a->state); /* what changes from now on */
     rs->api = kasera_new(l, on_read_done, rs);
     if (rs->api == NULL) {
         snprintf(err, errlen, "cannot start libcurl");
@@ -691,10 +679,10 @@ void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
         bool asked = false;
         if (ha != NULL) {
             ha->rs = rs;
-            ha->key = w->key;
-            util_copy(ha->id, sizeof ha->id, w->id);
+            ha->key = w->node.key;
+            util_copy(ha->id, sizeof ha->id, w->node.id);
         }
-        r->registered = coord_hold(rs->app->state, ha != NULL ? rs->redis : NULL, r->shop, w->id, &r->cfg->sched,
+        r->registered = coord_hold(rs->app->state, ha != NULL ? rs->redis : NULL, r->shop, w->node.id, &r->cfg->sched,
                                    state_redis_budget(rs->redis, r->shop->read_budget), r->h.deadline, &rs->host,
                                    util_mono_ms(), on_held, ha, &asked);
         if (!asked)
@@ -737,12 +725,13 @@ void resolver_stop(struct resolver *rs)
 {
     rs->stopping = true;
     int64_t now = util_mono_ms();
-    while (rs->all) {
-        struct resolver_watch *w = rs->all;
+    struct watchset_node *n;
+    while ((n = watchset_first(&rs->ws)) != NULL) {
+        struct resolver_watch *w = watch_of(n);
         if (w->waiters) {
             struct state_fact f;
             const struct resolver_waiter *lead = w->waiters;
-            state_lookup(rs->app->state, &w->key, w->id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
+            state_lookup(rs->app->state, &w->node.key, w->node.id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
             while (w->waiters) {
                 struct resolver_waiter *r = w->waiters;
                 waiter_unlink(w, r);
@@ -776,8 +765,8 @@ void resolver_free(struct resolver *rs)
         atomic_store(&rs->waker_stop, true);
         pthread_join(rs->waker, NULL);
     }
-    while (rs->all)
-        watch_drop(rs, rs->all);
+    while (watchset_first(&rs->ws) != NULL)
+        watch_drop(rs, watch_of(watchset_first(&rs->ws)));
     while (rs->reads) {
         if (rs->reads->claiming != NULL)
             coord_abandon(rs->app->state, &rs->reads->cr, util_mono_ms());

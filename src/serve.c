@@ -692,12 +692,11 @@ static void hold(struct serve_req *tmp)
     };
     loop_timer_init(&r->st, on_stream_timer, r);
     if (r->stream) {
-        int64_t wake;
         r->sc = (struct stream_clock){.arrived = r->arrived};
         r->rw.note = on_note;
-        /* armed before the resolver may answer (and free r) */
-        stream_step(&r->sc, r->undecided, r->cfg->first_paint_ms, r->arrived, &wake);
-        loop_timer_at(r->s->loop, &r->st, r->undecided ? r->arrived : wake);
+        /* armed before the resolver may answer (and free r): when the top
+         * is due (first_paint_ms 0: at once, whatever the first read says) */
+        loop_timer_at(r->s->loop, &r->st, stream_due(&r->sc, r->undecided, r->cfg->first_paint_ms));
     }
     front_req_set_user(r->fr, r);
     resolver_hold(r->s->rs, &r->rw); /* may answer at once */

@@ -293,19 +293,24 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
      * are kept however stale the read (each only ever extends a wait). */
     if (fx->retry_ms > 0 && e != NULL)
         st_pause_until(&e->not_before, now + fx->retry_ms);
+    st_change_log(st, STATE_CHANGE_TX, &t->key, t->id);
     if (fx->key_pause_ms > 0 && k != NULL) {
         report->key_paused = k->paused_until <= now && (oc->kind == OUT_KEY_LIMITED || fx->unauthorized);
+        if (k->paused_until < now + fx->key_pause_ms) /* the key's requests may have no read left */
+            st_change_log(st, STATE_CHANGE_KEY, &t->key, NULL);
         st_pause_until(&k->paused_until, now + fx->key_pause_ms);
     }
     if (fx->unauthorized)
         util_copy(st->h->last_401_shop, sizeof st->h->last_401_shop, shop_id);
     if (fx->host_pause_ms > 0) {
         report->host_paused = st->h->host_paused_until <= now;
+        if (st->h->host_paused_until < now + fx->host_pause_ms)
+            st_change_log(st, STATE_CHANGE_HOST, NULL, NULL);
         st_pause_until(&st->h->host_paused_until, now + fx->host_pause_ms);
     }
     util_copy(report->last_401_shop, sizeof report->last_401_shop, st->h->last_401_shop);
     st_unlock(st);
-    st_bump(st); /* wake waiters in every process */
+    st_bump(st); /* wake waiters in every process: they read the changes */
 }
 
 void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
@@ -328,7 +333,10 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
         struct st_keyent *k = st_key_get(st, &t->key, now, false);
         if (k != NULL)
             st_budget_unpush(k, t->budget_at);
+        st_change_log(st, STATE_CHANGE_TX, &t->key, t->id);
     }
+    if (undone || landed) /* a read back in the key's budget, or its client's count */
+        st_change_log(st, STATE_CHANGE_KEY, &t->key, NULL);
     st_unlock(st);
     if (undone || landed)
         st_bump(st); /* processes waiting on the lease (or the client's count) look again */
@@ -360,6 +368,8 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
                 e->known_until = 0;
             }
         }
+        if (done == STATE_TOLD_RECORDED || was_remote)
+            st_change_log(st, STATE_CHANGE_TX, key, id);
     }
     st_unlock(st);
     if (done == STATE_TOLD_RECORDED || was_remote)
@@ -445,6 +455,8 @@ bool state_defer(struct state *st, const struct state_key *key, const char *id, 
             }
         }
         is = e->remote_until > now;
+        if (was != is)
+            st_change_log(st, STATE_CHANGE_TX, key, id);
     }
     st_unlock(st);
     if (was != is)
@@ -472,6 +484,7 @@ bool state_learn_not_found(struct state *st, const struct state_key *key, const 
             e->not_found = 1;
             e->facts_serial = st->h->serial;
         }
+        st_change_log(st, STATE_CHANGE_TX, key, id);
     }
     st_unlock(st);
     if (e != NULL)

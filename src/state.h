@@ -222,12 +222,57 @@ int state_check_dir(const char *dir, bool create, char *err, size_t errlen);
 /* Unmap or free. Other processes keep using a shared state. */
 void state_free(struct state *st);
 
-/* A counter bumped (with a futex wake) every time a read's outcome is
- * recorded by any process. state_wait_change() blocks until it differs
- * from `seen` or timeout_ms pass, and returns the current value: this is how
- * a process learns, within milliseconds, that a read it waits on ended. */
+/* A counter bumped (with a futex wake) every time a change is logged (see
+ * state_changes: a read's outcome, a told status...) by any process.
+ * state_wait_change() blocks until it differs from `seen` or timeout_ms
+ * pass, and returns the current value: this is how a process learns,
+ * within milliseconds, that something it waits on changed. */
 uint32_t state_generation(struct state *st);
 uint32_t state_wait_change(struct state *st, uint32_t seen, int timeout_ms);
+
+/* What changed, for the requests held in every process: the change log.
+ * Every call that may let a held request be answered or read sooner logs
+ * what it concerns, then bumps the generation:
+ *   - STATE_CHANGE_TX, (key, id): a read's end (state_finish), a claim
+ *     given back (state_unclaim), a told status (state_tell), another
+ *     host's read in flight set or cleared (state_defer), another host's
+ *     404 (state_learn_not_found);
+ *   - STATE_CHANGE_KEY, key: a pause of the key started or grew
+ *     (state_finish), a read given back to its budget or a client's read
+ *     in flight no longer counted (state_unclaim: a client is one key's);
+ *   - STATE_CHANGE_HOST: the host's pause started or grew (state_finish).
+ * A client's count (state_finish's 404s, reads landing) and the budget's
+ * plan are not logged: a request waiting on them looks again by its own
+ * clock (STATE_CLIENT_RECHECK_MS, the plan's retry). The log keeps the
+ * last STATE_CHANGES changes; a reader further behind has lost some and
+ * must look at everything. */
+enum state_change_kind {
+    STATE_CHANGE_TX = 0,
+    STATE_CHANGE_KEY,
+    STATE_CHANGE_HOST,
+};
+
+struct state_change {
+    enum state_change_kind kind;
+    struct state_key key;        /* TX and KEY */
+    char id[STATE_ID_MAX + 1];   /* TX: a valid id; otherwise empty */
+};
+
+#define STATE_CHANGES 2048
+
+/* The log's position now: a reader starting here reads the changes
+ * logged after this call. This function can't fail. */
+uint64_t state_changes_head(struct state *st);
+
+/* Copy the changes logged after *cursor, oldest first, into out[0..max),
+ * advance *cursor past the ones copied and return how many (fewer than
+ * max: none is left). When some of them are no longer in the log (more
+ * than STATE_CHANGES logged since *cursor; an entry that does not read
+ * as whole; a cursor ahead of the log, from another file), *lost is set,
+ * nothing is copied and *cursor moves to the newest change: the caller
+ * must look at everything. One pass of the lock, at `now`. Can't fail. */
+size_t state_changes(struct state *st, uint64_t *cursor, struct state_change *out, size_t max, int64_t now,
+                     bool *lost);
 
 #ifdef KEMBALI_TESTING
 /* Tests only: take the lock, call `damage` (which may scribble on the

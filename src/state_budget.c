@@ -159,19 +159,34 @@ static int cmp_time(const void *a, const void *b)
  * into ev (capacity STATE_BUDGET_MAX + ST_WAITING_MAX). Returns how many. */
 static int plan_events(struct state *st, const struct st_keyent *k, int64_t now, int64_t *ev)
 {
+    /* the ring's reads come in the order they started, all but a few
+     * (processes' clocks read a moment before the lock): sorted by
+     * insertion at the cost of a pass; the reservations, in no order,
+     * sorted apart and merged in. This runs at every look of a held
+     * request while the budget is planned. */
     int n = 0;
     for (int32_t i = k->ring_n - 1; i >= 0; i--) { /* oldest first */
         int64_t t = k->ring[(k->ring_head - 1 - i + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX];
-        if (t > now - PLAN_BUDGET_SPAN_MS)
-            ev[n++] = t;
+        if (t <= now - PLAN_BUDGET_SPAN_MS)
+            continue;
+        int j = n++;
+        for (; j > 0 && ev[j - 1] > t; j--)
+            ev[j] = ev[j - 1];
+        ev[j] = t;
     }
+    int64_t resv[ST_WAITING_MAX];
+    int m = 0;
     for (int32_t i = 0; i < k->nwaiting && i < ST_WAITING_MAX; i++) {
         const struct st_tx *e = st_waiting_tx(st, k, k->waiting[i], now);
         if (e != NULL && e->resv_at != 0)
-            ev[n++] = e->resv_at > now ? e->resv_at : now;
+            resv[m++] = e->resv_at > now ? e->resv_at : now;
     }
-    qsort(ev, (size_t)n, sizeof *ev, cmp_time);
-    return n;
+    if (m == 0)
+        return n;
+    qsort(resv, (size_t)m, sizeof *resv, cmp_time);
+    for (int i = n - 1, j = m - 1, o = n + m - 1; j >= 0; o--) /* merged from the end, in place */
+        ev[o] = i >= 0 && ev[i] > resv[j] ? ev[i--] : resv[j--];
+    return n + m;
 }
 
 /* Reads e's schedule still wants from `now` to its latest deadline (one,

@@ -35,8 +35,8 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 10 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
-                       * 9: hold_stamp; 10: ring_kind, ring_who */
+#define ST_VERSION 11 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+                       * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -106,6 +106,16 @@ struct st_client {
 
 #define CLIENT_WAYS 8
 
+/* One change of the change log (state_change.c): change number seq (1, 2,
+ * ...: it is checked when read, so a torn or damaged entry reads as lost)
+ * of kind (enum state_change_kind) about key and id. */
+struct st_change {
+    uint64_t seq;
+    uint8_t kind;
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+};
+
 struct st_hdr {
     uint64_t magic, version, size;
     pthread_mutex_t mu;
@@ -125,6 +135,8 @@ struct st_hdr {
     long last_chance_reads;
     long quota_full;          /* new entries refused by the per-key quota */
     uint64_t hold_stamp;      /* the last stamp state_hold() or state_unhold() gave */
+    uint64_t chg_head;        /* changes logged so far; change s is chg[(s - 1) % STATE_CHANGES] */
+    struct st_change chg[STATE_CHANGES];
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
 };
 
@@ -192,9 +204,17 @@ void st_lock(struct state *st, int64_t now);
  * (st->notice), and forget it. */
 void st_unlock(struct state *st);
 
-/* A read ended: bump the futex word and wake every process waiting on it
- * (state_wait_change). Under the lock. */
+/* Something was logged (st_change_log): bump the futex word and wake every
+ * process waiting on it (state_wait_change). After the lock is released. */
 void st_bump(struct state *st);
+
+/* ---- state_change.c: the change log (under the lock) ---- */
+
+/* Log a change of `kind` about (key, id) (key NULL for STATE_CHANGE_HOST,
+ * id NULL but for STATE_CHANGE_TX) for every process's state_changes();
+ * the caller bumps the generation (st_bump) once the lock is released.
+ * The oldest change is overwritten. */
+void st_change_log(struct state *st, enum state_change_kind kind, const struct state_key *key, const char *id);
 
 /* ---- state_table.c: the tables (callers hold the lock) ---- */
 

@@ -18,23 +18,21 @@ bool stream_undecided(const struct state_fact *f, bool in_flight_counts)
     return in_flight_counts && f->in_flight;
 }
 
+int64_t stream_due(const struct stream_clock *c, bool undecided, long first_paint_ms)
+{
+    if (c->painted == 0)
+        return undecided ? c->arrived : c->arrived + first_paint_ms;
+    return c->last_sent + STREAM_COMMENT_MS;
+}
+
 enum stream_do stream_step(const struct stream_clock *c, bool undecided, long first_paint_ms, int64_t now,
                            int64_t *wake)
 {
-    if (c->painted == 0) {
-        int64_t at = c->arrived + first_paint_ms;
-        if (undecided || now >= at) {
-            *wake = now + STREAM_COMMENT_MS;
-            return STREAM_PAINT;
-        }
-        *wake = at;
+    int64_t due = stream_due(c, undecided, first_paint_ms);
+    if (now < due) {
+        *wake = due;
         return STREAM_WAIT;
     }
-    int64_t next = c->last_sent + STREAM_COMMENT_MS;
-    if (now >= next) {
-        *wake = now + STREAM_COMMENT_MS;
-        return STREAM_COMMENT;
-    }
-    *wake = next;
-    return STREAM_WAIT;
+    *wake = now + STREAM_COMMENT_MS;
+    return c->painted == 0 ? STREAM_PAINT : STREAM_COMMENT;
 }

@@ -48,11 +48,18 @@ enum stream_do {
     STREAM_COMMENT,     /* send a comment now (the top went out long ago) */
 };
 
+/* When the next part of a request with clock c, whose transaction is
+ * known `undecided` or not, is due: the top at once (c->arrived) when
+ * undecided, else at arrived + first_paint_ms (0: at once too); once the
+ * top went out, a comment STREAM_COMMENT_MS after the last part. Where
+ * the caller arms its timer, from the request's arrival on. This function
+ * can't fail. */
+int64_t stream_due(const struct stream_clock *c, bool undecided, long first_paint_ms);
+
 /* What to send at `now` for a request with clock c, whose transaction is
  * known `undecided` or not, and when to look again (*wake, after the
- * caller has done what it says and updated c): the top at once when
- * undecided, else at arrived + first_paint_ms; then a comment each
- * STREAM_COMMENT_MS after the last part. This function can't fail. */
+ * caller has done what it says and updated c): whatever stream_due()
+ * says is due by now. This function can't fail. */
 enum stream_do stream_step(const struct stream_clock *c, bool undecided, long first_paint_ms, int64_t now,
                            int64_t *wake);
 

@@ -44,13 +44,14 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import kit  # noqa: E402
 import held  # noqa: E402
+import wide  # noqa: E402
 import hosts  # noqa: E402
 import flash  # noqa: E402
 import slowpeers  # noqa: E402
 import streamed  # noqa: E402
 import throughput  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed", "wide")
 
 
 def raise_nofile():
@@ -217,6 +218,18 @@ def print_hosts(rows):
           "the test client's own time is not in it)")
 
 
+def wide_part(tmp, a):
+    cases = [(int(n), 100, 1) for n in a.wide.split(",") if n]
+    if not a.no_deep:
+        cases.append((10000, 20, 25))
+    rows = [("yardstick", wide.yardstick_case(tmp))]
+    for n, shops, tabs in cases:
+        for label, bin in ((("before", a.before),) if a.before else ()) + (("now", None),):
+            name = "%s %d%s" % (label, n, " deep" if tabs > 1 else "")
+            rows.append((name, wide.run_case(tmp, n, shops, tabs, bin=bin, label="-" + label)))
+    wide.print_table(rows, table)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--held", default="2000,10000", help="comma-separated numbers of held requests")
@@ -229,6 +242,10 @@ def main():
     ap.add_argument("--connections", type=int, default=32, help="throughput: wrk connections")
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts: " + ", ".join(PARTS))
     ap.add_argument("--buyers", type=int, default=1000, help="streamed: concurrent buyers (each its own transaction)")
+    ap.add_argument("--wide", default="1000,3000,10000",
+                    help="wide: comma-separated numbers of held requests, each its own transaction")
+    ap.add_argument("--no-deep", action="store_true", help="wide: leave out 10,000 held over 400 transactions")
+    ap.add_argument("--before", default=None, help="wide: also run every case with this kembali binary")
     ap.add_argument("--long", action="store_true", help="also poll a JSON answer for 60 s")
     ap.add_argument("--keep", action="store_true", help="keep the folder of logs and configurations")
     a = ap.parse_args()
@@ -266,6 +283,8 @@ def main():
         if "streamed" in parts:
             streamed.print_table([streamed.run_case(tmp, a.buyers, mode, shops=max(1, a.buyers // 20))
                                   for mode in (True, False)])
+        if "wide" in parts:
+            wide_part(tmp, a)
         if a.long:
             polling(k, sb)
         print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))

@@ -62,9 +62,10 @@ class _Req:
         self.t0 = self.took = self.word = None
 
 
-def start(d, nshops):
-    """A sandbox and a kembali with nshops shops (shop-I, host shop-I.test,
-    own key, read budget 300), default schedule. Returns (sandbox, kembali)."""
+def start(d, nshops, bin=None):
+    """A sandbox and a kembali (`bin`, or the one built here) with nshops
+    shops (shop-I, host shop-I.test, own key, read budget 300), default
+    schedule. Returns (sandbox, kembali)."""
     keys = {"s%d" % i: "sk_test_kembali_bench_%04d" % i for i in range(nshops)}
     sb = harness.Sandbox(d, keys=list(keys.values()))
 
@@ -73,7 +74,7 @@ def start(d, nshops):
                  for i in range(nshops)]
         return harness.make_config(sb, shops)
 
-    k = harness.Kembali(d, config=config, keys=keys)
+    k = harness.Kembali(d, config=config, keys=keys, bin=bin)
     k.start()
     return sb, k
 

@@ -165,6 +165,22 @@ def test_first_paint_ms_bounds_a_slow_first_read(tmpdir):
     assert_between(int(line["ms"]), 2500, 3500)
 
 
+def test_first_paint_ms_0_paints_at_once(tmpdir):
+    """first_paint_ms 0: the top goes out as soon as the request is held,
+    while its first read (2.5 s here) has said nothing yet; not 20 s later
+    with the first comment."""
+    sb, k = kit.start(tmpdir, top={"first_paint_ms": 0})
+    sb.put_tx("t1", "succeeded", responses=[{"http": 200, "delay_ms": 2500,
+                                             "body": {"id": "t1", "status": "succeeded"}}])
+    parts, _ = stream_fcgi(k.addr, "id=t1", DOC)
+    headers, _ = head_and_body(parts[0][1])
+    assert_eq(headers.get("kembali-status"), "checking", "the waiting top first")
+    assert parts[0][0] < 1.0, "the top came %.2f s after the request" % parts[0][0]
+    line = k.wait_log(30, event="request", id="t1")
+    assert_eq(line.get("word"), "succeeded")
+    assert_between(int(line["streamed_ms"]), 0, 150, "painted at once")
+
+
 def test_another_read_in_flight_paints_at_once(tmpdir):
     """A second tab while the first one's read is under way: its top at once."""
     sb, k = kit.start(tmpdir)

@@ -84,6 +84,24 @@ static void test_comments(void **unused)
     assert_int_equal(wake, 700 + 2 * STREAM_COMMENT_MS);
 }
 
+/* Where the timer is armed when a request is held: first_paint_ms 0
+ * means at once, even when the first read has said nothing yet (it
+ * was armed for the comment, 20 s on). */
+static void test_due_from_arrival(void **unused)
+{
+    (void)unused;
+    struct stream_clock c = {.arrived = 100};
+    assert_int_equal(stream_due(&c, false, 0), 100);
+    assert_int_equal(stream_due(&c, true, 0), 100);
+    assert_int_equal(stream_due(&c, false, 1000), 1100);
+    assert_int_equal(stream_due(&c, true, 1000), 100);
+    int64_t wake;
+    assert_int_equal(stream_step(&c, false, 0, stream_due(&c, false, 0), &wake), STREAM_PAINT);
+    c.painted = c.last_sent = 150;
+    assert_int_equal(stream_due(&c, false, 0), 150 + STREAM_COMMENT_MS);
+    assert_int_equal(stream_due(&c, true, 1000), 150 + STREAM_COMMENT_MS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -92,6 +110,7 @@ int main(void)
         cmocka_unit_test(test_paint_at_once_when_undecided),
         cmocka_unit_test(test_paint_at_first_paint_ms),
         cmocka_unit_test(test_comments),
+        cmocka_unit_test(test_due_from_arrival),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
