@@ -59,26 +59,21 @@ struct state_redis_op *coord_ask(struct state *st, struct state_redis *redis, co
     return op;
 }
 
-void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
+void coord_seed(struct state *st, struct state_redis *redis, const struct coord_names *names,
                 const struct state_redis_id *host, const struct state_redis_id *only, int64_t now)
 {
     if (!state_redis_up(redis))
         return;
     int64_t at[STATE_BUDGET_MAX], newest;
-    const struct state_key *known = only != NULL ? coord_keys_find(ks, only) : NULL;
-    if (known != NULL) { /* a key this process used lately: no name to derive */
-        state_redis_seed(redis, only, host, at, state_key_reads(st, known, now, at, STATE_BUDGET_MAX, &newest), now);
+    if (only != NULL) {
+        const struct state_key *key = coord_names_find(names, only);
+        if (key != NULL)
+            state_redis_seed(redis, only, host, at, state_key_reads(st, key, now, at, STATE_BUDGET_MAX, &newest), now);
         return;
     }
-    for (int i = 0; cfg != NULL && i < cfg->nshops; i++) {
-        const struct shop *shop = &cfg->shops[i];
-        int n = state_key_reads(st, &shop->key, now, at, STATE_BUDGET_MAX, &newest);
-        struct state_redis_id rk;
-        if (n == 0 || !state_redis_key_id(redis, shop->secret, &rk) || (only != NULL && strcmp(rk.hex, only->hex) != 0))
-            continue;
-        state_redis_seed(redis, &rk, host, at, n, now); /* a key two shops share: counted once (budget_member) */
-        if (only != NULL)
-            return;
+    for (int i = 0; i < names->n; i++) { /* a key two shops share is one name */
+        int n = state_key_reads(st, &names->e[i].key, now, at, STATE_BUDGET_MAX, &newest);
+        state_redis_seed(redis, &names->e[i].rkey, host, at, n, now);
     }
 }
 

@@ -129,13 +129,6 @@ void coord_mirror_final(struct state *st, const struct state_key *key, const cha
 void coord_told_here(struct state *st, struct state_redis *redis, struct coord_keys *ks, const struct shop *shop,
                      const char *id, const struct pace_schedule *sched, int64_t now);
 
-/* Redis asks for this host's reads (budget.h; state_redis_seed_fn): of the
- * key named `only`, or of every key of cfg's shops (only NULL), as this
- * host's state recorded them in the span ending at `now`, sent as read by
- * `host`. A key is found among ks first, then among cfg's shops. Redis
- * not up: nothing. Can't fail. */
-void coord_seed(struct state *st, struct state_redis *redis, const struct coord_keys *ks, const struct config *cfg,
-                const struct state_redis_id *host, const struct state_redis_id *only, int64_t now);
 
 /* Every shop key of one configuration by its name in Redis, so that a
  * message naming any of them finds it (coord_heard), however many shops. */
@@ -157,6 +150,13 @@ const struct state_key *coord_names_find(const struct coord_names *names, const 
 
 /* Let names go (the configuration's reference too). Can't fail. */
 void coord_names_free(struct coord_names *names);
+
+/* Redis asks for this host's reads (budget.h; state_redis_seed_fn): of the
+ * key named `only`, or of every key of names (only NULL), as this host's
+ * state recorded them in the span ending at `now`, sent as read by
+ * `host`. Redis not up: nothing. Can't fail. */
+void coord_seed(struct state *st, struct state_redis *redis, const struct coord_names *names,
+                const struct state_redis_id *host, const struct state_redis_id *only, int64_t now);
 
 /* Another host's read was granted (m: STATE_REDIS_MSG_READ): unless it is
  * this host's (`host`), it spends the key's budget here too

@@ -519,8 +519,9 @@ static void on_redis_seed(void *ctx, const struct state_redis_id *rkey)
 {
     struct resolver *rs = ctx;
     struct config *cfg = app_config(rs->app);
-    coord_seed(rs->app->state, rs->redis, rs->app->keys, cfg, &rs->host, rkey, util_mono_ms());
+    coord_names_for(&rs->names, rs->redis, cfg);
     config_unref(cfg);
+    coord_seed(rs->app->state, rs->redis, &rs->names, &rs->host, rkey, util_mono_ms());
 }
 
 /* Another process (maybe on another host) published a read's end or a
