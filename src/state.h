@@ -166,8 +166,10 @@ struct state_metrics {
  * reloads find room. A full key table makes room by forgetting the least
  * recently used idle key (no pause in force, nothing in its budget ring
  * newer than STATE_KEY_IDLE_MS: forgetting it forgets nothing that limits
- * a read); a key finds no slot (WAIT_FULL: checking) only while every slot
- * holds a key in use. This function can't fail. */
+ * a read), else the least recently used one whose reads of the last
+ * minute all ended 404 (no pause: a prober's guesses never keep a key
+ * out); a key finds no slot (WAIT_FULL: checking) only while every slot
+ * holds a key in use otherwise. This function can't fail. */
 int state_key_slots_for(int keys);
 
 /* Room for every key: make the key table hold at least key_slots (at most

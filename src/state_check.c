@@ -187,6 +187,10 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     for (int32_t j = 0; j < k->ring_n; j++) { /* only the ring_n newest are ever read */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         clamp_time(&k->ring[i], now, 0, dmg);
+        if (k->ring_nf[i] > 1) {
+            k->ring_nf[i] = 0;
+            dmg[DMG_KEY_ENTRY]++;
+        }
         if (k->ring_kind[i] > RING_HEARD) {
             k->ring_kind[i] = RING_HEARD; /* never sent as this host's */
             dmg[DMG_KEY_ENTRY]++;

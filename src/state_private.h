@@ -43,7 +43,7 @@
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
 #define ST_VERSION 11 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
                        * 9: hold_stamp; 10: ring_kind, ring_who;
-                       * 11: the key table last, growing in place (geom) */
+                       * 11: the key table last, growing in place (geom), ring_nf */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -90,6 +90,7 @@ struct st_keyent {
     int64_t ring[STATE_BUDGET_MAX];
     uint8_t ring_kind[STATE_BUDGET_MAX]; /* RING_*: whose read, and whether Redis has answered its claim */
     uint32_t ring_who[STATE_BUDGET_MAX]; /* RING_HEARD: a hash of its name in Redis's count (heard once) */
+    uint8_t ring_nf[STATE_BUDGET_MAX];   /* 1: that read ended 404 (st_budget_not_found) */
     /* the budget plan: transactions waiting (indexes into txs, checked on
      * every use), and when the latest ones were first held */
     int32_t nwaiting;
@@ -327,6 +328,14 @@ void st_budget_answered(struct st_keyent *k, int64_t t);
  * pushed as RING_HEARD unless the ring holds it already (every process of
  * this host hears it). false when it was there. */
 bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now);
+
+/* The read the ring holds at t ended 404. */
+void st_budget_not_found(struct st_keyent *k, int64_t t);
+
+/* Were the key's reads in the budget's span ending at `now` all answered
+ * 404 (at least one; none in flight, none heard from another host)? Such
+ * a key is a prober's, never one to keep a configured key out (key_make). */
+bool st_budget_only_404(const struct st_keyent *k, int64_t now);
 
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */
