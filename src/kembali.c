@@ -409,6 +409,14 @@ static void reload(struct app *a, const char *path)
     }
     config_bind_state(c, a->state);
     log_config_notes(c, "reload");
+    /* room for every key: the state file grows while the others use it */
+    if (state_grow_keys(a->state, state_key_slots_for(c->nshops), err, sizeof err) != 0) {
+        struct log_line l;
+        log_begin(&l, "error", "reload");
+        log_str(&l, "msg", "the state file's key table cannot grow; idle keys make room as before");
+        log_str(&l, "error", err);
+        log_end(&l);
+    }
     if (c->state_slots != old->state_slots || c->state_slots_per_key != old->state_slots_per_key ||
         c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
         log_msg("warn", "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");

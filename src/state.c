@@ -280,6 +280,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
         /* charged to the client that asked, for an id kembali knows
          * nothing about (a 404 for an id with a known status is not
          * a probe), late or not: it happened at Kasera */
+        if (k != NULL)
+            st_budget_not_found(k, t->budget_at);
         if (fx->charge && !st_client_none(&t->client) && (e == NULL || e->status == TXS_NONE))
             report->client_blocked = st_client_charge(st, &t->client, st_tx_what(st, &t->key, t->id), now);
         if (e != NULL && read_may_record(e, t, current, true, TXS_NONE, now)) {

@@ -166,9 +166,23 @@ struct state_metrics {
  * reloads find room. A full key table makes room by forgetting the least
  * recently used idle key (no pause in force, nothing in its budget ring
  * newer than STATE_KEY_IDLE_MS: forgetting it forgets nothing that limits
- * a read); a key finds no slot (WAIT_FULL: checking) only while every slot
- * holds a key in use. This function can't fail. */
+ * a read), else the least recently used one whose reads of the last
+ * minute all ended 404 (no pause: a prober's guesses never keep a key
+ * out); a key finds no slot (WAIT_FULL: checking) only while every slot
+ * holds a key in use otherwise. This function can't fail. */
 int state_key_slots_for(int keys);
+
+/* Room for every key: make the key table hold at least key_slots (at most
+ * STATE_KEY_SLOTS_MAX) keys, for a reload that configures more keys than
+ * it has slots (state_open does the same for its own options). The file
+ * grows in place while other processes use it: every entry keeps what it
+ * holds (budget rings, pauses, the plan's fields; transactions and
+ * clients are not moved), and the other processes map it anew the next
+ * time they take the lock. Never shrinks. Logs one line when it grew.
+ * Returns 0, or -1 with a reason in err (the file cannot be made longer
+ * or mapped: the table keeps its size, and idle keys make room as
+ * before). */
+int state_grow_keys(struct state *st, int key_slots, char *err, size_t errlen);
 
 /* The per-key quota of a table of `tx_slots` transactions when none is
  * configured (state_slots_per_key): a quarter of it, at least 1. The one
@@ -200,7 +214,8 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
  * and logged once after the locks are released.
  *
  * The directory is created 0700 when missing and refused when other users
- * can write it. An existing file keeps its size (tx_slots, key_slots).
+ * can write it. An existing file keeps its tx_slots and client slots; its
+ * key table grows to opts->key_slots when smaller (state_grow_keys).
  *
  * The per-key quota (tx_per_key) is the region's, not each process's: the
  * processes sharing a file may have been started with different

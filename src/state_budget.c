@@ -44,6 +44,7 @@ int64_t st_budget_push(struct st_keyent *k, int64_t now)
     k->ring[k->ring_head] = now;
     k->ring_kind[k->ring_head] = RING_ASKING; /* until st_budget_answered */
     k->ring_who[k->ring_head] = 0;
+    k->ring_nf[k->ring_head] = 0;
     k->ring_head = (k->ring_head + 1) % STATE_BUDGET_MAX;
     if (k->ring_n < STATE_BUDGET_MAX)
         k->ring_n++;
@@ -79,6 +80,31 @@ bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now)
     return true;
 }
 
+void st_budget_not_found(struct st_keyent *k, int64_t t)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first: it is one of the last */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] == t) {
+            k->ring_nf[i] = 1;
+            return;
+        }
+    }
+}
+
+bool st_budget_only_404(const struct st_keyent *k, int64_t now)
+{
+    int32_t n = 0;
+    for (int32_t j = 0; j < k->ring_n; j++) {
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] <= now - STATE_KEY_IDLE_MS)
+            break;
+        if (!k->ring_nf[i])
+            return false;
+        n++;
+    }
+    return n > 0;
+}
+
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */
 void st_budget_unpush(struct st_keyent *k, int64_t t)
@@ -92,6 +118,7 @@ void st_budget_unpush(struct st_keyent *k, int64_t t)
             k->ring[i] = k->ring[newer];
             k->ring_kind[i] = k->ring_kind[newer];
             k->ring_who[i] = k->ring_who[newer];
+            k->ring_nf[i] = k->ring_nf[newer];
             i = newer;
         }
         k->ring_head = (k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX;

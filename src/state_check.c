@@ -25,17 +25,29 @@ static void clamp_time(int64_t *t, int64_t now, int64_t span, long *dmg)
 }
 
 /* The header's own fields. The geometry is restored from the process's
- * copy (the region was sized by it); counters and strings are made sane. */
+ * copy (the region was sized by it, or st_lock adopted a growth that was
+ * whole; a growth whose process died before it bumped geom is so undone:
+ * the entries it kept stay, and the links are rebuilt from them);
+ * counters and strings are made sane. */
 static void hdr_check(struct state *st, int64_t now, long *dmg)
 {
     struct st_hdr *h = st->h;
     if (h->tx_slots != st->txn || h->key_slots != st->keyn || h->nbuckets != st->nb || h->key_nbuckets != st->knb ||
-        h->client_slots != st->cln) {
+        h->client_slots != st->cln || h->size != st->size || h->buckets_off != st->buckets_off ||
+        h->txs_off != st->txs_off || h->clients_off != st->clients_off || h->keys_off != st->keys_off ||
+        h->key_buckets_off != st->key_buckets_off || h->geom != st->geom) {
         h->client_slots = st->cln;
         h->tx_slots = st->txn;
         h->key_slots = st->keyn;
         h->nbuckets = st->nb;
         h->key_nbuckets = st->knb;
+        h->size = st->size;
+        h->buckets_off = st->buckets_off;
+        h->txs_off = st->txs_off;
+        h->clients_off = st->clients_off;
+        h->keys_off = st->keys_off;
+        h->key_buckets_off = st->key_buckets_off;
+        h->geom = st->geom;
         dmg[DMG_HEADER]++;
     }
     if (!nul_within(h->last_401_shop, sizeof h->last_401_shop)) {
@@ -43,7 +55,8 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
         dmg[DMG_HEADER]++;
     }
     long *counters[] = {&h->evictions, &h->full, &h->recoveries, &h->repairs, &h->stale_locks,
-                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full, &h->quota_full};
+                        &h->key_evictions, &h->key_full, &h->client_blocks, &h->client_full, &h->quota_full,
+                        &h->key_growths};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (*counters[i] < 0) {
             *counters[i] = 0;
@@ -174,6 +187,10 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     for (int32_t j = 0; j < k->ring_n; j++) { /* only the ring_n newest are ever read */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         clamp_time(&k->ring[i], now, 0, dmg);
+        if (k->ring_nf[i] > 1) {
+            k->ring_nf[i] = 0;
+            dmg[DMG_KEY_ENTRY]++;
+        }
         if (k->ring_kind[i] > RING_HEARD) {
             k->ring_kind[i] = RING_HEARD; /* never sent as this host's */
             dmg[DMG_KEY_ENTRY]++;
@@ -226,7 +243,7 @@ static bool key_links_ok(struct state *st)
     return in_chains == used && in_free == n - used && st->h->key_used == used;
 }
 
-static void key_relink(struct state *st)
+void st_key_relink(struct state *st)
 {
     struct st_hdr *h = st->h;
     for (int32_t i = 0; i < st->knb; i++)
@@ -269,7 +286,7 @@ long st_region_check(struct state *st, int64_t now, bool full)
     for (int32_t i = 0; i < st->keyn; i++)
         key_check_entry(&st->keys[i], now, dmg);
     if (!key_links_ok(st)) {
-        key_relink(st);
+        st_key_relink(st);
         dmg[DMG_KEY_LINKS]++;
     }
     st_key_recount(st); /* derived: never trusted from the file */

@@ -22,11 +22,167 @@
 #include "siphash.h"
 #include "util.h"
 
+/* ---- the layout ---- */
+
+/* The region's geometry for the given options. */
+struct layout {
+    int32_t txn, keyn, nb, knb, cln, per_key;
+    size_t off_b, off_t, off_kb, off_k, off_c, size;
+};
+
+int state_per_key_default(int tx_slots)
+{
+    return tx_slots / 4 > 0 ? tx_slots / 4 : 1;
+}
+
+/* The quota `opts` asks for in a table of txn slots: its own, clamped to
+ * 1 .. txn, or the default for txn. */
+static int32_t per_key_for(const struct state_opts *opts, int32_t txn)
+{
+    if (opts->tx_per_key <= 0)
+        return state_per_key_default(txn);
+    return opts->tx_per_key < txn ? opts->tx_per_key : txn;
+}
+
+/* The region's geometry for txn transactions, keyn keys and cln clients
+ * (each within its bounds): in the order of state_private.h, each table
+ * aligned to 64 bytes. The one place the layout is decided. */
+static void layout_of(int32_t txn, int32_t keyn, int32_t cln, struct layout *l)
+{
+    l->txn = txn;
+    l->keyn = keyn;
+    l->cln = cln;
+    l->nb = 1;
+    while (l->nb < l->txn && l->nb < (1 << 28))
+        l->nb <<= 1;
+    l->knb = 1;
+    while (l->knb < l->keyn && l->knb < (1 << 28))
+        l->knb <<= 1;
+    l->off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
+    l->off_t = (l->off_b + (size_t)l->nb * sizeof(int32_t) + 63) & ~(size_t)63;
+    l->off_c = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
+    l->off_k = (l->off_c + (size_t)l->cln * sizeof(struct st_client) + 63) & ~(size_t)63;
+    l->off_kb = (l->off_k + (size_t)l->keyn * sizeof(struct st_keyent) + 63) & ~(size_t)63;
+    l->size = l->off_kb + (size_t)l->knb * sizeof(int32_t);
+}
+
+#define ST_TX_SLOTS_MAX (1 << 28)
+
+static void layout_for(const struct state_opts *opts, struct layout *l)
+{
+    int32_t txn = opts->tx_slots > 0 ? opts->tx_slots : STATE_SLOTS_DEFAULT;
+    if (txn > ST_TX_SLOTS_MAX)
+        txn = ST_TX_SLOTS_MAX;
+    int32_t keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
+    if (keyn > STATE_KEY_SLOTS_MAX)
+        keyn = STATE_KEY_SLOTS_MAX;
+    int32_t cln = opts->client_slots > 0 ? opts->client_slots : STATE_CLIENT_SLOTS_DEFAULT;
+    if (cln > STATE_CLIENT_SLOTS_MAX)
+        cln = STATE_CLIENT_SLOTS_MAX;
+    layout_of(txn, keyn, cln, l);
+    l->per_key = per_key_for(opts, l->txn);
+}
+
+/* Does the header describe exactly the layout of its slot counts, within
+ * `len` bytes (a file may be longer: a growth whose process died before
+ * it was whole)? Reads each field once (another process may be writing
+ * them while a CGI opener looks). */
+static bool hdr_geometry_ok(const struct st_hdr *h, size_t len, struct layout *l)
+{
+    int32_t txn = h->tx_slots, keyn = h->key_slots, cln = h->client_slots;
+    if (txn < 1 || txn > ST_TX_SLOTS_MAX || keyn < 1 || keyn > STATE_KEY_SLOTS_MAX || cln < 1 ||
+        cln > STATE_CLIENT_SLOTS_MAX)
+        return false;
+    layout_of(txn, keyn, cln, l);
+    return h->nbuckets == l->nb && h->key_nbuckets == l->knb && h->buckets_off == l->off_b &&
+           h->txs_off == l->off_t && h->clients_off == l->off_c && h->keys_off == l->off_k &&
+           h->key_buckets_off == l->off_kb && h->size == l->size && l->size <= len;
+}
+
+/* A fingerprint of this build's data layout: a region written by a build
+ * with other structure sizes must not be read. */
+static uint64_t layout_stamp(void)
+{
+    return ((uint64_t)ST_VERSION << 48) ^ ((uint64_t)sizeof(struct st_hdr) << 32) ^
+           ((uint64_t)sizeof(struct st_tx) << 16) ^ (uint64_t)sizeof(struct st_keyent) ^
+           ((uint64_t)sizeof(pthread_mutex_t) << 40);
+}
+
+/* Point st's tables at `body` (the first mapping, or a later one of the
+ * whole file) laid out as l says, and keep a copy of the geometry. */
+static void attach_tables(struct state *st, uint8_t *body, const struct layout *l, uint32_t geom)
+{
+    st->txn = l->txn;
+    st->keyn = l->keyn;
+    st->nb = l->nb;
+    st->knb = l->knb;
+    st->cln = l->cln;
+    st->geom = geom;
+    st->size = l->size;
+    st->buckets_off = l->off_b;
+    st->txs_off = l->off_t;
+    st->clients_off = l->off_c;
+    st->keys_off = l->off_k;
+    st->key_buckets_off = l->off_kb;
+    st->buckets = (int32_t *)(body + l->off_b);
+    st->txs = (struct st_tx *)(body + l->off_t);
+    st->key_buckets = (int32_t *)(body + l->off_kb);
+    st->keys = (struct st_keyent *)(body + l->off_k);
+    st->clients = (struct st_client *)(body + l->off_c);
+}
+
+/* Point st at a region laid out as the header says (checked by
+ * region_usable() for a file) and keep a copy of its geometry. */
+static void attach(struct state *st, uint8_t *base)
+{
+    st->h = (struct st_hdr *)base;
+    struct layout l;
+    layout_of(st->h->tx_slots, st->h->key_slots, st->h->client_slots, &l);
+    attach_tables(st, base, &l, st->h->geom);
+    st->fd = st->lock_fd = -1;
+}
+
 /* ---- locking ---- */
+
+/* Map the file anew after another process grew it (the header's geom is
+ * not ours), under the lock. The header is trusted only when it describes
+ * a whole layout within the file (the grower bumps geom last); otherwise
+ * it stays as it is for st_region_check() to restore from our copy.
+ * Returns false when the header was not usable; a file this process cannot
+ * map ends it (its tables are no longer where it knows them). */
+static bool geometry_refresh(struct state *st)
+{
+    struct layout l;
+    struct stat sb;
+    if (st->fd < 0 || fstat(st->fd, &sb) != 0 || !hdr_geometry_ok(st->h, (size_t)sb.st_size, &l))
+        return false;
+    uint8_t *body = mmap(NULL, l.size, PROT_READ | PROT_WRITE, MAP_SHARED, st->fd, 0);
+    if (body == MAP_FAILED) {
+        int e = errno;
+        struct log_line ll; /* the lock stays held: the others recover it (EOWNERDEAD) */
+        log_begin(&ll, "error", "state");
+        log_str(&ll, "msg", "cannot map the state file after another process grew it; exiting");
+        log_str(&ll, "error", strerror(e));
+        log_int(&ll, "size", (long long)l.size);
+        log_end(&ll);
+        _exit(71);
+    }
+    if (st->body != NULL)
+        munmap(st->body, st->body_len); /* never the first mapping: the lock lives there */
+    st->body = body;
+    st->body_len = l.size;
+    attach_tables(st, body, &l, st->h->geom);
+    return true;
+}
 
 void st_lock(struct state *st, int64_t now)
 {
     int rc = pthread_mutex_lock(&st->h->mu);
+    bool moved = __atomic_load_n(&st->h->geom, __ATOMIC_ACQUIRE) != st->geom;
+    if (moved && !geometry_refresh(st) && rc != EOWNERDEAD) {
+        /* a header that says another geometry yet none whole: damage */
+        st_region_check(st, now, true);
+    }
     if (rc == EOWNERDEAD) {
         /* A process died holding the lock (SIGKILL at any moment): what it
          * was changing may be half done. Leases of its reads stay and
@@ -244,77 +400,82 @@ void state_test_damage(struct state *st, enum state_test_damage what)
 }
 #endif
 
+/* ---- growing the key table ---- */
+
+int st_grow_keys(struct state *st, int32_t key_slots, char *err, size_t errlen)
+{
+    if (key_slots > STATE_KEY_SLOTS_MAX)
+        key_slots = STATE_KEY_SLOTS_MAX;
+    if (key_slots <= st->keyn)
+        return 0;
+    if (st->fd < 0) {
+        snprintf(err, errlen, "the state is not a file: its key table cannot grow");
+        return -1;
+    }
+    struct layout l;
+    layout_of(st->txn, key_slots, st->cln, &l);
+    struct stat sb;
+    if (fstat(st->fd, &sb) != 0 || ((size_t)sb.st_size < l.size && ftruncate(st->fd, (off_t)l.size) != 0)) {
+        snprintf(err, errlen, "cannot make the state file %zu bytes long for %d key slots: %s", l.size,
+                 (int)key_slots, strerror(errno));
+        return -1;
+    }
+    /* Mappings of the old length stay valid in every process: the file
+     * only ever grows. */
+    uint8_t *body = mmap(NULL, l.size, PROT_READ | PROT_WRITE, MAP_SHARED, st->fd, 0);
+    if (body == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map the grown state file: %s", strerror(errno));
+        return -1;
+    }
+    int32_t old = st->keyn;
+    /* The old bucket heads lie where the new entries go: zeroed as free
+     * entries, then every link is rebuilt from the entries (a process
+     * dying on the way leaves what st_region_check relinks the same way) */
+    struct st_keyent *keys = (struct st_keyent *)(body + l.off_k);
+    memset(&keys[old], 0, (size_t)(key_slots - old) * sizeof *keys);
+    if (st->body != NULL)
+        munmap(st->body, st->body_len);
+    st->body = body;
+    st->body_len = l.size;
+    attach_tables(st, body, &l, st->geom + 1);
+    st_key_relink(st);
+    struct st_hdr *h = st->h;
+    h->key_slots = l.keyn;
+    h->key_nbuckets = l.knb;
+    h->keys_off = l.off_k;
+    h->key_buckets_off = l.off_kb;
+    h->size = l.size;
+    h->key_growths++;
+    __atomic_store_n(&h->geom, st->geom, __ATOMIC_RELEASE); /* whole: the others may map it */
+    return 0;
+}
+
+int state_grow_keys(struct state *st, int key_slots, char *err, size_t errlen)
+{
+    if (st->lock_fd >= 0 && flock(st->lock_fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "kembali.lock: %s", strerror(errno));
+        return -1;
+    }
+    int64_t now = util_mono_ms();
+    st_lock(st, now);
+    int32_t before = st->keyn;
+    int rc = st_grow_keys(st, key_slots, err, errlen);
+    int32_t after = st->keyn;
+    st_unlock(st);
+    if (st->lock_fd >= 0)
+        flock(st->lock_fd, LOCK_UN);
+    if (rc == 0 && after > before) {
+        struct log_line ll;
+        log_begin(&ll, "info", "state");
+        log_str(&ll, "msg", "more keys are configured than the state file had key slots: grown, keeping what it holds");
+        log_int(&ll, "key_slots", after);
+        log_int(&ll, "before", before);
+        log_end(&ll);
+    }
+    return rc;
+}
+
 /* ---- creation ---- */
-
-/* The region's geometry for the given options. */
-struct layout {
-    int32_t txn, keyn, nb, knb, cln, per_key;
-    size_t off_b, off_t, off_kb, off_k, off_c, size;
-};
-
-int state_per_key_default(int tx_slots)
-{
-    return tx_slots / 4 > 0 ? tx_slots / 4 : 1;
-}
-
-/* The quota `opts` asks for in a table of txn slots: its own, clamped to
- * 1 .. txn, or the default for txn. */
-static int32_t per_key_for(const struct state_opts *opts, int32_t txn)
-{
-    if (opts->tx_per_key <= 0)
-        return state_per_key_default(txn);
-    return opts->tx_per_key < txn ? opts->tx_per_key : txn;
-}
-
-static void layout_for(const struct state_opts *opts, struct layout *l)
-{
-    l->txn = opts->tx_slots > 0 ? opts->tx_slots : STATE_SLOTS_DEFAULT;
-    l->per_key = per_key_for(opts, l->txn);
-    l->keyn = opts->key_slots > 0 ? opts->key_slots : STATE_KEY_SLOTS_DEFAULT;
-    if (l->keyn > STATE_KEY_SLOTS_MAX)
-        l->keyn = STATE_KEY_SLOTS_MAX;
-    l->nb = 1;
-    while (l->nb < l->txn && l->nb < (1 << 28))
-        l->nb <<= 1;
-    l->off_b = (sizeof(struct st_hdr) + 63) & ~(size_t)63;
-    l->off_t = (l->off_b + (size_t)l->nb * sizeof(int32_t) + 63) & ~(size_t)63;
-    l->knb = 1;
-    while (l->knb < l->keyn && l->knb < (1 << 28))
-        l->knb <<= 1;
-    l->off_kb = (l->off_t + (size_t)l->txn * sizeof(struct st_tx) + 63) & ~(size_t)63;
-    l->off_k = (l->off_kb + (size_t)l->knb * sizeof(int32_t) + 63) & ~(size_t)63;
-    l->cln = opts->client_slots > 0 ? opts->client_slots : STATE_CLIENT_SLOTS_DEFAULT;
-    if (l->cln > STATE_CLIENT_SLOTS_MAX)
-        l->cln = STATE_CLIENT_SLOTS_MAX;
-    l->off_c = (l->off_k + (size_t)l->keyn * sizeof(struct st_keyent) + 63) & ~(size_t)63;
-    l->size = l->off_c + (size_t)l->cln * sizeof(struct st_client);
-}
-
-/* A fingerprint of this build's data layout: a region written by a build
- * with other structure sizes must not be read. */
-static uint64_t layout_stamp(void)
-{
-    return ((uint64_t)ST_VERSION << 48) ^ ((uint64_t)sizeof(struct st_hdr) << 32) ^
-           ((uint64_t)sizeof(struct st_tx) << 16) ^ (uint64_t)sizeof(struct st_keyent) ^
-           ((uint64_t)sizeof(pthread_mutex_t) << 40);
-}
-
-/* Point st at a region laid out as the header says (checked by
- * region_usable() for a file) and keep a copy of its geometry. */
-static void attach(struct state *st, uint8_t *base)
-{
-    st->h = (struct st_hdr *)base;
-    st->txn = st->h->tx_slots;
-    st->keyn = st->h->key_slots;
-    st->nb = st->h->nbuckets;
-    st->knb = st->h->key_nbuckets;
-    st->cln = st->h->client_slots;
-    st->buckets = (int32_t *)(base + st->h->buckets_off);
-    st->txs = (struct st_tx *)(base + st->h->txs_off);
-    st->key_buckets = (int32_t *)(base + st->h->key_buckets_off);
-    st->keys = (struct st_keyent *)(base + st->h->keys_off);
-    st->clients = (struct st_client *)(base + st->h->clients_off);
-}
 
 /* Initialise a zeroed region of l->size bytes. */
 static int region_init(uint8_t *base, const struct layout *l, const struct state_opts *opts,
@@ -378,27 +539,12 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
     return st;
 }
 
-/* Does [off, off + n * size) lie within [lo, len), aligned for 64-bit
- * fields? Overflow-safe for any values read from a file. */
-static bool span_ok(size_t off, int32_t n, size_t size, size_t lo, size_t len)
-{
-    return n >= 1 && off % 64 == 0 && off >= lo && off <= len && (size_t)n <= (len - off) / size;
-}
-
 /* Is the region at base (len bytes, from a file) one this build can use? */
 static bool region_usable(const uint8_t *base, size_t len)
 {
     const struct st_hdr *h = (const struct st_hdr *)base;
-    if (len < sizeof *h || h->magic != ST_MAGIC || h->version != layout_stamp() || h->size != len)
-        return false;
-    if (h->tx_slots < 1 || h->key_slots < 1 || h->nbuckets < 1 || (h->nbuckets & (h->nbuckets - 1)) != 0 ||
-        h->key_nbuckets < 1 || (h->key_nbuckets & (h->key_nbuckets - 1)) != 0)
-        return false;
-    return span_ok(h->buckets_off, h->nbuckets, sizeof(int32_t), sizeof *h, len) &&
-           span_ok(h->txs_off, h->tx_slots, sizeof(struct st_tx), h->buckets_off + (size_t)h->nbuckets * sizeof(int32_t), len) &&
-           span_ok(h->key_buckets_off, h->key_nbuckets, sizeof(int32_t), h->txs_off + (size_t)h->tx_slots * sizeof(struct st_tx), len) &&
-           span_ok(h->keys_off, h->key_slots, sizeof(struct st_keyent), h->key_buckets_off + (size_t)h->key_nbuckets * sizeof(int32_t), len) &&
-           span_ok(h->clients_off, h->client_slots, sizeof(struct st_client), h->keys_off + (size_t)h->key_slots * sizeof(struct st_keyent), len);
+    struct layout l;
+    return len >= sizeof *h && h->magic == ST_MAGIC && h->version == layout_stamp() && hdr_geometry_ok(h, len, &l);
 }
 
 int state_check_dir(const char *dir, bool create, char *err, size_t errlen)
@@ -483,7 +629,7 @@ out:
 struct open_notes {
     bool replaced;          /* an incompatible or damaged file was replaced */
     bool other_size;        /* the file has another tx_slots than asked */
-    int32_t keys_wanted;    /* more key slots asked for than the file has: how many */
+    int32_t keys_before;    /* more key slots asked for than the file had: how many it had (grown) */
     int32_t per_key_wanted; /* joining others, another per-key quota asked for: which (0: none) */
     int32_t per_key;        /* the region's quota */
     bool alone;             /* no other live process used the file */
@@ -568,13 +714,11 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
         log_int(&ll, "wanted", on->per_key_wanted);
         log_end(&ll);
     }
-    if (on->keys_wanted > 0) {
-        log_begin(&ll, "warn", "state");
-        log_str(&ll, "msg", "more keys are configured than the state file has key slots: the least recently "
-                            "used idle keys make room, and a key finds none only while every slot holds a key "
-                            "in use (paused, or read within 60 s); remove the file while no kembali runs to resize it");
+    if (on->keys_before > 0) {
+        log_begin(&ll, "info", "state");
+        log_str(&ll, "msg", "more keys are configured than the state file had key slots: grown, keeping what it holds");
         log_int(&ll, "key_slots", key_slots);
-        log_int(&ll, "wanted", on->keys_wanted);
+        log_int(&ll, "before", on->keys_before);
         log_end(&ll);
     }
     if (on->alone && (on->lock_was_held || on->leases > 0 || notice_any(&on->n))) {
@@ -659,23 +803,30 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
             len = (size_t)sb.st_size;
             base = len >= sizeof(struct st_hdr)
                        ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-            close(fd);
             if (base != MAP_FAILED && region_usable(base, len)) {
                 st = calloc(1, sizeof *st);
                 if (st == NULL) {
                     snprintf(err, errlen, "out of memory");
                     munmap(base, len);
+                    close(fd);
                     break;
                 }
                 attach(st, base);
                 st->mapped = len;
+                st->fd = fd; /* kept: a growth makes it longer and maps it anew */
                 st->greedy = opts->greedy;
                 st->users_fd = users;
                 on.other_size = st->txn != l.txn;
-                if (l.keyn > st->keyn)
-                    on.keys_wanted = l.keyn;
                 int rc = on.alone ? region_reset(st, now, &on, err, errlen)
                                   : region_check_locked(st, now, err, errlen);
+                /* room for every key this process configures (under
+                 * kembali.lock: no other opener reads the header meanwhile) */
+                if (rc == 0 && l.keyn > st->keyn) {
+                    on.keys_before = st->keyn;
+                    st_lock(st, now);
+                    rc = st_grow_keys(st, l.keyn, err, errlen);
+                    st_unlock(st);
+                }
                 /* one quota per region: a restart (nobody else uses it) sets
                  * it; a process joining others keeps theirs (see state.h) */
                 int32_t want = per_key_for(opts, st->txn);
@@ -695,6 +846,7 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
             }
             if (base != MAP_FAILED)
                 munmap(base, len);
+            close(fd);
             base = MAP_FAILED;
             on.replaced = true;
         }
@@ -710,11 +862,13 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
         st = NULL;
     }
     flock(lk, LOCK_UN);
-    close(lk);
-    if (st == NULL)
+    if (st == NULL) {
+        close(lk);
         close(users);
-    else
+    } else {
+        st->lock_fd = lk; /* for state_grow_keys */
         open_notes_log(&on, st->txn, st->keyn);
+    }
     return st;
 }
 
@@ -723,7 +877,13 @@ void state_free(struct state *st)
     if (st == NULL)
         return;
     if (st->mapped) {
+        if (st->body != NULL)
+            munmap(st->body, st->body_len);
         munmap(st->h, st->mapped); /* others may still use it: no destroy */
+        if (st->fd >= 0)
+            close(st->fd);
+        if (st->lock_fd >= 0)
+            close(st->lock_fd);
     } else {
         pthread_mutex_destroy(&st->h->mu);
         free(st->h);

@@ -3,8 +3,14 @@
  *
  * Layout of the region (all offsets from its start, no pointers inside):
  *   struct st_hdr | int32 buckets[nbuckets] | struct st_tx txs[tx_slots]
- *   | int32 key_buckets[key_nbuckets] | struct st_keyent keys[key_slots]
- *   | struct st_client clients[client_slots]
+ *   | struct st_client clients[client_slots] | struct st_keyent keys[key_slots]
+ *   | int32 key_buckets[key_nbuckets]
+ * The key table comes last so that it can grow in place (st_grow_keys): its
+ * entries keep their indexes, and only the bucket heads move to the new
+ * end. The geometry is the header's, numbered by `geom`; every process
+ * compares it with its own copy each time it takes the lock and maps the
+ * file anew when it changed (st_lock). The lock itself is always taken
+ * through the first mapping, which is never moved while the state is open.
  * Transactions are kept in a chained hash table (bucket heads and `next`
  * are indexes; -1 ends a chain; unused entries on a free list) keyed by
  * SipHash(salt, key id || tx id); keys likewise, by their id (itself a
@@ -35,8 +41,9 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 11 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
-                       * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who */
+#define ST_VERSION 12 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+                       * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who;
+                       * 12: the key table last, growing in place (geom), ring_nf */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -83,6 +90,7 @@ struct st_keyent {
     int64_t ring[STATE_BUDGET_MAX];
     uint8_t ring_kind[STATE_BUDGET_MAX]; /* RING_*: whose read, and whether Redis has answered its claim */
     uint32_t ring_who[STATE_BUDGET_MAX]; /* RING_HEARD: a hash of its name in Redis's count (heard once) */
+    uint8_t ring_nf[STATE_BUDGET_MAX];   /* 1: that read ended 404 (st_budget_not_found) */
     /* the budget plan: transactions waiting (indexes into txs, checked on
      * every use), and when the latest ones were first held */
     int32_t nwaiting;
@@ -138,6 +146,9 @@ struct st_hdr {
     uint64_t chg_head;        /* changes logged so far; change s is chg[(s - 1) % STATE_CHANGES] */
     struct st_change chg[STATE_CHANGES];
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
+    uint32_t geom;            /* bumped (last, under the lock) when the geometry above changed */
+    uint32_t pad1;
+    long key_growths;         /* times the key table grew (st_grow_keys) */
 };
 
 /* What a check or repair found, kept in the process (never in the shared
@@ -161,11 +172,17 @@ struct st_notice {
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
     atomic_bool elsewhere;    /* another store plans (state_plan_elsewhere): no read withheld here */
-    size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
+    size_t mapped;            /* length of the first file mapping (h's); 0 for state_new() memory */
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
+    int fd;                   /* the state file, for growing and mapping it anew; -1 for memory */
+    int lock_fd;              /* kembali.lock (flocked by state_open and st_grow_keys); -1 for memory */
+    uint8_t *body;            /* the tables' mapping when not the first one (after a growth); else NULL */
+    size_t body_len;
     /* the geometry, copied when attached: every index is checked against
      * these, never against the (writable, shared) header */
     int32_t txn, keyn, nb, knb, cln;
+    uint32_t geom;            /* the header's geom when copied */
+    size_t size, buckets_off, txs_off, clients_off, keys_off, key_buckets_off;
     struct st_hdr *h;
     int32_t *buckets;
     struct st_tx *txs;
@@ -196,9 +213,22 @@ long st_region_check(struct state *st, int64_t now, bool full);
 
 /* ---- state_file.c: the file, the lock, the futex ---- */
 
-/* Take the region's lock; when its holder died (EOWNERDEAD), check and
- * repair the whole region first (st_region_check) and count a recovery. */
+/* Take the region's lock; when the geometry changed (another process grew
+ * the key table: the header's geom differs from ours), map the file anew
+ * first; when its holder died (EOWNERDEAD), check and repair the whole
+ * region (st_region_check) and count a recovery. A grown file this
+ * process cannot map (out of address space) ends it (logged): its tables
+ * are no longer where it knows them. */
 void st_lock(struct state *st, int64_t now);
+
+/* Grow the key table to key_slots (under kembali.lock's flock and the
+ * region's lock, both taken by the caller): the file is made longer, the
+ * new slots are free, every entry keeps its index and content, the bucket
+ * heads move to the new end and are rebuilt, and geom is bumped last so
+ * that the other processes map the file anew at their next lock. 0, or
+ * -1 with a reason (the file cannot be made longer, or mapped) and
+ * nothing changed. */
+int st_grow_keys(struct state *st, int32_t key_slots, char *err, size_t errlen);
 
 /* Release the lock, then log once what checks found while it was held
  * (st->notice), and forget it. */
@@ -262,6 +292,10 @@ struct st_keyent *st_key_find(struct state *st, const struct state_key *key);
  * hold of that key finds no room, checking). */
 struct st_keyent *st_key_get(struct state *st, const struct state_key *key, int64_t now, bool create);
 
+/* Rebuild the key table's links (bucket heads, chains, free list,
+ * key_used) from its entries. O(key slots). */
+void st_key_relink(struct state *st);
+
 /* ---- state_client.c: clients (callers hold the lock, but for st_client_none) ---- */
 
 /* Is c all zero, "no client" (nothing is charged to it)? */
@@ -314,6 +348,14 @@ void st_budget_answered(struct st_keyent *k, int64_t t);
  * pushed as RING_HEARD unless the ring holds it already (every process of
  * this host hears it). false when it was there. */
 bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now);
+
+/* The read the ring holds at t ended 404. */
+void st_budget_not_found(struct st_keyent *k, int64_t t);
+
+/* Were the key's reads in the budget's span ending at `now` all answered
+ * 404 (at least one; none in flight, none heard from another host)? Such
+ * a key is a prober's, never one to keep a configured key out (key_make). */
+bool st_budget_only_404(const struct st_keyent *k, int64_t now);
 
 /* Take back one read started at t (the newest such) from the ring: the
  * newer ones move down a place. */

@@ -259,8 +259,9 @@ static void key_unlink(struct state *st, int32_t idx)
 }
 
 /* Find the key entry, or make one: a free slot, or the least recently
- * used idle key's. NULL when every slot holds a key in use (not counted:
- * see st_key_get). */
+ * used idle key's, else the least recently used one whose only reads in
+ * the last 60 s were 404s (no pause): probing never keeps a key out. NULL
+ * when every slot holds a key in use (not counted: see st_key_get). */
 static struct st_keyent *key_make(struct state *st, const struct state_key *key, int64_t now)
 {
     struct st_keyent *k = st_key_find(st, key);
@@ -274,6 +275,13 @@ static struct st_keyent *key_make(struct state *st, const struct state_key *key,
         int32_t best = -1;
         for (int32_t i = 0; i < st->keyn; i++) /* rare: only when full; bounded */
             if (key_idle(&st->keys[i], now) && (best < 0 || st->keys[i].last_used < st->keys[best].last_used))
+                best = i;
+        bool idle = best >= 0;
+        /* then a key whose only recent reads were 404s (a prober's guesses
+         * on a shop, or a removed shop's): it never keeps a key out */
+        for (int32_t i = 0; i < st->keyn && !idle; i++)
+            if (st->keys[i].used && st->keys[i].paused_until <= now && st_budget_only_404(&st->keys[i], now) &&
+                (best < 0 || st->keys[i].last_used < st->keys[best].last_used))
                 best = i;
         if (best < 0)
             return NULL;

@@ -331,5 +331,44 @@ def test_not_dumpable(tmpdir):
     assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
 
 
+def shop_key(i):
+    return "sk_test_kembali_%016d" % (1000 + i)
+
+
+def test_a_growing_host_has_room_for_every_key(tmpdir):
+    """Room for every key: a host that grew by reloads from 1 to 70 shops
+    (the state file made for one, with 64 key slots); 64 guessed ids, one
+    on each of the first 64 shops from 64 addresses, read with 64 keys
+    within the minute; shop 69's buyer of a paid payment is still read
+    and answered succeeded (the table grew at the reload, keeping what it
+    held)."""
+    sb = harness.Sandbox(tmpdir, keys=[shop_key(0)])
+    names = ["shop%02d" % i for i in range(70)]
+    cfg, shops, keys = tenants(tmpdir, sb, ())
+    for i, name in enumerate(names):
+        harness.write_secret(os.path.join(keys, name), shop_key(i))
+    write_shop(shops, names[0] + ".json", tenant(names[0]))
+    k = harness.Kembali(tmpdir, config=cfg)
+    k.start()
+    assert_eq(k.metrics()["kembali_state_key_slots"], 64)
+    sb.put_tx("paid-00", "succeeded")
+    assert_eq(k.get("id=paid-00", host="shop00.test").header("kembali-status"), "succeeded")
+    for i, name in enumerate(names[1:], 1):
+        sb.add_key(shop_key(i))
+        write_shop(shops, name + ".json", tenant(name))
+    k.signal(signal.SIGHUP)
+    k.wait_log(30, event="reload", level="info", shops=70)
+    assert k.metrics()["kembali_state_key_slots"] >= 70, "a slot for every configured key"
+    for i in range(64):
+        r = k.get("id=guess-%02d-8371&format=json" % i, host="%s.test" % names[i],
+                  extra={"REMOTE_ADDR": "198.51.100.%d" % (i + 1)}, timeout=30)
+        assert_eq(r.header("kembali-status"), "not_found")
+    sb.put_tx("paid-69", "succeeded")
+    r = k.get("id=paid-69", host="shop69.test", timeout=60)
+    assert_eq(r.header("kembali-status"), "succeeded", "shop 69's buyer is read and answered")
+    assert_eq(len(sb.reads("paid-69")), 1)
+    assert_eq(k.metrics()["kembali_state_key_full_total"], 0)
+
+
 if __name__ == "__main__":
     harness.run(globals())

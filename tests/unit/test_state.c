@@ -1392,6 +1392,39 @@ static void test_key_full_evicts_an_idle_key(void **unused)
     state_free(st);
 }
 
+/* A key whose only reads of the last minute were 404s (guessed ids on its
+ * shop) never keeps another key out: the least recently used of them makes
+ * room; a key with a read that found something, or one in flight, stays. */
+static void test_key_of_404s_only_makes_room(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_keys(4);
+    struct state_key k[6];
+    for (int i = 0; i < 6; i++)
+        k[i] = key_n(st, i);
+    struct state_ticket t;
+    for (int i = 0; i < 4; i++) {
+        assert_true(claim(st, &k[i], "G1", T0 + i, &t, NULL));
+        if (i < 2)
+            finish(st, &t, "toko", oc_kind(OUT_NOT_FOUND), T0 + 10 + i);
+        else if (i == 2)
+            finish(st, &t, "toko", oc_status(TXS_PENDING, "pending"), T0 + 10 + i);
+        /* key 3's read is still in flight */
+    }
+    /* keys 0 and 1 only guessed: they make room, oldest first */
+    assert_true(claim(st, &k[4], "T1", T0 + 100, NULL, NULL));
+    assert_true(claim(st, &k[5], "T1", T0 + 101, NULL, NULL));
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_evictions, 2);
+    assert_int_equal(m.key_full, 0);
+    /* now every key has a read that found something or is in flight */
+    struct state_fact f;
+    assert_false(claim(st, &k[0], "T2", T0 + 200, NULL, &f));
+    assert_int_equal(f.wait, WAIT_FULL);
+    state_free(st);
+}
+
 static void test_key_eviction_keeps_the_budget(void **unused)
 {
     (void)unused;
@@ -2685,6 +2718,7 @@ int main(void)
         cmocka_unit_test(test_key_slots_follow_the_configuration),
         cmocka_unit_test(test_key_full_evicts_an_idle_key),
         cmocka_unit_test(test_key_eviction_keeps_the_budget),
+        cmocka_unit_test(test_key_of_404s_only_makes_room),
         cmocka_unit_test(test_client_id),
         cmocka_unit_test(test_client_burst_counts_reads_in_flight),
         cmocka_unit_test(test_client_reads_in_flight_released),

@@ -281,15 +281,155 @@ static void test_existing_file_keeps_its_size(void **ctx)
     struct state *a = open_ok();
     struct state_opts bigger = OPTS;
     bigger.tx_slots = 4096;
-    bigger.key_slots = 500; /* more keys than it has slots: logged, idle keys make room */
+    bigger.key_slots = 500; /* more keys than it has slots: the key table grows (room for every key) */
     struct state *b = state_open(dir, &bigger, err, sizeof err);
     assert_non_null(b);
     struct state_metrics m;
     state_metrics(b, &m);
     assert_int_equal(m.tx_slots, OPTS.tx_slots); /* joined, not replaced under a */
-    assert_int_equal(m.key_slots, OPTS.key_slots);
+    assert_int_equal(m.key_slots, 500);
+    state_metrics(a, &m); /* a, which mapped it before, sees the grown table */
+    assert_int_equal(m.key_slots, 500);
+    assert_int_equal(m.tx_slots, OPTS.tx_slots);
     state_free(a);
     state_free(b);
+}
+
+/* Key i of the growth tests: its secret. */
+static void growth_key(struct state *st, int i, struct state_key *k)
+{
+    char secret[32];
+    snprintf(secret, sizeof secret, "sk_grow_%d", i);
+    state_key_id(st, secret, k);
+}
+
+/* Read T<i> once with key i at `now` and finish it with `s` (401 for the
+ * last key: a pause). true when the claim was granted. */
+static bool growth_read(struct state *st, int i, enum tx_status s, bool unauthorized, int64_t now)
+{
+    struct pace_schedule sched;
+    pace_default(&sched);
+    struct state_key k;
+    growth_key(st, i, &k);
+    char id[16];
+    snprintf(id, sizeof id, "T%d", i);
+    struct state_ticket t;
+    struct state_fact f;
+    if (!state_claim(st, &k, id, &sched, 120, TIMEOUT, now, &t, &f))
+        return false;
+    struct outcome oc = status_outcome(s);
+    if (unauthorized)
+        oc.kind = OUT_UNAUTHORIZED;
+    struct state_report rep;
+    state_finish(st, &t, "toko", &oc, now + 1, &rep);
+    return true;
+}
+
+/* Room for every key: a full key table (every key read within the minute:
+ * none may be forgotten) grows in place, and every key keeps what it
+ * holds: its budget ring, its pause, its transactions' statuses. */
+static void test_key_table_grows_keeping_what_it_holds(void **ctx)
+{
+    (void)ctx;
+    char err[512];
+    struct state *st = open_ok();
+    int64_t now = util_mono_ms();
+    for (int i = 0; i < OPTS.key_slots; i++)
+        assert_true(growth_read(st, i, TXS_SUCCEEDED, i == OPTS.key_slots - 1, now + i));
+    /* full: a ninth key in use finds no slot */
+    assert_false(growth_read(st, OPTS.key_slots, TXS_SUCCEEDED, false, now + 20));
+    assert_int_equal(state_grow_keys(st, 40, err, sizeof err), 0);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_slots, 40);
+    assert_int_equal(m.key_used, OPTS.key_slots);
+    struct pace_schedule sched;
+    pace_default(&sched);
+    for (int i = 0; i < OPTS.key_slots; i++) {
+        struct state_key k;
+        growth_key(st, i, &k);
+        int reads;
+        bool paused;
+        state_key_usage(st, &k, now + 30, &reads, &paused);
+        assert_int_equal(reads, 1);
+        assert_int_equal(paused, i == OPTS.key_slots - 1);
+        char id[16];
+        snprintf(id, sizeof id, "T%d", i);
+        struct state_fact f;
+        state_lookup(st, &k, id, &sched, 120, now + 30, &f);
+        if (i < OPTS.key_slots - 1) {
+            assert_true(f.final);
+            assert_int_equal(f.status, TXS_SUCCEEDED);
+        }
+    }
+    for (int i = OPTS.key_slots; i < 40; i++)
+        assert_true(growth_read(st, i, TXS_PENDING, false, now + 40 + i));
+    state_metrics(st, &m);
+    assert_int_equal(m.key_used, 40);
+    assert_int_equal(state_grow_keys(st, 20, err, sizeof err), 0); /* never shrinks */
+    state_metrics(st, &m);
+    assert_int_equal(m.key_slots, 40);
+    state_free(st);
+    /* and a restart keeps it all */
+    st = open_ok();
+    state_metrics(st, &m);
+    assert_int_equal(m.key_slots, 40);
+    assert_int_equal(m.key_used, 40);
+    state_free(st);
+}
+
+/* A process that mapped the file before another grew it sees the grown
+ * table at its next lock: the keys the grower made, and room for its own. */
+static void test_other_process_sees_the_grown_table(void **ctx)
+{
+    (void)ctx;
+    struct state *st = open_ok();
+    int64_t now = util_mono_ms();
+    for (int i = 0; i < OPTS.key_slots; i++)
+        assert_true(growth_read(st, i, TXS_SUCCEEDED, false, now + i));
+    int opened[2], grown[2];
+    assert_int_equal(pipe(opened), 0);
+    assert_int_equal(pipe(grown), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* mapped before the growth; uses the table after it */
+        char err[256], c = 0;
+        struct state *o = state_open(dir, &OPTS, err, sizeof err);
+        if (o == NULL || growth_read(o, 100, TXS_PENDING, false, util_mono_ms()))
+            _exit(2); /* full before the growth */
+        if (write(opened[1], "o", 1) != 1 || read(grown[0], &c, 1) != 1)
+            _exit(3);
+        int64_t t = util_mono_ms();
+        for (int i = 100; i < 120; i++)
+            if (!growth_read(o, i, TXS_PENDING, false, t + i))
+                _exit(4);
+        struct state_metrics m;
+        state_metrics(o, &m);
+        if (m.key_slots != 64 || m.key_used != OPTS.key_slots + 20)
+            _exit(5);
+        struct state_key k;
+        growth_key(o, 3, &k);
+        int reads;
+        bool paused;
+        state_key_usage(o, &k, t, &reads, &paused);
+        _exit(reads == 1 ? 0 : 6);
+    }
+    char c = 0, err[256];
+    assert_int_equal(read(opened[0], &c, 1), 1);
+    assert_int_equal(state_grow_keys(st, 64, err, sizeof err), 0);
+    assert_int_equal(write(grown[1], "g", 1), 1);
+    int wst;
+    waitpid(pid, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.key_used, OPTS.key_slots + 20);
+    for (int i = 0; i < 2; i++) {
+        close(opened[i]);
+        close(grown[i]);
+    }
+    state_free(st);
 }
 
 /* The per-key quota is the file's: a process joining others keeps theirs
@@ -791,6 +931,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_file_with_loose_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replaces_incompatible_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_file_keeps_its_size, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_table_grows_keeping_what_it_holds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_process_sees_the_grown_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_per_key_quota_is_the_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dead_lock_holder_is_recovered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_taken_under_lock_never_hangs, setup, teardown),
