@@ -137,16 +137,21 @@ def exercise_and_check(tmpdir, k, sb, redis):
     return m
 
 
+# held long enough for the page's checks and `--notify` on a busy machine
+# (a sanitizer build, promtool beside it): FAST holds 4.8 s
+HOLD_LONG = [0, 10000, 10000]
+
+
 @harness.timeout(120)
 def test_metrics_page_parses_without_redis(tmpdir):
-    sb, k = kit.start(tmpdir)
+    sb, k = kit.start(tmpdir, schedule=HOLD_LONG)
     exercise_and_check(tmpdir, k, sb, redis=False)
 
 
 @harness.timeout(120)
 def test_metrics_page_parses_with_redis(tmpdir):
     redis = harness.Redis(tmpdir)
-    sb, ks = kit.start_hosts(tmpdir, 1, redis, top={"redis": redis.unix_url()})
+    sb, ks = kit.start_hosts(tmpdir, 1, redis, schedule=HOLD_LONG, top={"redis": redis.unix_url()})
     k = ks[0]
     k.wait_log(30, event="redis_joined")
     exercise_and_check(tmpdir, k, sb, redis=True)
