@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "hostreg.h"
 #include "pace.h"
 #include "render.h"
 #include "state.h"
@@ -116,6 +117,10 @@ struct config {
     struct config_skip *skipped;   /* bad files in shops_dir */
     int nskipped;
     struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
+    struct hostreg held_read;      /* the host registry as read before deciding (hostreg.h; empty: none read) */
+    struct hostreg held;           /* who holds which host of shops_dir after this load */
+    struct hostreg contested;      /* hosts nobody holds that two files claim ("A and B") */
+    bool held_known;               /* the registry was read (CONFIG_HOSTS_READ, CONFIG_HOSTS_KEEP) */
 };
 
 /* ---- the keys of the configuration file (config_keys.c) ---- */
@@ -161,7 +166,8 @@ extern const struct config_key config_keys[CK_COUNT];
  * per line, into err (capacity errlen), when the main configuration is
  * broken (out of memory included). A bad file in shops_dir does not fail
  * the load: it is left out and listed in c->skipped (file and reasons), and
- * err stays empty. Same as config_reload(path, NULL, err, errlen). */
+ * err stays empty. Same as config_reload(path, NULL, err, errlen): the
+ * host registry is not read. */
 struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* Like config_load, for a reload while `prev` serves (prev may be NULL).
@@ -176,6 +182,26 @@ struct config *config_load(const char *path, char *err, size_t errlen);
  * key and templates as they were; skip->kept is true), unless that one
  * collides too. prev is only read. */
 struct config *config_reload(const char *path, const struct config *prev, char *err, size_t errlen);
+
+/* What a load does with the host registry in state_dir (hostreg.h). */
+enum config_hosts {
+    CONFIG_HOSTS_NONE,   /* not read: who held a host comes from prev alone (tests, --notify) */
+    CONFIG_HOSTS_READ,   /* read, not written (--check-config; a start as root before --user) */
+    CONFIG_HOSTS_KEEP    /* locked, read, decided from, written when changed, unlocked (a start, SIGHUP) */
+};
+
+/* Like config_reload, deciding who holds which host of shops_dir from the
+ * host registry in the configuration's state_dir as `hosts` says
+ * (interface.md, "Tenants": a host belongs to the shop that held it first;
+ * hosts the registry does not name fall back to prev's tenants). The
+ * result is in c->held (c->held_read: what was read). With
+ * CONFIG_HOSTS_KEEP the registry's lock is held from reading it to
+ * writing c->held, so processes sharing state_dir never drop each
+ * other's claims. A registry that cannot be read, locked or written
+ * refuses the load (the reason in err), as a broken main configuration
+ * does. Without shops_dir the registry is not touched. */
+struct config *config_reload_hosts(const char *path, const struct config *prev, enum config_hosts hosts, char *err,
+                                   size_t errlen);
 
 /* The most requests one process may hold when it may open `nofile`
  * descriptors (RLIMIT_NOFILE's soft limit; < 0: unlimited): each held

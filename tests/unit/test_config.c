@@ -984,7 +984,7 @@ static void test_tenant_hosts_never_taken_over(void **unused)
     expect_pick(c2, NULL, "www.b.example", "toko-b");
     assert_string_equal(config_pick_shop(c2, "toko-b", NULL)->name, "B v1");
     k = skipped(c2, "shops_hosts/00-evil.json");
-    assert_non_null(strstr(k->why, "00-evil.json: hosts: the host \"www.b.example\" is served by shop \"toko-b\""));
+    assert_non_null(strstr(k->why, "00-evil.json: hosts: the host \"www.b.example\" is held by shop \"toko-b\""));
     assert_string_equal(k->collides, "toko-b");
     assert_false(k->kept);
     expect_pick(c2, "00-evil", NULL, NULL);
