@@ -174,13 +174,16 @@ struct config *config_load(const char *path, char *err, size_t errlen);
  * The file shops_dir/NAME.json is the shop NAME (interface.md, "Tenants"):
  * its key is keys_dir/NAME; a file of another name is skipped. A host
  * belongs to a shop of the main configuration, else to the tenant that
- * served it in prev and still claims it, else to the one file claiming
- * it; a file claiming a host that belongs to another shop (or that
- * another new file claims too), or the id or key file of a shop of the
- * main configuration, is skipped, naming that shop (skip->collides). A
- * skipped file whose previous version is in prev keeps that version (its
- * key and templates as they were; skip->kept is true), unless that one
- * collides too. prev is only read. */
+ * held it (here: served it in prev; see config_reload_hosts for the
+ * registry), else to the one file claiming it (hostreg_decide: a broken
+ * file keeps its hosts and claims the free ones it lists); a file
+ * claiming a host that belongs to another shop (or that another file
+ * claims too while nobody holds it), the id or key file of a shop of the
+ * main configuration, or the notify secret of a shop with another key, is
+ * skipped, naming that shop (skip->collides). A skipped file whose
+ * previous version is in prev keeps that version (its key and templates
+ * as they were; skip->kept is true) while it holds that version's hosts.
+ * prev is only read. */
 struct config *config_reload(const char *path, const struct config *prev, char *err, size_t errlen);
 
 /* What a load does with the host registry in state_dir (hostreg.h). */
