@@ -23,6 +23,8 @@
 #define HOSTREG_LOCK "kembali.hosts.lock"
 #define HOSTREG_HEADER "# kembali host registry 1: HOST SHOP, one held host a line"
 #define HOSTREG_MAX_BYTES (16 * 1024 * 1024) /* a larger file is refused as damaged */
+#define HOSTREG_LOCK_WAIT_MS 5000  /* the longest wait for another process's lock */
+#define HOSTREG_LOCK_STEP_MS 10    /* how often it is tried meanwhile */
 
 /* One held host. */
 struct hostreg_entry {
@@ -116,9 +118,11 @@ int hostreg_decide(const struct hostreg *held, const char *const *main, size_t n
 /* ---- hostreg_file.c: the registry in state_dir ---- */
 
 /* Take the registry's lock (flock LOCK_EX on dir/kembali.hosts.lock, made
- * 0600 when missing; dir made 0700 when missing), waiting for another
- * process that holds it. Returns the lock's descriptor, or -1 with the
- * reason in why. */
+ * 0600 when missing; dir made 0700 when missing), waiting up to
+ * HOSTREG_LOCK_WAIT_MS for another process that holds it (a process
+ * stopped while holding it must not block every other one for good; the
+ * caller's load then fails and the old configuration keeps serving).
+ * Returns the lock's descriptor, or -1 with the reason in why. */
 int hostreg_lock(const char *dir, char *why, size_t whylen);
 
 /* Release the lock taken by hostreg_lock (closes fd; -1 is ignored). */

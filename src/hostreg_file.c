@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int hostreg_lock(const char *dir, char *why, size_t whylen)
@@ -27,14 +28,25 @@ int hostreg_lock(const char *dir, char *why, size_t whylen)
         snprintf(why, whylen, "%s: %s", path, strerror(errno));
         return -1;
     }
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno == EINTR)
-            continue;
-        snprintf(why, whylen, "%s: cannot lock it: %s", path, strerror(errno));
-        close(fd);
-        return -1;
+    /* bounded: a process stopped while it holds the lock must not keep
+     * every other one from reloading (nor stall its loop) for good */
+    for (int waited = 0;; waited += HOSTREG_LOCK_STEP_MS) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return fd;
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            snprintf(why, whylen, "%s: cannot lock it: %s", path, strerror(errno));
+            break;
+        }
+        if (waited >= HOSTREG_LOCK_WAIT_MS) {
+            snprintf(why, whylen, "%s: another process has held it for %d ms (a reload stopped half-way?)", path,
+                     HOSTREG_LOCK_WAIT_MS);
+            break;
+        }
+        struct timespec ts = {0, HOSTREG_LOCK_STEP_MS * 1000000L};
+        nanosleep(&ts, NULL);
     }
-    return fd;
+    close(fd);
+    return -1;
 }
 
 void hostreg_unlock(int fd)

@@ -174,6 +174,64 @@ def test_hosts_released_by_removal_or_by_a_version_without_them(tmpdir):
     assert_eq(registry(cfg), {"one.test": "toko-b", "two.test": "toko-c"})
 
 
+def test_reload_decides_under_the_registry_lock(tmpdir):
+    """Processes sharing state_dir decide one at a time: a reload takes the
+    registry's lock from reading to writing it. While another holder keeps
+    it (here: this test), the reload is refused after a bounded wait and
+    the old configuration keeps serving; once released, it goes through."""
+    import fcntl
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
+    write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["a.test"]))
+    sb.put_tx("t1", "succeeded")
+    k = harness.Kembali(tmpdir, config=cfg)
+    k.start()
+    write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B", hosts=["b.test"]))
+    with open(os.path.join(cfg["state_dir"], "kembali.hosts.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        k.signal(signal.SIGHUP)
+        line = k.wait_log(30, event="reload", level="error")
+        assert_in("another process has held it", line["errors"])
+        assert_eq(status(k, "b.test")[0], "unknown_shop")
+        assert_eq(registry(cfg), {"a.test": "toko-a"})
+    k.signal(signal.SIGHUP)
+    k.wait_log(30, event="reload", level="info")
+    assert_in("Toko B", status(k, "b.test")[1])
+    assert_eq(registry(cfg), {"a.test": "toko-a", "b.test": "toko-b"})
+
+
+def test_start_as_root_writes_the_registry_as_the_serving_user(tmpdir):
+    """Started as root with --user, kembali reads the keys and the registry
+    as root but writes the registry only after dropping privileges, so a
+    later reload (as that user) can still replace it."""
+    if os.geteuid() != 0:
+        raise harness.Skip("needs root (--user)")
+    import pwd
+    pw = pwd.getpwnam("nobody")
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
+    os.chmod(tmpdir, 0o755)
+    os.chown(cfg["state_dir"], pw.pw_uid, pw.pw_gid)
+    for name in ("toko-a", "toko-b"):  # root's keys, read before --user drops privileges
+        os.chmod(os.path.join(keys, name), 0o600)
+    write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["a.test"]))
+    sb.put_tx("t1", "succeeded")
+    k = harness.Kembali(tmpdir, config=cfg, args=["--user", "nobody"])
+    k.start()
+    assert_in("Toko A", status(k, "a.test")[1])
+    reg = os.path.join(cfg["state_dir"], "kembali.hosts")
+    assert_eq(os.stat(reg).st_uid, pw.pw_uid)
+    assert_eq(registry(cfg), {"a.test": "toko-a"})
+    # a reload as nobody replaces it (toko-b's key is root's: its file is
+    # skipped, and claims its free host)
+    write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B", hosts=["b.test"]))
+    k.signal(signal.SIGHUP)
+    k.wait_log(30, event="shop_file_skipped", file=os.path.join(shops, "toko-b.json"))
+    k.wait_log(30, event="reload", level="info")
+    assert_eq(registry(cfg), {"a.test": "toko-a", "b.test": "toko-b"})
+    assert_eq(os.stat(reg).st_uid, pw.pw_uid)
+
+
 def test_shared_notify_secret_skips_the_second(tmpdir):
     """Two tenants with different keys and one notify secret: the second
     is skipped naming the first, so a notify signed for one is never
