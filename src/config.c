@@ -370,6 +370,28 @@ static void load_planning(struct config *c, struct cerr *e, json_t *root)
 
 struct config *config_reload(const char *path, const struct config *prev, char *errbuf, size_t errlen)
 {
+    return config_reload_hosts(path, prev, CONFIG_HOSTS_NONE, errbuf, errlen);
+}
+
+/* The host registry of c->state_dir into c->held_read, locked first for
+ * CONFIG_HOSTS_KEEP (*lockfd, else -1). Problems recorded in e. */
+static void registry_read(struct config *c, struct cerr *e, enum config_hosts hosts, int *lockfd)
+{
+    char why[600];
+    *lockfd = -1;
+    if (hosts == CONFIG_HOSTS_KEEP && (*lockfd = hostreg_lock(c->state_dir, why, sizeof why)) < 0) {
+        config_fail(e, c->path, "state_dir", "the host registry: %s", why);
+        return;
+    }
+    if (hostreg_load(c->state_dir, &c->held_read, why, sizeof why) != 0)
+        config_fail(e, c->path, "state_dir", "the host registry: %s", why);
+    else
+        c->held_known = true;
+}
+
+struct config *config_reload_hosts(const char *path, const struct config *prev, enum config_hosts hosts,
+                                   char *errbuf, size_t errlen)
+{
     struct cerr e = {errbuf, errlen, 0, 0, false};
     errbuf[0] = '\0';
     json_t *root = read_root(&e, path);
@@ -396,9 +418,17 @@ struct config *config_reload(const char *path, const struct config *prev, char *
     /* the default templates must load: shops fall back to them */
     if (e.count == 0)
         c->default_tpl = config_templates(c, &e, path, "templates_dir", c->templates_dir, "id", NULL);
+    int lockfd = -1;
+    if (e.count == 0 && sdir != NULL && hosts != CONFIG_HOSTS_NONE)
+        registry_read(c, &e, hosts, &lockfd);
     if (e.count == 0)
         config_load_shops(c, prev, &e, path, root, sdir);
     json_decref(root);
+    char why[600];
+    if (e.count == 0 && !e.oom && lockfd >= 0 && !hostreg_equal(&c->held, &c->held_read) &&
+        hostreg_save(c->state_dir, &c->held, why, sizeof why) != 0)
+        config_fail(&e, path, "state_dir", "the host registry: %s", why);
+    hostreg_unlock(lockfd);
     if (e.count > 0 || e.oom) {
         config_unref(c);
         return NULL;
@@ -437,6 +467,9 @@ void config_unref(struct config *c)
         free(c->skipped[i].collides);
     }
     free(c->skipped);
+    hostreg_free(&c->held_read);
+    hostreg_free(&c->held);
+    hostreg_free(&c->contested);
     free(c->keys_dir);
     free(c->shop_templates_root);
     free(c->path);

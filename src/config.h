@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "hostreg.h"
 #include "pace.h"
 #include "render.h"
 #include "state.h"
@@ -116,6 +117,10 @@ struct config {
     struct config_skip *skipped;   /* bad files in shops_dir */
     int nskipped;
     struct config_redis redis;     /* the shared state's Redis; redis.on false: state_dir only */
+    struct hostreg held_read;      /* the host registry as read before deciding (hostreg.h; empty: none read) */
+    struct hostreg held;           /* who holds which host of shops_dir after this load */
+    struct hostreg contested;      /* hosts nobody holds that two files claim ("A and B") */
+    bool held_known;               /* the registry was read (CONFIG_HOSTS_READ, CONFIG_HOSTS_KEEP) */
 };
 
 /* ---- the keys of the configuration file (config_keys.c) ---- */
@@ -161,21 +166,45 @@ extern const struct config_key config_keys[CK_COUNT];
  * per line, into err (capacity errlen), when the main configuration is
  * broken (out of memory included). A bad file in shops_dir does not fail
  * the load: it is left out and listed in c->skipped (file and reasons), and
- * err stays empty. Same as config_reload(path, NULL, err, errlen). */
+ * err stays empty. Same as config_reload(path, NULL, err, errlen): the
+ * host registry is not read. */
 struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* Like config_load, for a reload while `prev` serves (prev may be NULL).
  * The file shops_dir/NAME.json is the shop NAME (interface.md, "Tenants"):
  * its key is keys_dir/NAME; a file of another name is skipped. A host
  * belongs to a shop of the main configuration, else to the tenant that
- * served it in prev and still claims it, else to the one file claiming
- * it; a file claiming a host that belongs to another shop (or that
- * another new file claims too), or the id or key file of a shop of the
- * main configuration, is skipped, naming that shop (skip->collides). A
- * skipped file whose previous version is in prev keeps that version (its
- * key and templates as they were; skip->kept is true), unless that one
- * collides too. prev is only read. */
+ * held it (here: served it in prev; see config_reload_hosts for the
+ * registry), else to the one file claiming it (hostreg_decide: a broken
+ * file keeps its hosts and claims the free ones it lists); a file
+ * claiming a host that belongs to another shop (or that another file
+ * claims too while nobody holds it), the id or key file of a shop of the
+ * main configuration, or the notify secret of a shop with another key, is
+ * skipped, naming that shop (skip->collides). A skipped file whose
+ * previous version is in prev keeps that version (its key and templates
+ * as they were; skip->kept is true) while it holds that version's hosts.
+ * prev is only read. */
 struct config *config_reload(const char *path, const struct config *prev, char *err, size_t errlen);
+
+/* What a load does with the host registry in state_dir (hostreg.h). */
+enum config_hosts {
+    CONFIG_HOSTS_NONE,   /* not read: who held a host comes from prev alone (tests, --notify) */
+    CONFIG_HOSTS_READ,   /* read, not written (--check-config; a start as root before --user) */
+    CONFIG_HOSTS_KEEP    /* locked, read, decided from, written when changed, unlocked (a start, SIGHUP) */
+};
+
+/* Like config_reload, deciding who holds which host of shops_dir from the
+ * host registry in the configuration's state_dir as `hosts` says
+ * (interface.md, "Tenants": a host belongs to the shop that held it first;
+ * hosts the registry does not name fall back to prev's tenants). The
+ * result is in c->held (c->held_read: what was read). With
+ * CONFIG_HOSTS_KEEP the registry's lock is held from reading it to
+ * writing c->held, so processes sharing state_dir never drop each
+ * other's claims. A registry that cannot be read, locked or written
+ * refuses the load (the reason in err), as a broken main configuration
+ * does. Without shops_dir the registry is not touched. */
+struct config *config_reload_hosts(const char *path, const struct config *prev, enum config_hosts hosts, char *err,
+                                   size_t errlen);
 
 /* The most requests one process may hold when it may open `nofile`
  * descriptors (RLIMIT_NOFILE's soft limit; < 0: unlimited): each held

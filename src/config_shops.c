@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hostreg.h"
 #include "ids.h"
 #include "util.h"
 
@@ -382,14 +383,16 @@ static bool add_skip(struct config *c, const char *file, const char *why, const 
 
 /* One file of shops_dir while the folder loads. */
 struct tenant {
+    char name[STATE_ID_MAX + 1];   /* NAME of shops_dir/NAME.json */
     char *path;                    /* shops_dir/NAME.json */
-    struct shop shop;              /* its new version, when it loaded */
+    struct shop shop;              /* its new version (when broken: what could be read, its hosts included) */
     bool loaded;                   /* shop loaded without a problem */
     const struct shop *old;        /* its version in prev, or NULL */
-    const struct shop *claims;     /* the version whose hosts it claims: &shop if loaded, else old, else NULL */
+    const struct shop *serves;     /* out: &shop, old (kept) or NULL (skipped) */
+    bool refused;                  /* its new version takes another shop's id, key or notify secret */
+    bool old_refused;              /* its old version's notify secret is now another shop's */
     char *why;                     /* its problems, "file: key: reason" lines; NULL: none */
     size_t whylen;
-    bool lost;                     /* `claims` collides with another shop */
     char collides[STATE_ID_MAX + 1]; /* the first shop it collided with */
     bool oom;
 };
@@ -423,67 +426,16 @@ static void tenant_note(struct tenant *t, const char *collides, const char *fmt,
     t->whylen += (size_t)snprintf(w + t->whylen, add + 1, "%s: %s\n", t->path, msg);
 }
 
-/* One host claimed by a shop while shops_dir loads. */
-struct claim {
-    const char *host;
-    int who;                       /* >= 0: that tenant; < 0: the main configuration's shop -1 - who */
-    bool had;                      /* the tenant served it before this reload */
-};
-
-static int cmp_claim(const void *a, const void *b)
-{
-    const struct claim *x = a, *y = b;
-    int d = strcmp(x->host, y->host);
-    return d ? d : (x->who > y->who) - (x->who < y->who);
-}
-
-/* The claim that owns the one host of cl[a..b) (sorted by who): the main
- * configuration's shop, else the tenant that served it before and still
- * claims it, else the only claimant (a shop listing the host twice is one
- * claimant); -1 when two or more tenants claim it anew (a name that sorts
- * first must not win it: none does). Pure; can't fail. */
-static long claim_owner(const struct claim *cl, size_t a, size_t b)
-{
-    for (size_t i = a; i < b; i++)
-        if (cl[i].who < 0)
-            return (long)i;
-    for (size_t i = a; i < b; i++)
-        if (cl[i].had)
-            return (long)i;
-    return cl[a].who == cl[b - 1].who ? (long)a : -1;
-}
-
-/* The range [*a, *b) of the claims on `host` in the sorted cl. */
-static void claims_on(const struct claim *cl, size_t n, const char *host, size_t *a, size_t *b)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(cl[mid].host, host) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    *a = lo;
-    while (lo < n && strcmp(cl[lo].host, host) == 0)
-        lo++;
-    *b = lo;
-}
-
-static bool shop_has_host(const struct shop *s, const char *host)
-{
-    for (int i = 0; i < s->nhosts; i++)
-        if (strcmp(s->hosts[i], host) == 0)
-            return true;
-    return false;
-}
-
 /* Does tenant shop s take the id or the key file of one of the main
- * configuration's shops c->shops[0..ninline)? Noted in t. */
-static bool tenant_takes_inline(const struct config *c, int ninline, struct tenant *t, const struct shop *s)
+ * configuration's shops c->shops[0..ninline)? Noted in t when `note`. */
+static bool tenant_takes_inline(const struct config *c, int ninline, struct tenant *t, const struct shop *s,
+                                bool note)
 {
     for (int j = 0; j < ninline; j++) {
         const struct shop *o = &c->shops[j];
+        if (!note && (strcmp(o->id, s->id) == 0 || (o->key_file != NULL && s->key_file != NULL &&
+                                                    strcmp(o->key_file, s->key_file) == 0)))
+            return true;
         if (strcmp(o->id, s->id) == 0) {
             tenant_note(t, o->id, "the id \"%s\" is the id of a shop of the main configuration", s->id);
             return true;
@@ -497,103 +449,176 @@ static bool tenant_takes_inline(const struct config *c, int ninline, struct tena
     return false;
 }
 
-/* Can tenant i's previous version serve again (its new one collided)? Only
- * when nothing else claims any of its hosts nor is its id or key. */
-static bool old_fits(const struct config *c, int ninline, const struct claim *cl, size_t ncl, struct tenant *t,
-                     int i)
+/* Do shops a and b have one notify secret and different keys (interface.md:
+ * a notify signed for one shop must never be accepted by another)? */
+static bool notify_shared(const struct shop *a, const struct shop *b)
 {
-    if (tenant_takes_inline(c, ninline, t, t->old))
+    return a->notify_secret != NULL && b->notify_secret != NULL && strcmp(a->notify_secret, b->notify_secret) == 0 &&
+           a->secret != NULL && b->secret != NULL && strcmp(a->secret, b->secret) != 0;
+}
+
+/* The first of acc[0..n) that shares s's notify secret with another key, or NULL. */
+static const struct shop *notify_taken(const struct shop *const *acc, size_t n, const struct shop *s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (notify_shared(acc[i], s))
+            return acc[i];
+    return NULL;
+}
+
+/* Which version of each tenant may keep its notify secret: the main
+ * configuration's shops first, then the tenants that served before (in
+ * name order), then the new ones; a version whose secret an earlier shop
+ * with another key has is refused (t->refused for a new version, noted
+ * naming that shop; t->old_refused for a previous one). False when out of
+ * memory. */
+static bool tenants_notify(const struct config *c, int ninline, struct tenant *t, size_t nt)
+{
+    const struct shop **acc = malloc(sizeof *acc * ((size_t)ninline + nt + 1));
+    if (acc == NULL)
+        return false;
+    size_t n = 0;
+    for (int j = 0; j < ninline; j++)
+        acc[n++] = &c->shops[j];
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < nt; i++) {
+            struct tenant *tt = &t[i];
+            if ((tt->old != NULL) != (pass == 0))
+                continue;
+            if (tt->loaded && !tt->refused) {
+                const struct shop *o = notify_taken(acc, n, &tt->shop);
+                if (o == NULL) {
+                    acc[n++] = &tt->shop;
+                    continue;
+                }
+                tt->refused = true;
+                tenant_note(tt, o->id, "notify_secret_file: the notify secret is the one of shop \"%s\"%s%s%s, whose "
+                            "key is another: a notify signed for one shop must never be accepted by another (give "
+                            "each shop its own)", o->id, o->source ? " (" : "", o->source ? o->source : "",
+                            o->source ? ")" : "");
+            }
+            if (tt->old != NULL) {
+                if (notify_taken(acc, n, tt->old) != NULL)
+                    tt->old_refused = true;
+                else
+                    acc[n++] = tt->old;
+            }
+        }
+    free(acc);
+    return true;
+}
+
+/* The shop of the main configuration listing host (c->shops[0..ninline)). */
+static const char *inline_with_host(const struct config *c, int ninline, const char *host)
+{
+    for (int j = 0; j < ninline; j++)
+        for (int h = 0; h < c->shops[j].nhosts; h++)
+            if (strcmp(c->shops[j].hosts[h], host) == 0)
+                return c->shops[j].id;
+    return "?";
+}
+
+/* Note in t one host it lists and does not hold. */
+static void note_clash(const struct config *c, int ninline, struct tenant *t, const struct hostreg_clash *k)
+{
+    struct tenant *me = &t[k->file];
+    if (k->kind == HOSTREG_MAIN) {
+        const char *id = inline_with_host(c, ninline, k->host);
+        tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" of the main configuration", k->host, id);
+    } else if (k->kind == HOSTREG_HELD) {
+        const struct tenant *o = &t[k->other];
+        tenant_note(me, o->name, "hosts: the host \"%s\" is held by shop \"%s\" (%s): a host belongs to the shop "
+                    "that held it first, until that file is removed or stops listing it", k->host, o->name, o->path);
+    } else {
+        const struct tenant *o = &t[k->other];
+        tenant_note(me, o->name, "hosts: the host \"%s\" is also claimed by shop \"%s\" (%s), and nobody held it: "
+                    "no shop serves it until one of the files gives it up", k->host, o->name, o->path);
+    }
+}
+
+/* The registry to decide from: c->held_read, and for each host it does
+ * not name, the tenant of prev that served it (a registry lost, or not
+ * read, never hands a served host to a newcomer). False when out of
+ * memory. */
+static bool held_before(const struct config *c, const struct config *prev, struct hostreg *held)
+{
+    for (size_t i = 0; i < c->held_read.n; i++)
+        if (hostreg_put(held, c->held_read.e[i].host, c->held_read.e[i].shop) != 0)
+            return false;
+    for (int j = 0; prev != NULL && j < prev->nshops; j++)
+        for (int h = 0; prev->shops[j].source != NULL && h < prev->shops[j].nhosts; h++)
+            if (hostreg_holder(held, prev->shops[j].hosts[h]) == NULL &&
+                hostreg_put(held, prev->shops[j].hosts[h], prev->shops[j].id) != 0)
+                return false;
+    return true;
+}
+
+/* Can tenant t's previous version serve again (its new one does not)?
+ * When it is not refused and holds every host it lists. */
+static bool old_fits(const struct config *c, int ninline, struct tenant *t)
+{
+    if (t->old_refused || tenant_takes_inline(c, ninline, t, t->old, false))
         return false;
     for (int h = 0; h < t->old->nhosts; h++) {
-        size_t a, b;
-        claims_on(cl, ncl, t->old->hosts[h], &a, &b);
-        for (size_t k = a; k < b; k++)
-            if (cl[k].who != i)
-                return false;
+        const char *who = hostreg_holder(&c->held, t->old->hosts[h]);
+        if (who == NULL || strcmp(who, t->name) != 0)
+            return false;
     }
     return true;
 }
 
-/* Decide which tenants serve (interface.md, "Tenants"): each claimed
- * host goes to its owner (claim_owner); a tenant whose version claims a
- * host another shop owns, or that takes the id or key file of a shop of
- * the main configuration, is noted in t (lost, why, collides). False when
- * out of memory. */
-static bool tenants_resolve(const struct config *c, struct tenant *t, size_t nt)
+/* Decide which tenants serve and who holds which host (interface.md,
+ * "Tenants"; the rules in hostreg_decide) into c->held and c->contested,
+ * each t->serves, and the notes of the files that collided (why,
+ * collides). False when out of memory. */
+static bool tenants_resolve(struct config *c, const struct config *prev, struct tenant *t, size_t nt)
 {
     int ninline = c->nshops;
-    size_t ncl = 0;
+    size_t nmain = 0, nclaims = 0;
     for (int j = 0; j < ninline; j++)
-        ncl += (size_t)c->shops[j].nhosts;
+        nmain += (size_t)c->shops[j].nhosts;
     for (size_t i = 0; i < nt; i++)
-        ncl += t[i].claims ? (size_t)t[i].claims->nhosts : 0;
-    struct claim *cl = malloc(sizeof *cl * (ncl ? ncl : 1));
-    if (cl == NULL)
-        return false;
-    size_t n = 0;
-    for (int j = 0; j < ninline; j++)
+        nclaims += (size_t)t[i].shop.nhosts;
+    const char **main = malloc(sizeof *main * (nmain ? nmain : 1));
+    struct hostreg_file *f = calloc(nt ? nt : 1, sizeof *f);
+    struct hostreg_clash *cl = malloc(sizeof *cl * (nclaims ? nclaims : 1));
+    struct hostreg held = {NULL, 0};
+    for (size_t i = 0; i < nt; i++)
+        if (t[i].loaded && tenant_takes_inline(c, ninline, &t[i], &t[i].shop, true))
+            t[i].refused = true;
+    bool ok = main != NULL && f != NULL && cl != NULL && held_before(c, prev, &held) && tenants_notify(c, ninline, t, nt);
+    size_t m = 0, ncl = 0;
+    for (int j = 0; ok && j < ninline; j++)
         for (int h = 0; h < c->shops[j].nhosts; h++)
-            cl[n++] = (struct claim){c->shops[j].hosts[h], -1 - j, false};
-    for (size_t i = 0; i < nt; i++)
-        for (int h = 0; t[i].claims && h < t[i].claims->nhosts; h++)
-            cl[n++] = (struct claim){t[i].claims->hosts[h], (int)i,
-                                     t[i].old != NULL && shop_has_host(t[i].old, t[i].claims->hosts[h])};
-    qsort(cl, ncl, sizeof *cl, cmp_claim);
-
-    for (size_t i = 0; i < nt; i++)
-        if (t[i].claims != NULL && tenant_takes_inline(c, ninline, &t[i], t[i].claims))
-            t[i].lost = true;
-    for (size_t a = 0; a < ncl;) {
-        size_t b = a + 1;
-        while (b < ncl && strcmp(cl[b].host, cl[a].host) == 0)
-            b++;
-        long own = claim_owner(cl, a, b);
-        for (size_t k = a; k < b; k++) {
-            if (cl[k].who < 0 || (own >= 0 && cl[k].who == cl[own].who) || (k > a && cl[k].who == cl[k - 1].who))
-                continue;
-            struct tenant *me = &t[cl[k].who];
-            me->lost = true;
-            if (own >= 0 && cl[own].who < 0) {
-                const char *id = c->shops[-1 - cl[own].who].id;
-                tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" of the main configuration",
-                            cl[k].host, id);
-            } else if (own >= 0) {
-                const char *id = t[cl[own].who].claims->id;
-                tenant_note(me, id, "hosts: the host \"%s\" is served by shop \"%s\" (%s): a new file never "
-                            "takes over a host", cl[k].host, id, t[cl[own].who].path);
-            } else {
-                size_t o = cl[k].who == cl[a].who ? b - 1 : a; /* another claimant */
-                const char *id = t[cl[o].who].claims->id;
-                tenant_note(me, id, "hosts: the host \"%s\" is also claimed by shop \"%s\" (%s): no shop serves "
-                            "it until one of the files gives it up", cl[k].host, id, t[cl[o].who].path);
-            }
+            main[m++] = c->shops[j].hosts[h];
+    for (size_t i = 0; ok && i < nt; i++)
+        f[i] = (struct hostreg_file){t[i].name, (const char *const *)t[i].shop.hosts, t[i].shop.nhosts,
+                                     t[i].loaded, t[i].refused, false};
+    ok = ok && hostreg_decide(&held, main, nmain, f, nt, &c->held, cl, &ncl) == 0;
+    for (size_t k = 0; ok && k < ncl; k++) {
+        note_clash(c, ninline, t, &cl[k]);
+        if (cl[k].kind == HOSTREG_BOTH && hostreg_holder(&c->contested, cl[k].host) == NULL) {
+            char both[2 * STATE_ID_MAX + 8];
+            snprintf(both, sizeof both, "%s and %s", t[cl[k].file].name, t[cl[k].other].name);
+            ok = hostreg_put(&c->contested, cl[k].host, both) == 0;
         }
-        a = b;
     }
-    /* a new version that collided: its previous one, if nothing else wants it */
-    for (size_t i = 0; i < nt; i++)
-        if (t[i].lost && t[i].claims == &t[i].shop && t[i].old != NULL) {
-            char *why = t[i].why;
-            size_t whylen = t[i].whylen;
-            t[i].why = NULL;
-            t[i].whylen = 0;
-            bool fits = old_fits(c, ninline, cl, ncl, &t[i], (int)i);
-            free(t[i].why); /* the old version's own collisions: the new one's say it */
-            t[i].why = why;
-            t[i].whylen = whylen;
-            t[i].claims = fits ? t[i].old : NULL;
-            t[i].lost = !fits;
-        }
+    for (size_t i = 0; ok && i < nt; i++)
+        t[i].serves = f[i].wins ? &t[i].shop : t[i].old != NULL && old_fits(c, ninline, &t[i]) ? t[i].old : NULL;
+    hostreg_free(&held);
+    free(main);
+    free(f);
     free(cl);
-    return true;
+    return ok;
 }
 
 /* Every *.json file of dir, one shop each, in name order: NAME.json is
  * the shop NAME (a file of another name is skipped). A bad file, or one
  * colliding with another shop (tenants_resolve), is skipped
  * (c->skipped), keeping its previous version from prev when there is one
- * that does not collide; only a missing folder or running out of memory
- * fails the load. */
+ * that still holds its hosts; who holds which host is decided from
+ * c->held_read into c->held. Only a missing folder or running out of
+ * memory fails the load. */
 static void load_shops_dir(struct config *c, const struct config *prev, struct cerr *e, const char *file,
                            const char *dir)
 {
@@ -670,9 +695,9 @@ static void load_shops_dir(struct config *c, const struct config *prev, struct c
         for (int j = 0; prev != NULL && j < prev->nshops && tt->old == NULL; j++)
             if (prev->shops[j].source != NULL && strcmp(prev->shops[j].id, names[i]) == 0)
                 tt->old = &prev->shops[j];
-        tt->claims = tt->loaded ? &tt->shop : tt->old;
+        util_copy(tt->name, sizeof tt->name, names[i]);
     }
-    if (t != NULL && !e->oom && !tenants_resolve(c, t, nt))
+    if (t != NULL && !e->oom && !tenants_resolve(c, prev, t, nt))
         config_fail_oom(e, file);
     for (size_t i = 0; t != NULL && i < nt && !e->oom; i++) {
         struct tenant *tt = &t[i];
@@ -680,7 +705,7 @@ static void load_shops_dir(struct config *c, const struct config *prev, struct c
             config_fail_oom(e, file);
             break;
         }
-        if (tt->claims == &tt->shop && !tt->lost) {
+        if (tt->serves == &tt->shop) {
             struct shop *s = add_shop(c, e, file);
             if (s == NULL)
                 break;
@@ -690,7 +715,7 @@ static void load_shops_dir(struct config *c, const struct config *prev, struct c
             tt->path = NULL;
             continue;
         }
-        bool kept = tt->claims != NULL && tt->claims == tt->old && !tt->lost;
+        bool kept = tt->serves != NULL && tt->serves == tt->old;
         if (kept) {
             struct shop *s = add_shop(c, e, file);
             if (s == NULL)
@@ -738,6 +763,10 @@ void config_load_shops(struct config *c, const struct config *prev, struct cerr 
         for (int b = a + 1; b < c->nshops; b++) {
             if (c->shops[a].id[0] && strcmp(c->shops[a].id, c->shops[b].id) == 0)
                 config_fail(e, file, "shops", "the id \"%s\" is used by two shops", c->shops[a].id);
+            if (notify_shared(&c->shops[a], &c->shops[b]))
+                config_fail(e, file, "shops", "shops \"%s\" and \"%s\" have different keys and one notify secret: "
+                            "a notify signed for one shop must never be accepted by another (give each its own)",
+                            c->shops[a].id, c->shops[b].id);
             for (int x = 0; x < c->shops[a].nhosts; x++)
                 for (int y = 0; y < c->shops[b].nhosts; y++)
                     if (strcmp(c->shops[a].hosts[x], c->shops[b].hosts[y]) == 0)

@@ -32,6 +32,7 @@
 #include "app.h"
 #include "config.h"
 #include "front.h"
+#include "hostreg.h"
 #include "log.h"
 #include "loop.h"
 #include "notify.h"
@@ -91,9 +92,10 @@ static void usage(FILE *f)
             "                   Kembali-Signature); exit 0 silently, or 1 with a reason\n"
             "  --check-config   validate the configuration, key files and templates,\n"
             "                   print what is wrong (every bad file in shops_dir by\n"
-            "                   name, and the shop it collided with), exit 0 if all\n"
-            "                   is well, 1 if anything is wrong (a shop file a\n"
-            "                   running kembali would skip included);\n"
+            "                   name, and the shop it collided with) and who holds\n"
+            "                   each host of shops_dir (state_dir/kembali.hosts),\n"
+            "                   exit 0 if all is well, 1 if anything is wrong (a\n"
+            "                   shop file a running kembali would skip included);\n"
             "                   with redis, try it for 1 s: no answer is a warning\n"
             "                   (kembali runs without it), a refused password or db\n"
             "                   an error; with Sentinels, each is asked for the\n"
@@ -308,10 +310,30 @@ static void log_config_notes(const struct config *c, const char *when)
     }
 }
 
+/* --check-config: who holds which host of shops_dir (the host registry
+ * as a reload would leave it now), and the hosts nobody gets. */
+static void print_hosts(const struct config *c)
+{
+    if (!c->held_known)
+        return;
+    fprintf(stdout, "  host registry %s/%s: %zu host%s held\n", c->state_dir, HOSTREG_FILE, c->held.n,
+            c->held.n == 1 ? "" : "s");
+    for (size_t i = 0; i < c->held.n; i++) {
+        bool serves = false;
+        for (int j = 0; j < c->nshops && !serves; j++)
+            serves = c->shops[j].source != NULL && strcmp(c->shops[j].id, c->held.e[i].shop) == 0;
+        fprintf(stdout, "  host %s: held by %s%s\n", c->held.e[i].host, c->held.e[i].shop,
+                serves ? "" : " (its file is skipped: no shop serves the host until it loads)");
+    }
+    for (size_t i = 0; i < c->contested.n; i++)
+        fprintf(stdout, "  host %s: held by nobody, claimed by %s: no shop serves it until one gives it up\n",
+                c->contested.e[i].host, c->contested.e[i].shop);
+}
+
 static int check_config(const char *path)
 {
     char err[ERRBUF];
-    struct config *c = config_load(path, err, sizeof err);
+    struct config *c = config_reload_hosts(path, NULL, CONFIG_HOSTS_READ, err, sizeof err);
     if (c == NULL) {
         fprintf(stdout, "%s: not usable:\n%s", path, err);
         return 1;
@@ -369,6 +391,7 @@ static int check_config(const char *path)
     for (int i = 0; i < c->nshops; i++)
         fprintf(stdout, "  shop %s: locale %s, %d host%s, read budget %d/min\n", c->shops[i].id,
                 c->shops[i].locale, c->shops[i].nhosts, c->shops[i].nhosts == 1 ? "" : "s", c->shops[i].read_budget);
+    print_hosts(c);
     fprintf(stdout, "  max_held %ld, max_held_per_shop %ld", c->max_held, c->max_held_per_shop);
     if (c->max_held_wanted > c->max_held)
         fprintf(stdout, " (max_held %ld asked: more than the open-files limit allows)", c->max_held_wanted);
@@ -397,7 +420,7 @@ static void reload(struct app *a, const char *path)
 {
     char err[ERRBUF];
     struct config *old = app_config(a);
-    struct config *c = config_reload(path, old, err, sizeof err);
+    struct config *c = config_reload_hosts(path, old, CONFIG_HOSTS_KEEP, err, sizeof err);
     if (c == NULL) {
         config_unref(old);
         struct log_line l;
@@ -430,6 +453,35 @@ static void reload(struct app *a, const char *path)
     log_int(&l, "shops", c->nshops);
     log_int(&l, "skipped", c->nskipped);
     log_end(&l);
+}
+
+/* After a start as root with --user, the host registry was only read (so
+ * that root never writes a file the serving user then cannot replace);
+ * now, as that user, write what the start decided, unless another process
+ * wrote the registry meanwhile: then decide again from it (a reload). */
+static void registry_commit(struct app *a, const char *path)
+{
+    const struct config *c = a->cfg;
+    if (!c->held_known)
+        return;
+    char why[600];
+    struct hostreg now = {NULL, 0};
+    int fd = hostreg_lock(c->state_dir, why, sizeof why);
+    int rc = fd < 0 ? -1 : hostreg_load(c->state_dir, &now, why, sizeof why);
+    bool same = rc == 0 && hostreg_equal(&now, &c->held_read);
+    if (same && !hostreg_equal(&now, &c->held))
+        rc = hostreg_save(c->state_dir, &c->held, why, sizeof why);
+    hostreg_free(&now);
+    hostreg_unlock(fd);
+    if (rc != 0) {
+        struct log_line l;
+        log_begin(&l, "error", "host_registry");
+        log_str(&l, "msg", "the host registry could not be written; the next reload tries again");
+        log_str(&l, "errors", why);
+        log_end(&l);
+    } else if (!same) {
+        reload(a, path);
+    }
 }
 
 struct signal_ctx {
@@ -546,7 +598,10 @@ int main(int argc, char **argv)
     struct loop_io sig_io;
     bool cgi = false;
 
-    struct config *cfg = config_load(config_path, err, sizeof err);
+    /* the host registry belongs to the serving user: root only reads it */
+    bool as_root = geteuid() == 0 && user != NULL;
+    struct config *cfg = config_reload_hosts(config_path, NULL, as_root ? CONFIG_HOSTS_READ : CONFIG_HOSTS_KEEP,
+                                             err, sizeof err);
     if (cfg == NULL) {
         fprintf(stderr, "kembali: the configuration is not usable:\n%s", err);
         goto out;
@@ -577,6 +632,10 @@ int main(int argc, char **argv)
         goto out;
     }
     config_bind_state(cfg, app.state);
+    if (as_root) {
+        registry_commit(&app, config_path);
+        cfg = app.cfg; /* a reload may have replaced it */
+    }
 
     /* blocked before any thread starts, so every thread inherits it; read
      * from a signalfd on the loop */

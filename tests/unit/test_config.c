@@ -984,7 +984,7 @@ static void test_tenant_hosts_never_taken_over(void **unused)
     expect_pick(c2, NULL, "www.b.example", "toko-b");
     assert_string_equal(config_pick_shop(c2, "toko-b", NULL)->name, "B v1");
     k = skipped(c2, "shops_hosts/00-evil.json");
-    assert_non_null(strstr(k->why, "00-evil.json: hosts: the host \"www.b.example\" is served by shop \"toko-b\""));
+    assert_non_null(strstr(k->why, "00-evil.json: hosts: the host \"www.b.example\" is held by shop \"toko-b\""));
     assert_string_equal(k->collides, "toko-b");
     assert_false(k->kept);
     expect_pick(c2, "00-evil", NULL, NULL);
@@ -1029,6 +1029,70 @@ static void test_tenant_hosts_never_taken_over(void **unused)
     assert_non_null(strstr(k->why, "the host \"www.b.example\" is also claimed by shop \"00-evil\""));
     expect_pick(c5, NULL, "c.example", "zz-late");
     config_unref(c5);
+}
+
+/* A broken file (its key missing) keeps and claims the hosts it lists: a
+ * newcomer listing the same host never gets it, at a start or later. */
+static void test_broken_tenant_claims_its_hosts(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    put_tenant_key("sq-evil", "sk_test_evil");
+    make_dir("shops_sq");
+    put_tenant("shops_sq", "sq-victim", "\"hosts\": [\"a.example\"]"); /* keys/sq-victim missing */
+    put_tenant("shops_sq", "sq-evil", "\"name\": \"EVIL\", \"hosts\": [\"a.example\", \"evil.example\"]");
+    struct config *c = expect_ok(load_dir("shops_sq", NULL));
+    expect_pick(c, NULL, "a.example", NULL);
+    expect_pick(c, NULL, "evil.example", NULL);
+    const struct config_skip *k = skipped(c, "shops_sq/sq-evil.json");
+    assert_string_equal(k->collides, "sq-victim");
+    assert_non_null(strstr(k->why, "the host \"a.example\" is also claimed by shop \"sq-victim\""));
+    assert_null(hostreg_holder(&c->held, "a.example"));
+    assert_string_equal(hostreg_holder(&c->contested, "a.example"), "sq-evil and sq-victim");
+    assert_string_equal(hostreg_holder(&c->held, "evil.example"), "sq-evil");
+    config_unref(c);
+}
+
+/* Two shops with different keys may not share a notify secret: the later
+ * file is skipped naming the first (a shop that served before comes
+ * first, whatever the names sort as); the same key may share it. */
+static void test_tenant_notify_secret_is_its_own(void **unused)
+{
+    (void)unused;
+    make_keys_dir();
+    put_tenant_key("nz-first", "sk_test_first");
+    put_tenant_key("na-late", "sk_test_late");
+    put_tenant_key("nb-same", "sk_test_first");
+    put_file("keys/nz-first.notify", "whsec_one\n");
+    put_file("keys/na-late.notify", "whsec_one\n");
+    put_file("keys/nb-same.notify", "whsec_one\n");
+    make_dir("shops_notify");
+    put_tenant("shops_notify", "nz-first", "\"hosts\": [\"z.example\"]");
+    struct config *c1 = expect_ok(load_dir("shops_notify", NULL));
+    expect_pick(c1, NULL, "z.example", "nz-first");
+    put_tenant("shops_notify", "na-late", "\"hosts\": [\"a.example\"]");
+    put_tenant("shops_notify", "nb-same", "\"hosts\": [\"b.example\"]");
+    memset(g_err, 0, sizeof g_err);
+    struct config *c2 = expect_ok(config_reload(g_cfg, c1, g_err, sizeof g_err));
+    config_unref(c1);
+    expect_pick(c2, NULL, "z.example", "nz-first");
+    expect_pick(c2, NULL, "a.example", NULL);
+    expect_pick(c2, NULL, "b.example", "nb-same");
+    const struct config_skip *k = skipped(c2, "shops_notify/na-late.json");
+    assert_string_equal(k->collides, "nz-first");
+    assert_non_null(strstr(k->why, "notify_secret_file: the notify secret is the one of shop \"nz-first\""));
+    assert_null(strstr(k->why, "whsec_one"));
+    assert_int_equal(c2->nskipped, 1);
+    config_unref(c2);
+
+    /* in `shops`: refused, naming both */
+    char more[600];
+    snprintf(more, sizeof more, "\"shops\": [{\"id\": \"m1\", \"secret_key_file\": \"%s/keys/nz-first\", "
+             "\"notify_secret_file\": \"%s/keys/nz-first.notify\"}, {\"id\": \"m2\", \"secret_key_file\": "
+             "\"%s/keys/na-late\", \"notify_secret_file\": \"%s/keys/na-late.notify\"}]", g_dir, g_dir, g_dir, g_dir);
+    make_dir("shops_notify_none");
+    expect_error(load_dir("shops_notify_none", more), g_cfg, "shops",
+                 "shops \"m1\" and \"m2\" have different keys and one notify secret");
 }
 
 /* Rule 3 of "Which shop": the only shop answers any host only without
@@ -2065,6 +2129,8 @@ int main(void)
         cmocka_unit_test(test_reload_keeps_previous_version),
         cmocka_unit_test(test_tenant_key_is_its_own),
         cmocka_unit_test(test_tenant_hosts_never_taken_over),
+        cmocka_unit_test(test_broken_tenant_claims_its_hosts),
+        cmocka_unit_test(test_tenant_notify_secret_is_its_own),
         cmocka_unit_test(test_pick_no_fallback_with_shops_dir),
         cmocka_unit_test(test_size_caps),
         cmocka_unit_test(test_rendered_page_cap),
