@@ -261,6 +261,10 @@ enum state_test_damage {
 };
 #define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)
 void state_test_damage(struct state *st, enum state_test_damage what);
+
+/* Tests only: how many transaction entries this process has looked at to
+ * make room for a new one (a count, not a time). */
+long state_test_looked(const struct state *st);
 #endif
 
 /* The identity of a secret key: a keyed hash with a salt kept in the state,
@@ -376,7 +380,8 @@ enum state_told {
  * status it would replace is cached.
  *
  * A told status finds room: a new entry of a key at its quota takes the
- * slot of that key's least recently used idle entry; otherwise (the key
+ * slot of that key's least recently used idle entry (among the next
+ * EVICT_SAMPLE of its own, st_tx_get); otherwise (the key
  * under its quota, or none of its entries idle) a free slot, else the least
  * recently used idle entry of any key. Only when every slot holds an entry
  * in use does it take one in use, and only one of its own key's (no read

@@ -2111,6 +2111,61 @@ static void test_quota_after_key_eviction(void **unused)
     state_free(st);
 }
 
+/* A request refused at its key's quota looks at EVICT_SAMPLE (64) of the
+ * key's entries at most, never the table (which today's 16384 slots and
+ * a quota of 4096 would make 16,448 entries a refusal); successive looks
+ * go round the key's entries, so an idle one is found within
+ * quota / 64 requests, and only ever the key's own. */
+static void test_quota_refusal_looks_at_few(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(16384, 4096);
+    struct state_key a = key_of(st, "sk_test_a"), b = key_of(st, "sk_test_b");
+    struct pace_schedule s = sched_default();
+    int64_t deadline = T0 + 34000;
+    for (int i = 0; i < 4096; i++) { /* another key's idle entries */
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_int_equal(tell(st, &b, id, TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    }
+    for (int i = 0; i < 4096; i++) { /* a's whole quota held */
+        char id[16];
+        snprintf(id, sizeof id, "A%d", i);
+        assert_true(state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 1, NULL));
+    }
+    for (int i = 0; i < 20; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "N%d", i);
+        long before = state_test_looked(st);
+        assert_false(state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 10 + i, NULL));
+        assert_in_range(state_test_looked(st) - before, 1, 64);
+    }
+    /* one of a's entries lets go (idle now); a's requests find it within
+     * 4096 / 64 looks, each of 64 entries at most */
+    assert_true(state_unhold(st, &a, "A3000", T0 + 100, NULL));
+    int tries = 0;
+    bool held = false;
+    while (!held && tries < 4096 / 64 + 1) {
+        char id[16];
+        snprintf(id, sizeof id, "M%d", tries);
+        long before = state_test_looked(st);
+        held = state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 200 + tries, NULL);
+        assert_in_range(state_test_looked(st) - before, 1, 64);
+        tries++;
+    }
+    assert_true(held);
+    assert_int_equal(lookup(st, &a, "A3000", T0 + 300).status, TXS_NONE);
+    for (int i = 0; i < 4096; i += 7) { /* b lost nothing */
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_true(lookup(st, &b, id, T0 + 300).final);
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 1);
+    state_free(st);
+}
+
 static void test_key_id(void **unused)
 {
     (void)unused;
@@ -2702,6 +2757,7 @@ int main(void)
         cmocka_unit_test(test_quota_all_own_busy),
         cmocka_unit_test(test_tell_finds_room_in_a_busy_table),
         cmocka_unit_test(test_quota_after_key_eviction),
+        cmocka_unit_test(test_quota_refusal_looks_at_few),
         cmocka_unit_test(test_key_id),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),
