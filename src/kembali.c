@@ -408,6 +408,7 @@ static void reload(struct app *a, const char *path)
         return;
     }
     config_bind_state(c, a->state);
+    state_auth_allowance(a->state, c->auth_failures_per_minute);
     log_config_notes(c, "reload");
     if (c->state_slots != old->state_slots || c->state_slots_per_key != old->state_slots_per_key ||
         c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
@@ -569,6 +570,7 @@ int main(int argc, char **argv)
         goto out;
     }
     config_bind_state(cfg, app.state);
+    state_auth_allowance(app.state, cfg->auth_failures_per_minute);
 
     /* blocked before any thread starts, so every thread inherits it; read
      * from a signalfd on the loop */

@@ -303,6 +303,7 @@ static uint64_t layout_stamp(void)
  * region_usable() for a file) and keep a copy of its geometry. */
 static void attach(struct state *st, uint8_t *base)
 {
+    atomic_store(&st->auth_allowance, STATE_AUTH_FAILS_DEFAULT);
     st->h = (struct st_hdr *)base;
     st->txn = st->h->tx_slots;
     st->keyn = st->h->key_slots;

@@ -40,7 +40,8 @@
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
 #define ST_VERSION 11 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
                        * 9: hold_stamp; 10: ring_kind, ring_who;
-                       * 11: a key's ring of its entries (knext, kprev, kcursor) */
+                       * 11: a key's ring of its entries (knext, kprev, kcursor), auth_until,
+                       *     auth_serial, accepted */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -83,6 +84,9 @@ struct st_keyent {
     uint8_t used;
     int32_t ntx;                        /* transaction entries of this key (st_tx_get) */
     int32_t kcursor;                    /* its entries' ring: where the next look starts (-1: none) */
+    uint8_t accepted;                   /* Kasera took the key since this entry was made (state_auth_allowance) */
+    int64_t probe_until;                /* not accepted: the lease of its one read in flight (0: none) */
+    uint64_t probe_serial;              /* that read's claim */
     int64_t paused_until;
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
@@ -131,6 +135,11 @@ struct st_hdr {
     long last_chance_reads;
     long quota_full;          /* new entries refused by the per-key quota */
     uint64_t hold_stamp;      /* the last stamp state_hold() or state_unhold() gave */
+    /* the host's auth_failures_per_minute (rules_auth_next): each slot
+     * counts until auth_until (0: free); auth_serial: the claim of the read
+     * in flight that holds it (0: a read that ended) */
+    int64_t auth_until[STATE_AUTH_FAILS_MAX];
+    uint64_t auth_serial[STATE_AUTH_FAILS_MAX];
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
 };
 
@@ -155,6 +164,8 @@ struct st_notice {
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
     atomic_bool elsewhere;    /* another store plans (state_plan_elsewhere): no read withheld here */
+    atomic_int auth_allowance; /* this process's auth_failures_per_minute (state_auth_allowance) */
+    bool all_accepted;        /* tests only: every key counts as accepted (state_test_keys_accepted) */
     size_t mapped;            /* length of a file mapping; 0 for state_new() memory */
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     /* the geometry, copied when attached: every index is checked against
