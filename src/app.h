@@ -33,7 +33,7 @@ struct app_metrics {
     atomic_long probes_refused;     /* unknown ids from a blocked client: no read */
     atomic_long over_cap;           /* answered at once: max_held or max_held_per_shop reached */
     atomic_long notify_conflicts;   /* told statuses refused (409): another final status is known */
-    atomic_long checking[WAIT_CLIENT + 1]; /* held requests answered checking, by the fact's wait */
+    atomic_long checking[WAIT_AUTH + 1]; /* held requests answered checking, by the fact's wait */
     atomic_long budget_waits;       /* held transactions whose read waited for the key's budget (once each) */
     atomic_long streamed;           /* streamed pages whose waiting top went out */
     atomic_long streamed_cut;       /* ... that ended without their result (it could not be built) */

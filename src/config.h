@@ -101,6 +101,7 @@ struct config {
     int state_slots;
     int state_slots_per_key;       /* 0: not given, the default (state_per_key_default) */
     bool read_planning;            /* plan a scarce budget (plan.h); false: first come, first served */
+    int auth_failures_per_minute;  /* reads that may end in 401 per host in any 60 s (state_auth_allowance) */
     struct shop *shops;
     int nshops;
     const struct templates *default_tpl; /* templates_dir, "id": for answers without a shop */
@@ -128,7 +129,8 @@ struct config {
 /* Every key, top level then per shop, in the order the docs list them. */
 enum config_key_id {
     CK_API_BASE, CK_STATE_DIR, CK_TEMPLATES_DIR, CK_SHOPS, CK_SHOPS_DIR, CK_SCHEDULE_MS, CK_READ_TIMEOUT_MS,
-    CK_FIRST_PAINT_MS, CK_STATE_SLOTS, CK_STATE_SLOTS_PER_KEY, CK_READ_PLANNING, CK_KEYS_DIR,
+    CK_FIRST_PAINT_MS, CK_STATE_SLOTS, CK_STATE_SLOTS_PER_KEY, CK_READ_PLANNING, CK_AUTH_FAILURES_PER_MINUTE,
+    CK_KEYS_DIR,
     CK_SHOP_TEMPLATES_ROOT, CK_MAX_HELD, CK_MAX_HELD_PER_SHOP, CK_REDIS, CK_REDIS_PASSWORD_FILE,
     CK_REDIS_SENTINEL_PASSWORD_FILE, CK_REDIS_PREFIX, CK_REDIS_HOSTS,
     CK_SHOP_ID, CK_SHOP_NAME, CK_SHOP_HOSTS, CK_SHOP_SECRET_KEY_FILE, CK_SHOP_SECRET_KEY_ENV,

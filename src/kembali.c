@@ -431,6 +431,7 @@ static void reload(struct app *a, const char *path)
         return;
     }
     config_bind_state(c, a->state);
+    state_auth_allowance(a->state, c->auth_failures_per_minute);
     log_config_notes(c, "reload");
     /* room for every key: the state file grows while the others use it */
     if (state_grow_keys(a->state, state_key_slots_for(c->nshops), err, sizeof err) != 0) {
@@ -636,6 +637,7 @@ int main(int argc, char **argv)
         registry_commit(&app, config_path);
         cfg = app.cfg; /* a reload may have replaced it */
     }
+    state_auth_allowance(app.state, cfg->auth_failures_per_minute);
 
     /* blocked before any thread starts, so every thread inherits it; read
      * from a signalfd on the loop */

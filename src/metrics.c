@@ -67,7 +67,7 @@ static const char *wait_label(const struct metrics_src *src, int i)
     static const char *const names[] = {
         [WAIT_NONE] = "none",          [WAIT_PACE] = "pace",          [WAIT_RETRY] = "retry_after",
         [WAIT_KEY_PAUSE] = "key_paused", [WAIT_HOST_PAUSE] = "host_paused", [WAIT_BUDGET] = "budget",
-        [WAIT_FULL] = "full",          [WAIT_CLIENT] = "client",
+        [WAIT_FULL] = "full",          [WAIT_CLIENT] = "client",      [WAIT_AUTH] = "auth_allowance",
     };
     (void)src;
     return (unsigned)i < sizeof names / sizeof names[0] ? names[i] : NULL;
@@ -92,7 +92,8 @@ static const struct metrics_row rows[] = {
     {"kembali_answers_total", C, "Answers by status word.", APP(requests[0]), "status", W_COUNT, word_label},
     {"kembali_checking_answers_total", C,
      "Held requests answered checking, by why no further read could be made for them (pace: the schedule ran "
-     "out without a final status).", APP(checking[0]), "reason", WAIT_CLIENT + 1, wait_label},
+     "out without a final status; auth_allowance: a key Kasera has not accepted, while auth_failures_per_minute "
+     "is spent).", APP(checking[0]), "reason", WAIT_AUTH + 1, wait_label},
     {"kembali_json_answers_total", C, "Answers in JSON (format=json, or an Accept that prefers it).",
      APP(json_answers), NULL, 0, NULL},
     {"kembali_held_answers_total", C, "Held requests answered (a client gone before its answer is not counted).",
@@ -162,6 +163,12 @@ static const struct metrics_row rows[] = {
     {"kembali_host_paused", G,
      "1 while Kasera's failed-authentication limiter blocks this host (every key paused), else 0.",
      STATE(host_paused), NULL, 0, NULL},
+    {"kembali_auth_failures_last_minute", G,
+     "Reads that ended in 401 in the last 60 s on this host, and reads in flight with a key Kasera has not "
+     "accepted: at auth_failures_per_minute, such keys make no read.",
+     STATE(auth_failures), NULL, 0, NULL},
+    {"kembali_auth_failures_per_minute", G, "The host's auth_failures_per_minute (this process's configuration).",
+     STATE(auth_allowance), NULL, 0, NULL},
     {"kembali_shops_active", G, "Shops whose key read in the last 60 s or is paused now.", HELD(shops_active), NULL,
      0, NULL},
     {"kembali_shop_reads_last_minute", G,

@@ -75,11 +75,41 @@ void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, in
     case OUT_NO_ANSWER:
         break;
     }
+    /* only an authenticated read gets these answers: Kasera took the key */
+    out->key_accepted = oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND || oc->kind == OUT_TX_LIMITED ||
+                        oc->kind == OUT_KEY_LIMITED;
+    /* what Kasera's failed-authentication limiter counted (an answer
+     * that never came, or a 5xx, is a fault of the way, not of the key:
+     * counting it would stop a new key's reads for a minute after five
+     * timeouts) */
+    out->auth_failed = oc->kind == OUT_UNAUTHORIZED || oc->kind == OUT_AUTH_BLOCKED;
     /* a stated exhausted window: honoured for what it describes */
     if (oc->rl.scope == RL_TX)
         extend(&out->retry_ms, oc->rl.reset_ms);
     else if (oc->rl.scope == RL_KEY)
         extend(&out->key_pause_ms, oc->rl.reset_ms);
+}
+
+int64_t rules_auth_next(const int64_t *until, int n, int allowance, int64_t now)
+{
+    int64_t live[RULES_AUTH_FAILS_MAX];
+    int c = 0;
+    if (allowance < RULES_AUTH_FAILS_MIN)
+        allowance = RULES_AUTH_FAILS_MIN;
+    if (allowance > RULES_AUTH_FAILS_MAX)
+        allowance = RULES_AUTH_FAILS_MAX;
+    for (int i = 0; i < n && i < RULES_AUTH_FAILS_MAX; i++) {
+        if (until[i] <= now)
+            continue;
+        int j = c++; /* kept in order, earliest first */
+        while (j > 0 && live[j - 1] > until[i]) {
+            live[j] = live[j - 1];
+            j--;
+        }
+        live[j] = until[i];
+    }
+    /* once the c - allowance + 1 earliest have run out, allowance - 1 count */
+    return c < allowance ? now : live[c - allowance];
 }
 
 bool rules_may_replace(enum tx_status cur, bool cached, enum tx_status s, bool told)

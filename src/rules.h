@@ -28,6 +28,10 @@
 #define RULES_FLOOR_MS PACE_MIN_WAIT_MS      /* after the previous read's answer (the floor at Kasera) */
 #define RULES_KEEP_MARGIN_MS 1000           /* Redis keeps a key this much longer than it matters */
 #define RULES_PLAN_RECHECK_MS 250            /* a read the budget's plan withheld looks again after this */
+#define RULES_AUTH_SPAN_MS (60 * 1000LL)     /* auth_failures_per_minute counts in any span this long */
+#define RULES_AUTH_FAILS_MIN 1
+#define RULES_AUTH_FAILS_MAX 9               /* under Kasera's per-IP limiter (10 in the sandbox) */
+#define RULES_AUTH_FAILS_DEFAULT 5
 
 /* The longest jitter drawn for a pause of `pause_ms` (a tenth of it): the
  * caller draws the jitter in [0, this] and passes it to rules_outcome(). */
@@ -46,6 +50,10 @@ struct rules_effect {
     int64_t host_pause_ms;    /* no read with any key before now + this (0: none) */
     bool unauthorized;        /* the key got a 401 (the host remembers the shop) */
     bool rejected;            /* no further read in this episode (retry_ms says until when) */
+    bool key_accepted;        /* Kasera took the key (only an authenticated read gets this answer) */
+    bool auth_failed;         /* counted as a failed authentication at Kasera (a 401, or the
+                               * failed-authentication 429): held against the host's
+                               * auth_failures_per_minute (rules_auth_next) */
 };
 
 /* The effect of `oc`, a read whose pace counts from `pace_start` (the
@@ -56,6 +64,20 @@ struct rules_effect {
  * they describe. This function can't fail. */
 void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, int64_t key_jitter,
                    int64_t host_jitter, struct rules_effect *out);
+
+/* Rejected keys (interface.md): a host makes at most `allowance` reads
+ * that end in 401 in any RULES_AUTH_SPAN_MS, all keys together, and a key
+ * Kasera has not accepted yet (no answer with rules_effect.key_accepted
+ * since it was loaded) reads only while the allowance has room. The
+ * allowance's n slots each count until until[i] (0, or not after `now`:
+ * free): a read of such a key takes one until its lease has ended plus
+ * the span, and keeps it until its end plus the span when it failed
+ * (rules_effect.auth_failed), or gives it back (the key was accepted).
+ * Returns the earliest time, at or after `now`, at which fewer than
+ * `allowance` slots count: `now` when there is room. `allowance` is
+ * clamped to RULES_AUTH_FAILS_MIN .. RULES_AUTH_FAILS_MAX and n to
+ * RULES_AUTH_FAILS_MAX. Can't fail. */
+int64_t rules_auth_next(const int64_t *until, int n, int allowance, int64_t now);
 
 /* The cache of status s once read or told (0: not cached). Can't fail. */
 int64_t rules_status_ttl(enum tx_status s);

@@ -53,6 +53,7 @@ struct serve {
     struct resolver *rs;
     struct serve_shop *shops[SERVE_SHOP_BUCKETS];
     struct serve_notify *telling; /* admin POSTs waiting for Redis's word */
+    int64_t auth_logged_at;       /* the last auth_allowance_spent line (0: none) */
 };
 
 /* One request, from its arrival to its answer. Held requests live on the
@@ -497,6 +498,26 @@ static void respond_stream_end(struct serve_req *r, const struct answer *ans)
     dynbuf_free(&out);
 }
 
+/* r is answered checking because its key, not accepted by Kasera yet,
+ * may make no read while the host's auth_failures_per_minute is spent:
+ * one line a minute (per process) says so. */
+static void log_auth_spent(struct serve_req *r)
+{
+    int64_t now = util_mono_ms();
+    if (r->s->auth_logged_at != 0 && now - r->s->auth_logged_at < SERVE_CAP_LOG_MS)
+        return;
+    r->s->auth_logged_at = now;
+    struct log_line l;
+    log_begin(&l, "error", "auth_allowance_spent");
+    log_str(&l, "shop", r->shop->id);
+    log_int(&l, "auth_failures_per_minute", r->cfg->auth_failures_per_minute);
+    log_str(&l, "msg", "this host's reads that may end in 401 are spent for now: keys Kasera has not accepted "
+                       "make no read (checking) until the oldest is a minute old, so that Kasera's per-IP "
+                       "limiter does not block the other shops; fix the rejected keys (this line at most once "
+                       "a minute)");
+    log_end(&l);
+}
+
 /* The resolver's callback: r's answer is due. */
 static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_fact *f)
 {
@@ -504,8 +525,10 @@ static void on_answer(void *ctx, struct resolver_waiter *w, const struct state_f
     struct answer ans;
     (void)ctx;
     request_answer(f, util_mono_ms(), &ans);
-    if (ans.word == W_CHECKING && (unsigned)f->wait <= WAIT_CLIENT)
+    if (ans.word == W_CHECKING && (unsigned)f->wait <= WAIT_AUTH)
         atomic_fetch_add(&r->s->app->m.checking[f->wait], 1);
+    if (ans.word == W_CHECKING && f->wait == WAIT_AUTH)
+        log_auth_spent(r);
     atomic_fetch_add(&r->s->app->m.held_answered, 1);
     atomic_fetch_add(&r->s->app->m.held_ms, (long)(util_mono_ms() - r->arrived));
     if (r->sc.painted != 0)

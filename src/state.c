@@ -13,6 +13,43 @@ uint64_t state_siphash(const uint8_t k[16], const void *data, size_t len)
     return siphash24(k, data, len);
 }
 
+/* A slot of the host's allowance of 401s for the read of claim `serial`
+ * (0: a read that ended), counting until `until`: a free one, else (every
+ * slot counts: only for a 401 the allowance did not gate) the one that
+ * runs out first. */
+static void auth_take(struct state *st, uint64_t serial, int64_t until, int64_t now)
+{
+    int best = 0;
+    for (int i = 0; i < STATE_AUTH_FAILS_MAX; i++) {
+        if (st->h->auth_until[i] <= now) {
+            best = i;
+            break;
+        }
+        if (st->h->auth_until[i] < st->h->auth_until[best])
+            best = i;
+    }
+    st->h->auth_until[best] = until;
+    st->h->auth_serial[best] = serial;
+}
+
+/* The read of claim `serial` ended with effect fx at `now` (fx NULL: it
+ * was never made): its slot of the allowance, if it holds one, counts
+ * from now when the read may have failed authentication, else is given
+ * back; a 401 of a read that held none (an accepted key's) takes one. */
+static void auth_land(struct state *st, uint64_t serial, const struct rules_effect *fx, int64_t now)
+{
+    int slot = -1;
+    for (int i = 0; i < STATE_AUTH_FAILS_MAX && serial != 0; i++)
+        if (st->h->auth_serial[i] == serial)
+            slot = i;
+    if (slot >= 0) {
+        st->h->auth_serial[slot] = 0;
+        st->h->auth_until[slot] = fx != NULL && fx->auth_failed ? now + STATE_AUTH_SPAN_MS : 0;
+    } else if (fx != NULL && fx->unauthorized) {
+        auth_take(st, 0, now + STATE_AUTH_SPAN_MS, now);
+    }
+}
+
 static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_wait reason)
 {
     if (t > *next) {
@@ -59,6 +96,18 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
         raise_to(&f->next_read, &f->wait, st_budget_next(k, budget, now), WAIT_BUDGET);
     }
     raise_to(&f->next_read, &f->wait, st->h->host_paused_until, WAIT_HOST_PAUSE);
+    if (!st->all_accepted && (k == NULL || !k->accepted)) { /* a key Kasera has not taken: one read at a time,
+                                                             * within the allowance */
+        raise_to(&f->next_read, &f->wait,
+                 rules_auth_next(st->h->auth_until, STATE_AUTH_FAILS_MAX, atomic_load(&st->auth_allowance), now),
+                 WAIT_AUTH);
+        /* its one read in flight ends long before its lease: look again
+         * soon (its end bumps the generation too), so that a short hold is
+         * not answered at once for a lease it will not need */
+        if (k != NULL && k->probe_until > now && !(e != NULL && f->in_flight))
+            raise_to(&f->next_read, &f->wait,
+                     k->probe_until < now + ST_PLAN_RETRY_MS ? k->probe_until : now + ST_PLAN_RETRY_MS, WAIT_AUTH);
+    }
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
     /* everything else allows a read now: does the budget's plan? */
@@ -155,6 +204,11 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     e->inflight_until = now + timeout_ms + 1000;
     e->inflight_serial = ++st->h->serial;
     k->last_used = now;
+    if (!k->accepted && !st->all_accepted) { /* counted against the allowance until it says otherwise (auth_land) */
+        auth_take(st, e->inflight_serial, e->inflight_until + STATE_AUTH_SPAN_MS, now);
+        k->probe_until = e->inflight_until;
+        k->probe_serial = e->inflight_serial;
+    }
     ticket->budget_prev = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
     ticket->budget_at = st_budget_push(k, now);
     /* requests held later than the one a last-chance read was for keep a
@@ -179,6 +233,22 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
 done:
     st_unlock(st);
     return claimed;
+}
+
+#ifdef KEMBALI_TESTING
+void state_test_keys_accepted(struct state *st, bool all)
+{
+    st->all_accepted = all;
+}
+#endif
+
+void state_auth_allowance(struct state *st, int per_minute)
+{
+    if (per_minute < RULES_AUTH_FAILS_MIN)
+        per_minute = RULES_AUTH_FAILS_MIN;
+    if (per_minute > RULES_AUTH_FAILS_MAX)
+        per_minute = RULES_AUTH_FAILS_MAX;
+    atomic_store(&st->auth_allowance, per_minute);
 }
 
 void st_pause_until(int64_t *until, int64_t t)
@@ -304,6 +374,11 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     }
     if (fx->unauthorized)
         util_copy(st->h->last_401_shop, sizeof st->h->last_401_shop, shop_id);
+    auth_land(st, t->serial, fx, now);
+    if (k != NULL && k->probe_serial == t->serial)
+        k->probe_until = 0;
+    if (fx->key_accepted && k != NULL)
+        k->accepted = 1;
     if (fx->host_pause_ms > 0) {
         report->host_paused = st->h->host_paused_until <= now;
         if (st->h->host_paused_until < now + fx->host_pause_ms)
@@ -322,6 +397,10 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
     /* never made: not in flight for its client (its other reads may start) */
     bool landed = !st_client_none(&t->client) && st_client_land(st, &t->client, st_tx_what(st, &t->key, t->id), now);
     bool undone = e != NULL && e->inflight_serial == t->serial;
+    auth_land(st, t->serial, NULL, now); /* never made: it failed nothing */
+    struct st_keyent *pk = st_key_find(st, &t->key);
+    if (pk != NULL && pk->probe_serial == t->serial)
+        pk->probe_until = 0;
     if (undone) {
         e->inflight_until = 0;
         e->inflight_serial = t->undo.serial; /* the claim before is the last one again */
@@ -605,6 +684,9 @@ void state_metrics(struct state *st, struct state_metrics *out)
     for (int32_t i = 0; i < st->cln; i++) /* bounded: client_slots */
         out->clients_blocked += st->clients[i].used && st->clients[i].blocked_until > now;
     out->host_paused = st->h->host_paused_until > now;
+    for (int i = 0; i < STATE_AUTH_FAILS_MAX; i++)
+        out->auth_failures += st->h->auth_until[i] > now;
+    out->auth_allowance = atomic_load(&st->auth_allowance);
     out->stale_locks = st->h->stale_locks;
     out->last_chance_reads = st->h->last_chance_reads;
     out->reserved = 0;

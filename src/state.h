@@ -54,6 +54,9 @@
 #define STATE_HOST_PAUSE_MS RULES_HOST_PAUSE_MS
 #define STATE_LEASE_MAX_MS (30 * 1000LL)   /* the longest read timeout a lease may have */
 #define STATE_DEFER_MAX_MS (600 * 1000LL)  /* the longest not-before another host may set (state_defer) */
+#define STATE_AUTH_SPAN_MS RULES_AUTH_SPAN_MS
+#define STATE_AUTH_FAILS_MAX RULES_AUTH_FAILS_MAX
+#define STATE_AUTH_FAILS_DEFAULT RULES_AUTH_FAILS_DEFAULT
 
 struct state;
 
@@ -85,6 +88,7 @@ enum state_wait {
     WAIT_BUDGET,    /* read_budget_per_minute */
     WAIT_FULL,      /* no room to track this transaction */
     WAIT_CLIENT,    /* the client asking is blocked, or at its count with reads in flight */
+    WAIT_AUTH,      /* a key Kasera has not accepted, while the host's auth_failures_per_minute is spent */
 };
 
 struct state_fact {
@@ -158,6 +162,8 @@ struct state_metrics {
     long repairs;      /* checks (open, recovery) that found something to repair */
     long stale_locks;  /* opens that found the lock held with no live user (a copy, a crashed host) */
     long reserved, last_chance_reads; /* the budget plan (plan.h) */
+    long auth_failures;        /* reads counted against auth_failures_per_minute now (state_auth_allowance) */
+    long auth_allowance;       /* this process's auth_failures_per_minute */
 };
 
 /* The key slots for a configuration with `keys` keys (distinct secrets;
@@ -321,6 +327,14 @@ enum state_test_damage {
 };
 #define STATE_TEST_DAMAGE_N (STATE_TEST_HEADER + 1)
 void state_test_damage(struct state *st, enum state_test_damage what);
+
+/* Tests only: every key counts as one Kasera has accepted (no gate of
+ * state_auth_allowance), for the tests of everything else. */
+void state_test_keys_accepted(struct state *st, bool all);
+
+/* Tests only: how many transaction entries this process has looked at to
+ * make room for a new one (a count, not a time). */
+long state_test_looked(const struct state *st);
 #endif
 
 /* The identity of a secret key: a keyed hash with a salt kept in the state,
@@ -436,7 +450,8 @@ enum state_told {
  * status it would replace is cached.
  *
  * A told status finds room: a new entry of a key at its quota takes the
- * slot of that key's least recently used idle entry; otherwise (the key
+ * slot of that key's least recently used idle entry (among the next
+ * EVICT_SAMPLE of its own, st_tx_get); otherwise (the key
  * under its quota, or none of its entries idle) a free slot, else the least
  * recently used idle entry of any key. Only when every slot holds an entry
  * in use does it take one in use, and only one of its own key's (no read
@@ -544,6 +559,23 @@ bool state_unhold(struct state *st, const struct state_key *key, const char *id,
  * for a transaction held here (state_hold). Can't fail. */
 void state_reserve(struct state *st, const struct state_key *key, const char *id, bool reserved, int64_t at,
                    int64_t now);
+
+/* Rejected keys (interface.md, rules_auth_next): this host makes at most
+ * `per_minute` (RULES_AUTH_FAILS_MIN .. RULES_AUTH_FAILS_MAX, clamped;
+ * STATE_AUTH_FAILS_DEFAULT until called) reads that end in 401 in any
+ * STATE_AUTH_SPAN_MS, all keys together, counted over every process
+ * sharing the state (each process applies its own configuration's value
+ * to the shared count). A key Kasera has not accepted since its entry was
+ * made here (no answer that only an authenticated read gets: a status, a
+ * 404, a 429) counts each of its reads against the allowance from its
+ * claim (until its lease ends plus the span), keeps it there when it
+ * fails (a 401, the failed-authentication 429: from its end) and gives
+ * it back otherwise (a lost answer too: a timeout is not the key's); while the allowance is spent such a key
+ * makes no read (fact.wait WAIT_AUTH, fact.next_read when a count runs
+ * out). A 401 of an accepted key is counted too; an accepted key reads as
+ * usual (a 401 pauses it as before). A changed key is another key: not
+ * accepted. For this process; can't fail. */
+void state_auth_allowance(struct state *st, int per_minute);
 
 /* Does this state plan a scarce budget (plan.h; state_opts.greedy off)? */
 bool state_plans(const struct state *st);

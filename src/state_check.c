@@ -63,6 +63,13 @@ static void hdr_check(struct state *st, int64_t now, long *dmg)
             dmg[DMG_HEADER]++;
         }
     clamp_time(&h->host_paused_until, now, SPAN_HOST_PAUSE, dmg);
+    for (int i = 0; i < STATE_AUTH_FAILS_MAX; i++) {
+        clamp_time(&h->auth_until[i], now, SPAN_LEASE + STATE_AUTH_SPAN_MS, dmg);
+        if (h->auth_serial[i] > h->serial) { /* a claim's serial: never one not handed out */
+            h->auth_serial[i] = 0;
+            dmg[DMG_HEADER]++;
+        }
+    }
     if (h->tx_per_key < 1 || h->tx_per_key > st->txn) {
         h->tx_per_key = state_per_key_default(st->txn);
         dmg[DMG_HEADER]++;
@@ -175,6 +182,11 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     }
     clamp_time(&k->paused_until, now, SPAN_KEY_PAUSE, dmg);
     clamp_time(&k->last_used, now, 0, dmg);
+    clamp_time(&k->probe_until, now, SPAN_LEASE, dmg);
+    if (k->accepted > 1) { /* not a flag: not accepted (its reads count until one is) */
+        k->accepted = 0;
+        dmg[DMG_KEY_ENTRY]++;
+    }
     /* the budget plan's: every waiting index is checked where it is used
      * (st_waiting_tx); only the counts can hurt */
     if (k->nwaiting < 0 || k->nwaiting > ST_WAITING_MAX || k->arr_head < 0 || k->arr_head >= ST_ARRIVALS ||

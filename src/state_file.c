@@ -135,6 +135,7 @@ static void attach_tables(struct state *st, uint8_t *body, const struct layout *
  * region_usable() for a file) and keep a copy of its geometry. */
 static void attach(struct state *st, uint8_t *base)
 {
+    atomic_store(&st->auth_allowance, STATE_AUTH_FAILS_DEFAULT);
     st->h = (struct st_hdr *)base;
     struct layout l;
     layout_of(st->h->tx_slots, st->h->key_slots, st->h->client_slots, &l);

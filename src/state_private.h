@@ -26,8 +26,11 @@
  * No key's entries take more than the region's tx_per_key slots (see
  * st_tx_get): one shop's public URL, however hammered, leaves the rest of the
  * table to the other shops. Each key entry counts its transaction entries
- * (ntx), recounted from the table whenever a key entry is made or the
- * region is checked. */
+ * (ntx) and keeps them on a ring (knext, kprev: indexes, circular; kcursor
+ * where the next look at them starts), so that a key at its quota looks
+ * at EVICT_SAMPLE of its own entries, never the whole table; both are
+ * derived, rebuilt from the table whenever a key entry is made or the
+ * region is checked (the links of a key without an entry mean nothing). */
 #ifndef KEMBALI_STATE_PRIVATE_H
 #define KEMBALI_STATE_PRIVATE_H
 
@@ -41,9 +44,11 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 12 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+#define ST_VERSION 13 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
                        * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who;
-                       * 12: the key table last, growing in place (geom), ring_nf */
+                       * 12: the key table last, growing in place (geom), ring_nf;
+                       * 13: a key's ring of its entries (knext, kprev, kcursor), auth_until,
+                       *     auth_serial, accepted */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -51,6 +56,7 @@
 
 struct st_tx {
     int32_t next;
+    int32_t knext, kprev;   /* the ring of its key's entries (st_keyent.kcursor) */
     uint8_t used;
     uint8_t status;         /* enum tx_status of the last status read */
     uint8_t not_found;      /* known_until is a 404's memory */
@@ -84,6 +90,10 @@ struct st_keyent {
     int32_t next;
     uint8_t used;
     int32_t ntx;                        /* transaction entries of this key (st_tx_get) */
+    int32_t kcursor;                    /* its entries' ring: where the next look starts (-1: none) */
+    uint8_t accepted;                   /* Kasera took the key since this entry was made (state_auth_allowance) */
+    int64_t probe_until;                /* not accepted: the lease of its one read in flight (0: none) */
+    uint64_t probe_serial;              /* that read's claim */
     int64_t paused_until;
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */
@@ -145,6 +155,11 @@ struct st_hdr {
     uint64_t hold_stamp;      /* the last stamp state_hold() or state_unhold() gave */
     uint64_t chg_head;        /* changes logged so far; change s is chg[(s - 1) % STATE_CHANGES] */
     struct st_change chg[STATE_CHANGES];
+    /* the host's auth_failures_per_minute (rules_auth_next): each slot
+     * counts until auth_until (0: free); auth_serial: the claim of the read
+     * in flight that holds it (0: a read that ended) */
+    int64_t auth_until[STATE_AUTH_FAILS_MAX];
+    uint64_t auth_serial[STATE_AUTH_FAILS_MAX];
     size_t buckets_off, txs_off, key_buckets_off, keys_off, clients_off;
     uint32_t geom;            /* bumped (last, under the lock) when the geometry above changed */
     uint32_t pad1;
@@ -172,6 +187,8 @@ struct st_notice {
 struct state {
     bool greedy;              /* this process does not plan (state_opts.greedy) */
     atomic_bool elsewhere;    /* another store plans (state_plan_elsewhere): no read withheld here */
+    atomic_int auth_allowance; /* this process's auth_failures_per_minute (state_auth_allowance) */
+    bool all_accepted;        /* tests only: every key counts as accepted (state_test_keys_accepted) */
     size_t mapped;            /* length of the first file mapping (h's); 0 for state_new() memory */
     int users_fd;             /* kembali.users, flocked LOCK_SH while mapped; -1 for memory */
     int fd;                   /* the state file, for growing and mapping it anew; -1 for memory */
@@ -190,6 +207,7 @@ struct state {
     struct st_keyent *keys;
     struct st_client *clients;
     struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
+    long looked;              /* entries st_tx_get looked at to make room, in this process (tests) */
 };
 
 /* The longest a time can honestly lie ahead of `now`: anything later was
@@ -260,13 +278,16 @@ struct st_tx *st_tx_find(struct state *st, const struct state_key *key, const ch
 /* The per-key quota, from the region (state_open), kept within 1 .. txn. */
 int32_t st_tx_quota(const struct state *st);
 
-/* Every key entry's ntx, from the table (O(slots + keys)). */
+/* Every key entry's ntx and ring, from the table (O(slots + keys)). */
 void st_key_recount(struct state *st);
 
 /* Find or create the entry of (key, id); NULL when there is no room.
  * Room for a new entry, in this order:
- *   - a key already at its quota (tx_per_key entries) takes its own least
- *     recently used idle entry's slot; with none idle, a request's entry
+ *   - a key already at its quota (tx_per_key entries) takes the slot of
+ *     the least recently used idle entry among the next EVICT_SAMPLE of its
+ *     own (its ring, from where the last look stopped: bounded whatever the
+ *     table's size, and successive looks go round all of them); with none
+ *     idle there, a request's entry
  *     (`told` false) finds no room (counted: quota_full; full when the
  *     quota is the whole table), however many other slots are free: the
  *     rest of the table is the other keys';

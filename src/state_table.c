@@ -66,8 +66,59 @@ int32_t st_tx_quota(const struct state *st)
     return q < 1 ? 1 : q > st->txn ? st->txn : q;
 }
 
-/* The entries of `key` in the table, counted (O(slots): for a key entry
- * being made, and when its key table has no room). */
+/* Put entry idx on key k's ring, just behind where the next look starts
+ * (it is looked at last). */
+static void ring_add(struct state *st, struct st_keyent *k, int32_t idx)
+{
+    struct st_tx *e = &st->txs[idx];
+    int32_t c = k->kcursor;
+    if (c < 0 || c >= st->txn) {
+        e->knext = e->kprev = idx;
+        k->kcursor = idx;
+        return;
+    }
+    int32_t p = st->txs[c].kprev;
+    if (p < 0 || p >= st->txn)
+        p = c; /* (rebuilt on every check; bounds kept anyway) */
+    e->knext = c;
+    e->kprev = p;
+    st->txs[p].knext = idx;
+    st->txs[c].kprev = idx;
+}
+
+/* Take entry idx off key k's ring. */
+static void ring_del(struct state *st, struct st_keyent *k, int32_t idx)
+{
+    struct st_tx *e = &st->txs[idx];
+    int32_t n = e->knext, p = e->kprev;
+    if (n == idx || n < 0 || n >= st->txn || p < 0 || p >= st->txn) {
+        if (k->kcursor == idx || n == idx)
+            k->kcursor = -1;
+    } else {
+        st->txs[p].knext = n;
+        st->txs[n].kprev = p;
+        if (k->kcursor == idx)
+            k->kcursor = n;
+    }
+    e->knext = e->kprev = -1;
+}
+
+/* Count the entries of k's key in the table and put them on its ring
+ * (O(slots): for a key entry being made; the ring of a key whose entry
+ * was forgotten means nothing). */
+static void ring_adopt(struct state *st, struct st_keyent *k)
+{
+    k->ntx = 0;
+    k->kcursor = -1;
+    for (int32_t i = 0; i < st->txn; i++)
+        if (st->txs[i].used && memcmp(st->txs[i].key.b, k->key.b, 16) == 0) {
+            ring_add(st, k, i);
+            k->ntx++;
+        }
+}
+
+/* The entries of `key` in the table, counted (O(slots): only when every
+ * key slot is in use and the key has none). */
 static int32_t tx_count(const struct state *st, const struct state_key *key)
 {
     int32_t n = 0;
@@ -76,15 +127,20 @@ static int32_t tx_count(const struct state *st, const struct state_key *key)
     return n;
 }
 
-/* Every key entry's ntx, from the table (O(slots + keys)). */
+/* Every key entry's ntx and ring, from the table (O(slots + keys)). */
 void st_key_recount(struct state *st)
 {
-    for (int32_t i = 0; i < st->keyn; i++)
+    for (int32_t i = 0; i < st->keyn; i++) {
         st->keys[i].ntx = 0;
+        st->keys[i].kcursor = -1;
+    }
     for (int32_t i = 0; i < st->txn; i++) {
+        st->txs[i].knext = st->txs[i].kprev = -1;
         struct st_keyent *k = st->txs[i].used ? st_key_find(st, &st->txs[i].key) : NULL;
-        if (k != NULL)
+        if (k != NULL) {
+            ring_add(st, k, i);
             k->ntx++;
+        }
     }
 }
 
@@ -103,14 +159,38 @@ static int32_t tx_lru_idle(struct state *st, const struct state_key *only, int64
     int32_t start = (int32_t)util_jitter(n - 1);
     for (int32_t k = 0; k < EVICT_SAMPLE && k < n; k++) {
         int32_t i = (start + k * 97) % n; /* a spread-out sample */
+        st->looked++;
         if (tx_evictable(&st->txs[i], only, now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
             best = i;
     }
     if (best < 0) { /* the sample found nothing: look everywhere once */
+        st->looked += n;
         for (int32_t i = 0; i < n; i++)
             if (tx_evictable(&st->txs[i], only, now) && (best < 0 || st->txs[i].last_used < st->txs[best].last_used))
                 best = i;
     }
+    return best;
+}
+
+/* The least recently used idle entry among the next EVICT_SAMPLE of key
+ * k's own (its ring, from its cursor), or -1; the cursor moves past them,
+ * so that the next look sees the ones after. O(EVICT_SAMPLE), whatever the
+ * table's size or the key's quota. */
+static int32_t ring_lru_idle(struct state *st, struct st_keyent *k, int64_t now)
+{
+    int32_t best = -1, first = k->kcursor, i = first;
+    for (int32_t n = 0; n < EVICT_SAMPLE && i >= 0 && i < st->txn; n++) {
+        const struct st_tx *e = &st->txs[i];
+        st->looked++;
+        if (e->used && memcmp(e->key.b, k->key.b, 16) == 0 && tx_idle(e, now) &&
+            (best < 0 || e->last_used < st->txs[best].last_used))
+            best = i;
+        i = e->knext;
+        if (i == first)
+            break; /* round them all */
+    }
+    if (i >= 0 && i < st->txn)
+        k->kcursor = i;
     return best;
 }
 
@@ -147,8 +227,9 @@ static int32_t tx_least_harm(struct state *st, const struct state_key *key, int6
 
 /* Find or create the entry of (key, id); NULL when there is no room.
  * Room for a new entry, in this order:
- *   - a key already at its quota (tx_per_key entries) takes its own least
- *     recently used idle entry's slot; with none idle, a request's entry
+ *   - a key already at its quota (tx_per_key entries) takes the slot of
+ *     the least recently used idle entry among the next EVICT_SAMPLE of its
+ *     own (ring_lru_idle); with none idle there, a request's entry
  *     (`told` false) finds no room (counted: quota_full; full when the
  *     quota is the whole table), however many other slots are free: the
  *     rest of the table is the other keys';
@@ -172,7 +253,7 @@ struct st_tx *st_tx_get(struct state *st, const struct state_key *key, const cha
     int32_t mine = k != NULL ? k->ntx : tx_count(st, key);
     int32_t idx = -1;
     if (mine >= st_tx_quota(st)) {
-        idx = tx_lru_idle(st, key, now);
+        idx = k != NULL ? ring_lru_idle(st, k, now) : tx_lru_idle(st, key, now);
         if (idx < 0 && !told) {
             if (st_tx_quota(st) < st->txn)
                 st->h->quota_full++;
@@ -200,6 +281,8 @@ struct st_tx *st_tx_get(struct state *st, const struct state_key *key, const cha
         struct st_keyent *owner = st_key_find(st, &st->txs[idx].key);
         if (owner != NULL && owner->ntx > 0)
             owner->ntx--;
+        if (owner != NULL)
+            ring_del(st, owner, idx);
         tx_unlink(st, idx);
         st->h->evictions++;
     }
@@ -211,8 +294,11 @@ struct st_tx *st_tx_get(struct state *st, const struct state_key *key, const cha
     uint32_t b = st_tx_bucket(st, key, id);
     e->next = st->buckets[b];
     st->buckets[b] = idx;
-    if (k != NULL)
+    e->knext = e->kprev = -1;
+    if (k != NULL) {
         k->ntx++;
+        ring_add(st, k, idx);
+    }
     return e;
 }
 
@@ -294,7 +380,7 @@ static struct st_keyent *key_make(struct state *st, const struct state_key *key,
     k->used = 1;
     k->key = *key;
     k->last_used = now;
-    k->ntx = tx_count(st, key); /* what a forgotten entry of this key counted */
+    ring_adopt(st, k); /* what a forgotten entry of this key counted */
     uint32_t b = st_key_bucket(st, key);
     k->next = st->key_buckets[b];
     st->key_buckets[b] = idx;
@@ -315,3 +401,10 @@ struct st_keyent *st_key_get(struct state *st, const struct state_key *key, int6
     return k;
 }
 
+
+#ifdef KEMBALI_TESTING
+long state_test_looked(const struct state *st)
+{
+    return st->looked;
+}
+#endif

@@ -372,3 +372,47 @@ def test_a_growing_host_has_room_for_every_key(tmpdir):
 
 if __name__ == "__main__":
     harness.run(globals())
+
+
+def test_ten_rejected_keys_leave_the_other_tenants_reading(tmpdir):
+    """Ten tenants whose keys Kasera rejects, one request each, against the
+    sandbox's own per-IP failed-authentication limiter (10 failures within
+    60 s block the IP): kembali makes at most auth_failures_per_minute (5)
+    reads that end in 401, the other rejected keys make none (checking, a
+    metric and a log line say why), and a healthy tenant's paid buyer is
+    answered succeeded, not checking with Retry-After 61."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    keys = os.path.join(tmpdir, "keys")
+    shops = os.path.join(tmpdir, "shops")
+    os.makedirs(keys)
+    os.makedirs(shops)
+    bad = ["bad-%d" % i for i in range(10)]
+    harness.write_secret(os.path.join(keys, "toko-a"), kit.KEY)
+    write_shop(shops, "toko-a.json", tenant("toko-a"))
+    for i, name in enumerate(bad):
+        harness.write_secret(os.path.join(keys, name), "sk_test_rejected_%02d_xxxxxxxxxxxx" % i)
+        write_shop(shops, name + ".json", tenant(name))
+    cfg = harness.make_config(sb, [], keys_dir=keys, shops_dir=shops, schedule_ms=kit.FAST)
+    k = harness.Kembali(tmpdir, config=cfg)
+    k.start()
+    sb.put_tx("t0", "succeeded")  # the healthy key has answered
+    assert_eq(k.get("id=t0", host="toko-a.test").header("kembali-status"), "succeeded")
+
+    for name in bad:
+        sb.put_tx("x-" + name, "succeeded")
+        r = k.get("id=x-" + name, host=name + ".test", timeout=30)
+        assert_eq(r.header("kembali-status"), "checking")
+    sb.put_tx("paid", "succeeded")
+    r = k.get("id=paid", host="toko-a.test", timeout=30)
+    assert_eq(r.header("kembali-status"), "succeeded", repr(r))
+    assert_eq(r.header("retry-after"), None)
+    reads = sb.reads()
+    assert_eq(len([r for r in reads if r["http"] == 401]), 5, repr(reads))
+    assert_eq(len([r for r in reads if r["http"] == 429]), 0, repr(reads))
+
+    m = k.metrics()
+    assert_eq(m.get('kembali_checking_answers_total{reason="auth_allowance"}'), 5, m)
+    assert_eq(m.get("kembali_auth_failures_last_minute"), 5, m)
+    line = k.wait_log(10, event="auth_allowance_spent")
+    assert_eq(line["auth_failures_per_minute"], "5")
+    assert len(k.find_log(event="auth_allowance_spent")) == 1  # one line a minute

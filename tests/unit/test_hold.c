@@ -239,6 +239,7 @@ static void test_client_at_its_count_waits_then_blocked_answers(void **unused)
     char err[128];
     struct state *st = state_new(&o, err, sizeof err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true); /* six reads in flight at once: a key Kasera took */
     struct state_key k;
     struct pace_schedule sched;
     struct state_client c;

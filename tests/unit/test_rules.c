@@ -183,10 +183,89 @@ static void test_ttl_left(void **unused)
     assert_int_equal(rules_ttl_left(TXS_FAILED, t0 + 5, t0), RULES_TTL_FINAL_MS); /* a clock read early */
 }
 
+/* Which answers say Kasera took the key, and which may have fed its
+ * failed-authentication limiter. */
+static void test_key_accepted_and_auth_failed(void **unused)
+{
+    (void)unused;
+    struct rules_effect fx;
+    const enum outcome_kind accepted[] = {OUT_STATUS, OUT_NOT_FOUND, OUT_TX_LIMITED, OUT_KEY_LIMITED};
+    const enum outcome_kind failed[] = {OUT_UNAUTHORIZED, OUT_AUTH_BLOCKED};
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        struct outcome o = oc_kind(accepted[i]);
+        o.status = TXS_PENDING;
+        rules_outcome(&o, T0, T0 + 100, 0, 0, &fx);
+        assert_true(fx.key_accepted);
+        assert_false(fx.auth_failed);
+    }
+    for (size_t i = 0; i < sizeof failed / sizeof failed[0]; i++) {
+        struct outcome o = oc_kind(failed[i]);
+        rules_outcome(&o, T0, T0 + 100, 0, 0, &fx);
+        assert_false(fx.key_accepted);
+        assert_true(fx.auth_failed);
+    }
+    /* a 4xx after authentication or not, an answer that never came: neither */
+    const enum outcome_kind neither[] = {OUT_REJECTED, OUT_NO_ANSWER};
+    for (size_t i = 0; i < sizeof neither / sizeof neither[0]; i++) {
+        struct outcome o = oc_kind(neither[i]);
+        rules_outcome(&o, T0, T0 + 100, 0, 0, &fx);
+        assert_false(fx.key_accepted);
+        assert_false(fx.auth_failed);
+    }
+}
+
+/* The host's allowance of reads that may end in 401, with a fake clock. */
+static void test_auth_allowance(void **unused)
+{
+    (void)unused;
+    int64_t u[RULES_AUTH_FAILS_MAX] = {0};
+    const int64_t span = RULES_AUTH_SPAN_MS;
+    /* nothing counts: room */
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 5, T0), T0);
+    /* five 401s at T0 .. T0 + 4000 (in any order in the slots) */
+    int64_t at[5] = {T0 + 3000, T0, T0 + 4000, T0 + 1000, T0 + 2000};
+    for (int i = 0; i < 5; i++)
+        u[2 * i % RULES_AUTH_FAILS_MAX] = at[i] + span;
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 6, T0 + 5000), T0 + 5000); /* a sixth fits */
+    /* five of five: spent until the earliest runs out, 60 s after it */
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 5, T0 + 5000), T0 + span);
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 5, T0 + span - 1), T0 + span);
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 5, T0 + span), T0 + span);
+    /* an allowance of three: two must run out first */
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 3, T0 + 5000), T0 + 2000 + span);
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 3, T0 + 2000 + span), T0 + 2000 + span);
+    /* out of range: 0 counts as 1, 20 as 9 */
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 0, T0 + 5000), T0 + 4000 + span);
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 20, T0 + 5000), T0 + 5000);
+    /* a read in flight counts until its lease's end plus the span */
+    u[1] = T0 + 5000 + 6000 + span;
+    assert_int_equal(rules_auth_next(u, RULES_AUTH_FAILS_MAX, 6, T0 + 5000), T0 + span);
+    /* in any 60 s, never more than the allowance: walk a second at a time,
+     * taking a slot whenever there is room, and count */
+    int64_t w[RULES_AUTH_FAILS_MAX] = {0}, taken[400];
+    int nt = 0;
+    for (int64_t t = T0; t < T0 + 300000 && nt < 400; t += 1000) {
+        if (rules_auth_next(w, RULES_AUTH_FAILS_MAX, 5, t) > t)
+            continue;
+        int free = -1;
+        for (int i = 0; i < RULES_AUTH_FAILS_MAX && free < 0; i++)
+            if (w[i] <= t)
+                free = i;
+        assert_true(free >= 0);
+        w[free] = t + span; /* ended in 401 at once */
+        taken[nt++] = t;
+    }
+    assert_int_equal(nt, 25); /* 5 at the start of each of five minutes */
+    for (int i = 5; i < nt; i++)
+        assert_true(taken[i] - taken[i - 5] >= span);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_effects),
+        cmocka_unit_test(test_key_accepted_and_auth_failed),
+        cmocka_unit_test(test_auth_allowance),
         cmocka_unit_test(test_ttl_left),
         cmocka_unit_test(test_not_found_is_remembered_and_charged),
         cmocka_unit_test(test_waits_and_pauses),

@@ -35,6 +35,7 @@ static struct state *mk_quota(int tx_slots, int per_key)
     if (st == NULL)
         print_error("state_new: %s\n", err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true); /* rejected keys have their own tests: mk_fresh */
     return st;
 }
 
@@ -1328,6 +1329,7 @@ static struct state *mk_keys(int key_slots)
     char err[256] = "";
     struct state *st = state_new(&o, err, sizeof err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true);
     return st;
 }
 
@@ -1456,6 +1458,7 @@ static struct state *mk_clients(int client_slots)
     char err[256] = "";
     struct state *st = state_new(&o, err, sizeof err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true);
     return st;
 }
 
@@ -2122,6 +2125,7 @@ static void test_quota_after_key_eviction(void **unused)
     char err[256] = "";
     struct state *st = state_new(&o, err, sizeof err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true);
     struct state_key a = key_of(st, "sk_test_a");
     claim_n(st, &a, "T", 8, T0, true);
     int64_t later = T0 + STATE_KEY_IDLE_MS + PACE_EPISODE_MS + 1000;
@@ -2141,6 +2145,183 @@ static void test_quota_after_key_eviction(void **unused)
     assert_int_equal(m.key_evictions, 2);
     assert_int_equal(m.evictions, ev + 1); /* one of its own, not a free slot */
     assert_int_equal(count_known(st, &a, 8, then), 7);
+    state_free(st);
+}
+
+/* A request refused at its key's quota looks at EVICT_SAMPLE (64) of the
+ * key's entries at most, never the table (which today's 16384 slots and
+ * a quota of 4096 would make 16,448 entries a refusal); successive looks
+ * go round the key's entries, so an idle one is found within
+ * quota / 64 requests, and only ever the key's own. */
+static void test_quota_refusal_looks_at_few(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(16384, 4096);
+    struct state_key a = key_of(st, "sk_test_a"), b = key_of(st, "sk_test_b");
+    struct pace_schedule s = sched_default();
+    int64_t deadline = T0 + 34000;
+    for (int i = 0; i < 4096; i++) { /* another key's idle entries */
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_int_equal(tell(st, &b, id, TXS_SUCCEEDED, T0), STATE_TOLD_RECORDED);
+    }
+    for (int i = 0; i < 4096; i++) { /* a's whole quota held */
+        char id[16];
+        snprintf(id, sizeof id, "A%d", i);
+        assert_true(state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 1, NULL));
+    }
+    for (int i = 0; i < 20; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "N%d", i);
+        long before = state_test_looked(st);
+        assert_false(state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 10 + i, NULL));
+        assert_in_range(state_test_looked(st) - before, 1, 64);
+    }
+    /* one of a's entries lets go (idle now); a's requests find it within
+     * 4096 / 64 looks, each of 64 entries at most */
+    assert_true(state_unhold(st, &a, "A3000", T0 + 100, NULL));
+    int tries = 0;
+    bool held = false;
+    while (!held && tries < 4096 / 64 + 1) {
+        char id[16];
+        snprintf(id, sizeof id, "M%d", tries);
+        long before = state_test_looked(st);
+        held = state_hold(st, &a, id, &s, BUDGET, deadline, T0 + 200 + tries, NULL);
+        assert_in_range(state_test_looked(st) - before, 1, 64);
+        tries++;
+    }
+    assert_true(held);
+    assert_int_equal(lookup(st, &a, "A3000", T0 + 300).status, TXS_NONE);
+    for (int i = 0; i < 4096; i += 7) { /* b lost nothing */
+        char id[16];
+        snprintf(id, sizeof id, "B%d", i);
+        assert_true(lookup(st, &b, id, T0 + 300).final);
+    }
+    struct state_metrics m;
+    state_metrics(st, &m);
+    assert_int_equal(m.evictions, 1);
+    state_free(st);
+}
+
+/* ---- rejected keys (auth_failures_per_minute) ---- */
+
+/* A state whose keys start unaccepted, as kembali's do. */
+static struct state *mk_fresh(int tx_slots)
+{
+    struct state *st = mk(tx_slots);
+    state_test_keys_accepted(st, false);
+    return st;
+}
+
+/* Ten keys Kasera rejects, one request each, and a key it took: five reads
+ * at most (the allowance), counted from the claim; the other rejected keys
+ * make none until 60 s after the 401s (WAIT_AUTH); the accepted key reads
+ * as usual throughout. */
+static void test_auth_allowance_spares_accepted_keys(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_fresh(64);
+    struct state_key good = key_of(st, "sk_test_good"), bad[10];
+    struct state_ticket t, tb[10];
+    struct state_fact f;
+    struct state_metrics m;
+    assert_true(claim(st, &good, "G0", T0, &t, &f));
+    finish(st, &t, "good", oc_status(TXS_PENDING, NULL), T0 + 50);
+    int64_t now = T0 + 100;
+    int claimed = 0;
+    for (int i = 0; i < 10; i++) {
+        char secret[32];
+        snprintf(secret, sizeof secret, "sk_test_bad_%d", i);
+        bad[i] = key_of(st, secret);
+        if (claim(st, &bad[i], "X", now + i, &tb[i], &f)) {
+            claimed++;
+        } else {
+            assert_int_equal(f.wait, WAIT_AUTH);
+            assert_int_equal(f.next_read, now + LEASE + STATE_AUTH_SPAN_MS); /* the first read's lease, + 60 s */
+        }
+    }
+    assert_int_equal(claimed, 5);
+    state_metrics(st, &m);
+    assert_int_equal(m.auth_failures, 5);
+    assert_int_equal(m.auth_allowance, 5);
+    for (int i = 0; i < 5; i++) {
+        struct state_report r = finish(st, &tb[i], "bad", oc_kind(OUT_UNAUTHORIZED), now + 200 + i);
+        assert_true(r.key_paused); /* its own 5-minute pause, as before */
+    }
+    /* the allowance is spent for 60 s from the 401s: no read with the others */
+    f = lookup(st, &bad[7], "X", now + 1000);
+    assert_int_equal(f.wait, WAIT_AUTH);
+    assert_int_equal(f.next_read, now + 200 + STATE_AUTH_SPAN_MS);
+    assert_false(claim(st, &bad[7], "Y", now + STATE_AUTH_SPAN_MS + 199, &t, &f));
+    assert_int_equal(f.wait, WAIT_AUTH);
+    /* the accepted key reads as usual, several at once */
+    for (int i = 1; i < 8; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "G%d", i);
+        assert_true(claim(st, &good, id, now + 1000 + i, NULL, NULL));
+    }
+    /* a rejected key keeps its own pause (5 minutes), whatever the allowance */
+    f = lookup(st, &bad[0], "X", now + STATE_AUTH_SPAN_MS + 1000);
+    assert_int_equal(f.wait, WAIT_KEY_PAUSE);
+    /* 60 s after the first 401: room for one more, then the next, ... */
+    assert_true(claim(st, &bad[5], "X", now + 200 + STATE_AUTH_SPAN_MS, &t, &f));
+    assert_false(claim(st, &bad[6], "X", now + 200 + STATE_AUTH_SPAN_MS, NULL, &f));
+    assert_int_equal(f.wait, WAIT_AUTH);
+    assert_int_equal(f.next_read, now + 201 + STATE_AUTH_SPAN_MS);
+    assert_true(claim(st, &bad[6], "X", now + 201 + STATE_AUTH_SPAN_MS, NULL, &f));
+    state_free(st);
+}
+
+/* A key not accepted yet makes one read at a time (its others wait for
+ * it, a read's lease at most); once Kasera answers it, it reads freely.
+ * A read never made (unclaimed) gives its count back, and so does one
+ * that was answered. */
+static void test_auth_unaccepted_key_reads_one_at_a_time(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_fresh(64);
+    state_auth_allowance(st, 2);
+    struct state_key k = key_of(st, "sk_test_new"), other = key_of(st, "sk_test_other");
+    struct state_ticket t1, t2, t3;
+    struct state_fact f;
+    struct state_metrics m;
+    assert_true(claim(st, &k, "T1", T0, &t1, &f));
+    assert_false(claim(st, &k, "T2", T0 + 10, &t2, &f));
+    assert_int_equal(f.wait, WAIT_AUTH);
+    assert_int_equal(f.next_read, T0 + 10 + RULES_PLAN_RECHECK_MS); /* looks again soon (at most its lease) */
+    /* unclaimed (another host's authority refused it): nothing counts */
+    state_unclaim(st, &t1, T0 + 20);
+    state_metrics(st, &m);
+    assert_int_equal(m.auth_failures, 0);
+    assert_true(claim(st, &k, "T2", T0 + 30, &t2, &f));
+    assert_true(claim(st, &other, "O1", T0 + 40, &t3, &f)); /* the second of two */
+    assert_false(claim(st, &other, "O2", T0 + 41, NULL, &f)); /* its own first read is in flight */
+    assert_int_equal(f.wait, WAIT_AUTH);
+    finish(st, &t3, "other", oc_kind(OUT_UNAUTHORIZED), T0 + 50); /* a failed authentication: counts from now */
+    /* answered: accepted; its count is given back, and it reads at once */
+    finish(st, &t2, "new", oc_kind(OUT_NOT_FOUND), T0 + 60);
+    state_metrics(st, &m);
+    assert_int_equal(m.auth_failures, 1);
+    for (int i = 0; i < 4; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "U%d", i);
+        assert_true(claim(st, &k, id, T0 + 100 + i, NULL, NULL));
+    }
+    /* an accepted key's 401 counts against the host's allowance too */
+    struct state_ticket t4;
+    assert_true(claim(st, &k, "V", T0 + 200, &t4, NULL));
+    finish(st, &t4, "new", oc_kind(OUT_UNAUTHORIZED), T0 + 210);
+    state_metrics(st, &m);
+    assert_int_equal(m.auth_failures, 2);
+    struct state_key third = key_of(st, "sk_test_third");
+    assert_false(claim(st, &third, "W", T0 + 300, NULL, &f));
+    assert_int_equal(f.wait, WAIT_AUTH);
+    assert_int_equal(f.next_read, T0 + 50 + STATE_AUTH_SPAN_MS);
+    /* a read with no answer (a timeout) is not the key's fault: given back */
+    assert_true(claim(st, &third, "W", T0 + 50 + STATE_AUTH_SPAN_MS, &t3, &f));
+    finish(st, &t3, "third", oc_kind(OUT_NO_ANSWER), T0 + 60 + STATE_AUTH_SPAN_MS);
+    state_metrics(st, &m);
+    assert_int_equal(m.auth_failures, 1); /* the accepted key's 401 alone */
     state_free(st);
 }
 
@@ -2188,6 +2369,7 @@ static void test_defaults_and_metrics(void **unused)
     char err[128];
     struct state *st = state_new(&o, err, sizeof err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true);
     struct state_metrics m;
     state_metrics(st, &m);
     assert_int_equal(m.tx_slots, 16384);
@@ -2736,6 +2918,9 @@ int main(void)
         cmocka_unit_test(test_quota_all_own_busy),
         cmocka_unit_test(test_tell_finds_room_in_a_busy_table),
         cmocka_unit_test(test_quota_after_key_eviction),
+        cmocka_unit_test(test_quota_refusal_looks_at_few),
+        cmocka_unit_test(test_auth_allowance_spares_accepted_keys),
+        cmocka_unit_test(test_auth_unaccepted_key_reads_one_at_a_time),
         cmocka_unit_test(test_key_id),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),

@@ -49,6 +49,7 @@ static struct state *open_ok(void)
     if (st == NULL)
         print_error("state_open: %s\n", err);
     assert_non_null(st);
+    state_test_keys_accepted(st, true); /* rejected keys: test_state.c */
     return st;
 }
 
