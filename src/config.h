@@ -50,6 +50,8 @@ struct config_redis {
     char *password;       /* redis_password_file's first line, trimmed; NULL without; never logged */
     char prefix[CONFIG_REDIS_PREFIX_MAX + 1]; /* default "kembali:"; 1..64 chars of A-Z a-z 0-9 : _ - . */
     int hosts;            /* redis_hosts, default 2, 1..CONFIG_REDIS_HOSTS_MAX */
+    int schema;           /* the key names' schema version (state_redis_name.h); 0, the build's own,
+                           * except in tests (no configuration key sets it) */
     /* redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER[?db=N]: the master
      * is asked of the Sentinels (host and port unused) */
     bool sentinel;

@@ -516,6 +516,22 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
     }
 }
 
+#ifdef KEMBALI_TESTING
+/* tests/kembali-testing only: two versions side by side from one build
+ * (tests/integration/test_versions.py). KEMBALI_TEST_LAYOUT names the
+ * state file by another layout version; KEMBALI_TEST_REDIS_SCHEMA names
+ * the Redis keys and channel by another schema version. */
+static void testing_versions(struct config *c, struct state_opts *so)
+{
+    const char *v = getenv("KEMBALI_TEST_LAYOUT");
+    if (v != NULL)
+        so->layout = atoi(v);
+    v = getenv("KEMBALI_TEST_REDIS_SCHEMA");
+    if (v != NULL)
+        c->redis.schema = atoi(v);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -627,6 +643,9 @@ int main(int argc, char **argv)
     struct state_opts so = {.tx_slots = cfg->state_slots, .tx_per_key = cfg->state_slots_per_key,
                             .key_slots = state_key_slots_for(cfg->nshops),
                             .read_timeout_ms = cfg->read_timeout_ms, .greedy = !cfg->read_planning};
+#ifdef KEMBALI_TESTING
+    testing_versions(cfg, &so);
+#endif
     app.state = state_open(cfg->state_dir, &so, err, sizeof err);
     if (app.state == NULL) {
         fprintf(stderr, "kembali: %s\n", err);

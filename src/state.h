@@ -148,6 +148,8 @@ struct state_opts {
     int client_slots;         /* clients whose 404s are counted at once (default 4096) */
     bool greedy;              /* this process does not plan a scarce budget (plan.h): first come,
                                * first served, for comparison only */
+    int layout;               /* the layout version the file is named by (<= 0: state_layout());
+                               * another one only in tests, to run two layouts side by side */
 };
 
 struct state_metrics {
@@ -199,13 +201,24 @@ int state_per_key_default(int tx_slots);
  * a reason into err on failure (allocation, mutex). */
 struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
 
+/* The layout version of this build's state file (ST_VERSION): its name is
+ * kembali-vN.state. */
+int state_layout(void);
+
 /* Open the state shared by every process started with the same `dir`:
- * the file dir/kembali.state (created 0600, mapped shared), made, checked
- * or reset under an flock of dir/kembali.lock. A file from an incompatible
- * build (version and layout stamp) or one whose geometry does not fit its
- * size is replaced, never misread.
+ * the file dir/kembali-vN.state, N its layout version (created 0600,
+ * mapped shared), made, checked or reset under an flock of
+ * dir/kembali.lock (every layout's). A file of that name from an
+ * incompatible build (layout stamp) or one whose geometry does not fit
+ * its size is replaced, never misread.
  *
- * Every process holds a shared flock of dir/kembali.users from this call
+ * Versions side by side: the files of other layouts (kembali-vM.state, and
+ * kembali.state of the releases before layouts were named) are never
+ * replaced or changed while a live process uses them (holds their users
+ * file, below): both run, each with its own cache and pace, and one
+ * warning says so. The ones no live process uses are removed (info).
+ *
+ * Every process holds a shared flock of dir/kembali-vN.users from this call
  * to state_free() (the kernel drops it when the process dies, however).
  * A process that can take it exclusively is the only live user: it makes
  * the lock anew (a copy taken while a process held it, after a power cut,

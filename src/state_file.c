@@ -3,6 +3,7 @@
  * the processes waiting for reads; the damage hooks of the tests. */
 #include "state_private.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -698,7 +699,7 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
 {
     struct log_line ll;
     if (on->replaced)
-        log_msg("warn", "state", "the state file is from an incompatible version or damaged; replacing it");
+        log_msg("warn", "state", "the state file is damaged or from a build of another layout under the same name; replacing it");
     if (on->other_size) {
         log_begin(&ll, "warn", "state");
         log_str(&ll, "msg", "the state file was made with another state_slots; "
@@ -742,6 +743,120 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
     }
 }
 
+int state_layout(void)
+{
+    return ST_VERSION;
+}
+
+/* dir/kembali-vN.EXT, or the names of the releases before layouts were
+ * named (layout 0): dir/kembali.EXT. -1 when it does not fit. */
+static int layout_path(char *out, size_t cap, const char *dir, int layout, const char *ext)
+{
+    int n = layout > 0 ? snprintf(out, cap, "%s/kembali-v%d.%s", dir, layout, ext)
+                       : snprintf(out, cap, "%s/kembali.%s", dir, ext);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* The layout a name in state_dir belongs to: N for kembali-vN.state,
+ * kembali-vN.users or kembali-vN.state.new, 0 for kembali.state and
+ * kembali.users (the releases before layouts were named), -1 for any other
+ * name (kembali.lock is every layout's). */
+static int layout_of_name(const char *name)
+{
+    if (strcmp(name, "kembali.state") == 0 || strcmp(name, "kembali.users") == 0 ||
+        strcmp(name, "kembali.state.new") == 0)
+        return 0;
+    if (strncmp(name, "kembali-v", 9) != 0)
+        return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(name + 9, &end, 10);
+    if (errno != 0 || end == name + 9 || name[9] < '1' || name[9] > '9' || v <= 0 || v > 1000000 ||
+        (strcmp(end, ".state") != 0 && strcmp(end, ".users") != 0 && strcmp(end, ".state.new") != 0))
+        return -1;
+    return (int)v;
+}
+
+#define OTHER_LAYOUTS_MAX 8
+
+/* What the other layouts' files in state_dir are: the ones live processes
+ * use (kept), the ones removed. */
+struct other_layouts {
+    int live[OTHER_LAYOUTS_MAX], nlive;
+    int removed[OTHER_LAYOUTS_MAX], nremoved;
+};
+
+/* Under kembali.lock (every release since kembali.users takes it before
+ * it opens, creates or replaces its file, so none is deciding meanwhile):
+ * the files of layouts other than `mine`. A layout whose users file some
+ * live process holds (shared, as this one will hold its own) is left
+ * alone: that process keeps its cache and pace. The others' files are
+ * removed: no live process maps them, and one that starts later makes
+ * its own anew. */
+static void other_layouts_sweep(const char *dir, int mine, struct other_layouts *ol)
+{
+    int seen[OTHER_LAYOUTS_MAX * 2], nseen = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && nseen < (int)(sizeof seen / sizeof seen[0])) {
+        int v = layout_of_name(e->d_name);
+        bool dup = v < 0 || v == mine;
+        for (int i = 0; i < nseen && !dup; i++)
+            dup = seen[i] == v;
+        if (!dup)
+            seen[nseen++] = v;
+    }
+    closedir(d);
+    for (int i = 0; i < nseen; i++) {
+        char users[4096], path[4096], tmp[4096];
+        if (layout_path(users, sizeof users, dir, seen[i], "users") != 0 ||
+            layout_path(path, sizeof path, dir, seen[i], "state") != 0 ||
+            layout_path(tmp, sizeof tmp, dir, seen[i], "state.new") != 0)
+            continue;
+        int fd = open(users, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (ol->nlive < OTHER_LAYOUTS_MAX)
+                ol->live[ol->nlive++] = seen[i];
+            close(fd);
+            continue;
+        }
+        /* no users file: no process of a release that has one maps it */
+        unlink(path);
+        unlink(tmp);
+        unlink(users);
+        if (fd >= 0)
+            close(fd);
+        if (ol->nremoved < OTHER_LAYOUTS_MAX)
+            ol->removed[ol->nremoved++] = seen[i];
+    }
+}
+
+static void other_layouts_log(const struct other_layouts *ol, int mine)
+{
+    char list[128];
+    struct log_line ll;
+    for (int pass = 0; pass < 2; pass++) {
+        const int *v = pass == 0 ? ol->live : ol->removed;
+        int n = pass == 0 ? ol->nlive : ol->nremoved;
+        if (n == 0)
+            continue;
+        size_t off = 0;
+        list[0] = '\0';
+        for (int i = 0; i < n && off + 16 < sizeof list; i++)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", v[i]);
+        log_begin(&ll, pass == 0 ? "warn" : "info", "state");
+        log_str(&ll, "msg", pass == 0 ? "live kembali processes of another state layout use this state_dir: their "
+                                        "state file is kept, this process uses its own, and the two paces and "
+                                        "caches are separate until they stop"
+                                      : "removed the state files of other layouts, which no live process used");
+        log_int(&ll, "layout", mine);
+        log_str(&ll, "other_layouts", list);
+        log_end(&ll);
+    }
+}
+
 struct state *state_open(const char *dir, const struct state_opts *opts, char *err, size_t errlen)
 {
     char path[4096], lockpath[4096], userspath[4096];
@@ -749,12 +864,11 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
     layout_for(opts, &l);
     if (state_check_dir(dir, true, err, errlen) != 0)
         return NULL;
+    int mine = opts->layout > 0 ? opts->layout : ST_VERSION;
     /* a path cut short would name another file: refused instead */
-    int pn = snprintf(path, sizeof path, "%s/kembali.state", dir);
     int ln = snprintf(lockpath, sizeof lockpath, "%s/kembali.lock", dir);
-    int un = snprintf(userspath, sizeof userspath, "%s/kembali.users", dir);
-    if (pn < 0 || (size_t)pn >= sizeof path || ln < 0 || (size_t)ln >= sizeof lockpath || un < 0 ||
-        (size_t)un >= sizeof userspath) {
+    if (layout_path(path, sizeof path, dir, mine, "state") != 0 ||
+        layout_path(userspath, sizeof userspath, dir, mine, "users") != 0 || ln < 0 || (size_t)ln >= sizeof lockpath) {
         snprintf(err, errlen, "state_dir %.200s...: the path is too long", dir);
         return NULL;
     }
@@ -783,6 +897,9 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
         return NULL;
     }
     on.alone = flock(users, LOCK_EX | LOCK_NB) == 0;
+    struct other_layouts ol;
+    memset(&ol, 0, sizeof ol);
+    other_layouts_sweep(dir, mine, &ol);
     int64_t now = util_mono_ms();
     struct state *st = NULL;
     uint8_t *base = MAP_FAILED;
@@ -869,6 +986,7 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
     } else {
         st->lock_fd = lk; /* for state_grow_keys */
         open_notes_log(&on, st->txn, st->keyn);
+        other_layouts_log(&ol, mine);
     }
     return st;
 }

@@ -59,11 +59,11 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
     return true;
 }
 
-/* PREFIX{K}what */
-static void rkey_name(char *out, size_t cap, const char *prefix, const struct state_redis_id *k, const char *what,
+/* VPREFIX{K}what (state_redis_name.h) */
+static void rkey_name(char *out, size_t cap, const char *vprefix, const struct state_redis_id *k, const char *what,
                       const char *tail)
 {
-    snprintf(out, cap, "%s{%s}%s%s", prefix, k->hex, what, tail ? tail : "");
+    state_redis_key(out, cap, vprefix, k, what, tail);
 }
 
 static void waits_csv(const struct pace_schedule *s, char *out, size_t cap)
@@ -301,7 +301,8 @@ struct state_redis *state_redis_new(struct loop *l, const struct config_redis *c
     r->on_seed = on_seed;
     r->ctx = ctx;
     memcpy(r->salt, STATE_REDIS_NAME_LABEL, sizeof r->salt);
-    snprintf(r->channel, sizeof r->channel, "%swake", cfg->prefix);
+    state_redis_prefix(r->vprefix, sizeof r->vprefix, cfg->prefix, cfg->schema); /* fits: see its size */
+    snprintf(r->channel, sizeof r->channel, "%swake", r->vprefix);
     loop_timer_init(&r->slow_timer, on_slow_timer, r);
     state_redis_timers_init(r);
     r->port = cfg->port;
@@ -422,17 +423,17 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
         kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
         kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], kgrace[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
         sb[16], sl[24], climit[16], cwin[24], crecheck[24], shold[24], scap[16], sreads[16], sgrace[24];
-    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
-    rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
-    rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", client ? client->hex : "-");
-    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", client ? client->hex : "-");
-    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", client ? client->hex : "-");
-    rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
-    rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
-    rkey_name(kgrace, sizeof kgrace, r->cfg.prefix, &k, "g", NULL);
+    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
+    rkey_name(kkey, sizeof kkey, r->vprefix, &k, "k", NULL);
+    rkey_name(kbud, sizeof kbud, r->vprefix, &k, "b", NULL);
+    rkey_name(kblk, sizeof kblk, r->vprefix, &k, "x:", client ? client->hex : "-");
+    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
+    rkey_name(kcl, sizeof kcl, r->vprefix, &k, "c:", client ? client->hex : "-");
+    rkey_name(kfly, sizeof kfly, r->vprefix, &k, "f:", client ? client->hex : "-");
+    rkey_name(karr, sizeof karr, r->vprefix, &k, "a", NULL);
+    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
+    rkey_name(ptx, sizeof ptx, r->vprefix, &k, "t:", NULL);
+    rkey_name(kgrace, sizeof kgrace, r->vprefix, &k, "g", NULL);
     snprintf(sgrace, sizeof sgrace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
@@ -471,13 +472,13 @@ struct state_redis_op *state_redis_held(struct state_redis *r, const char *secre
     char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
         kbud[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16],
         sstamp[24];
-    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
-    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    rkey_name(karr, sizeof karr, r->cfg.prefix, &k, "a", NULL);
-    rkey_name(kbud, sizeof kbud, r->cfg.prefix, &k, "b", NULL);
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
-    rkey_name(ptx, sizeof ptx, r->cfg.prefix, &k, "t:", NULL);
+    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
+    rkey_name(khold, sizeof khold, r->vprefix, &k, "o:", id);
+    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
+    rkey_name(karr, sizeof karr, r->vprefix, &k, "a", NULL);
+    rkey_name(kbud, sizeof kbud, r->vprefix, &k, "b", NULL);
+    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
+    rkey_name(ptx, sizeof ptx, r->vprefix, &k, "t:", NULL);
     snprintf(sdl, sizeof sdl, "%lld", (long long)(deadline_ms > 0 ? deadline_ms : 0));
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(scap, sizeof scap, "%d", STATE_WAITING_MAX);
@@ -520,10 +521,10 @@ void state_redis_left(struct state_redis *r, const char *secret, const char *id,
     char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX],
         sstamp[24];
     snprintf(sstamp, sizeof sstamp, "%llu", (unsigned long long)stamp);
-    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    rkey_name(khold, sizeof khold, r->cfg.prefix, &k, "o:", id);
-    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
+    rkey_name(khold, sizeof khold, r->vprefix, &k, "o:", id);
+    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_LEFT], "4", ktx, khold, kwait, kres, host->hex, id, sstamp};
     fire(r, ARGC(argv), argv);
 }
@@ -561,9 +562,9 @@ static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp,
     const struct state_redis_id k = *kp;
     char ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24],
         waits[PACE_MAX_STEPS * 12];
-    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
+    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
     snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_ms);
     if (sched != NULL) /* the others' next read, by the pace the reads made */
         waits_csv(sched, waits, sizeof waits);
@@ -658,8 +659,8 @@ void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, 
     struct state_redis_op *op = argv && lens && names && ages ? state_redis_op_new(r, OP_FIRE) : NULL;
     if (op != NULL) {
         char kb[STATE_REDIS_KEY_MAX], kg[STATE_REDIS_KEY_MAX];
-        rkey_name(kb, sizeof kb, r->cfg.prefix, rkey, "b", NULL);
-        rkey_name(kg, sizeof kg, r->cfg.prefix, rkey, "g", NULL);
+        rkey_name(kb, sizeof kb, r->vprefix, rkey, "b", NULL);
+        rkey_name(kg, sizeof kg, r->vprefix, rkey, "g", NULL);
         argv[0] = "EVALSHA";
         argv[1] = r->sha[SCRIPT_SEED];
         argv[2] = "2";
@@ -703,13 +704,13 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         cblock[24];
     char waits[PACE_MAX_STEPS * 12];
     const char *cl = o->has_client ? o->client.hex : "-";
-    rkey_name(ktx, sizeof ktx, r->cfg.prefix, &k, "t:", id);
-    rkey_name(kkey, sizeof kkey, r->cfg.prefix, &k, "k", NULL);
-    rkey_name(kcl, sizeof kcl, r->cfg.prefix, &k, "c:", cl);
-    rkey_name(kblk, sizeof kblk, r->cfg.prefix, &k, "x:", cl);
-    rkey_name(kfly, sizeof kfly, r->cfg.prefix, &k, "f:", cl);
-    rkey_name(kwait, sizeof kwait, r->cfg.prefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->cfg.prefix, &k, "r", NULL);
+    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
+    rkey_name(kkey, sizeof kkey, r->vprefix, &k, "k", NULL);
+    rkey_name(kcl, sizeof kcl, r->vprefix, &k, "c:", cl);
+    rkey_name(kblk, sizeof kblk, r->vprefix, &k, "x:", cl);
+    rkey_name(kfly, sizeof kfly, r->vprefix, &k, "f:", cl);
+    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
@@ -812,7 +813,7 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
     int rc = -1;
     redisReply *x = NULL;
     char db[16], ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24], waits[32],
-        channel[80];
+        channel[STATE_REDIS_VPREFIX_MAX + 8], vprefix[STATE_REDIS_VPREFIX_MAX];
     snprintf(db, sizeof db, "%d", cfg->db);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
@@ -842,12 +843,13 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    rkey_name(ktx, sizeof ktx, cfg->prefix, &k, "t:", id);
-    rkey_name(kwait, sizeof kwait, cfg->prefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, cfg->prefix, &k, "r", NULL);
+    state_redis_prefix(vprefix, sizeof vprefix, cfg->prefix, cfg->schema);
+    rkey_name(ktx, sizeof ktx, vprefix, &k, "t:", id);
+    rkey_name(kwait, sizeof kwait, vprefix, &k, "w", NULL);
+    rkey_name(kres, sizeof kres, vprefix, &k, "r", NULL);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    snprintf(channel, sizeof channel, "%swake", cfg->prefix);
+    snprintf(channel, sizeof channel, "%swake", vprefix);
     char *text = state_redis_script_text(SCRIPT_TELL);
     if (text == NULL) {
         snprintf(err, errlen, "out of memory");

@@ -14,9 +14,12 @@
 #include <hiredis/hiredis.h>
 
 #include "state_redis.h"
+#include "state_redis_name.h"
 
-/* the longest key: PREFIX{32 hex}t:ID or PREFIX{32 hex}x:32 hex */
-#define STATE_REDIS_KEY_MAX (CONFIG_REDIS_PREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32) + 1)
+/* the longest versioned prefix, PREFIXvN: (state_redis_name.h), with its NUL */
+#define STATE_REDIS_VPREFIX_MAX (CONFIG_REDIS_PREFIX_MAX + STATE_REDIS_SCHEMA_MAX + 1)
+/* the longest key: VPREFIX{32 hex}t:ID or VPREFIX{32 hex}x:32 hex */
+#define STATE_REDIS_KEY_MAX (STATE_REDIS_VPREFIX_MAX + 2 + 32 + 2 + (STATE_ID_MAX > 32 ? STATE_ID_MAX : 32))
 
 enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_HELD, SCRIPT_LEFT, SCRIPT_SEED, SCRIPT_N };
 
@@ -75,7 +78,8 @@ struct state_redis {
     uint8_t salt[16];         /* STATE_REDIS_NAME_LABEL: what the client names derive from */
     char sha[SCRIPT_N][41];
     char *text[SCRIPT_N];     /* each script after the rules' prelude (script_text) */
-    char channel[80];
+    char vprefix[STATE_REDIS_VPREFIX_MAX]; /* cfg.prefix and the schema: every key's and the channel's */
+    char channel[STATE_REDIS_VPREFIX_MAX + 8];
     struct state_redis_op *head, *tail; /* waiting operations, oldest first */
     struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer, ping_timer;
     struct writeback wb[STATE_REDIS_WRITEBACK_MAX];

@@ -391,7 +391,7 @@ def test_listen_tcp_and_user_drop(tmpdir):
     if args:
         uid = [l for l in open("/proc/%d/status" % k.pid) if l.startswith("Uid:")][0].split()[1:]
         assert_eq(set(uid), {str(pw.pw_uid)}, "all uids dropped to nobody")
-        assert_eq(os.stat(os.path.join(state, "kembali.state")).st_uid, pw.pw_uid)
+        assert_eq(os.stat(os.path.join(state, "kembali-v%d.state" % harness.state_layout())).st_uid, pw.pw_uid)
 
 
 def test_no_socket_is_a_clear_error(tmpdir):

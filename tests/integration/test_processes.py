@@ -199,9 +199,10 @@ def test_incompatible_state_file_is_replaced(tmpdir):
     cfg = lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
     k = harness.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
     state = os.path.join(tmpdir, "state")
-    with open(os.path.join(state, "kembali.state"), "wb") as f:
+    path = os.path.join(state, "kembali-v%d.state" % harness.state_layout())  # this layout's name, damaged
+    with open(path, "wb") as f:
         f.write(b"kembali state version 0\n" + b"\0" * 5000)
-    os.chmod(os.path.join(state, "kembali.state"), 0o600)
+    os.chmod(path, 0o600)
     k.start()  # returns when the socket listens, which comes before the state is opened
     assert_in("replacing it", k.wait_log(30, event="state", level="warn")["msg"])
     sb.put_tx("t1", "succeeded")

@@ -410,8 +410,9 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     sb.put_tx("s1", "succeeded")
     assert_eq(ks[0].get("id=s1").header("kembali-status"), "succeeded")
     names = [n.decode() if isinstance(n, bytes) else n for n in redis.keys("*")]
-    assert "kembali:{%s}t:s1" % k_a in names, names
-    assert all(n.startswith("kembali:{%s}" % k_a) for n in names), names
+    v = "kembali:v%d:" % harness.redis_schema()  # the schema version in every name
+    assert v + "{%s}t:s1" % k_a in names, names
+    assert all(n.startswith(v + "{%s}" % k_a) for n in names), names
     assert_eq([n for n in names if "salt" in n], [], "nothing in Redis names the keys")
     for n in names:
         assert redis.cmd("PTTL", n) > 0, "every key expires: %s" % n
@@ -419,7 +420,7 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     p = subprocess.run([harness.kembali_bin(), "--config", ks[1].config_path, "--notify", "toko-a", "s2",
                         "failed"], capture_output=True, text=True, timeout=20)
     assert_eq(p.returncode, 0, p.stderr)
-    assert redis.cmd("EXISTS", "kembali:{%s}t:s2" % k_a) == 1, "the notify's key under the same name"
+    assert redis.cmd("EXISTS", v + "{%s}t:s2" % k_a) == 1, "the notify's key under the same name"
     assert_eq(ks[0].get("id=s2").header("kembali-status"), "failed")
     # what split the key space before: the salt deleted, one host restarted
     redis.cmd("DEL", "kembali:salt")
@@ -434,7 +435,7 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
         return
     starts, _ = kit.check_one_pace(sb, ks, "t1")
     print("# two hosts, one restarted after the old salt key was deleted: read starts %r" % starts)
-    assert_eq(len(redis.keys("kembali:{%s}t:t1" % k_a)), 1)
+    assert_eq(len(redis.keys(v + "{%s}t:t1" % k_a)), 1)
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def serve(tmpdir, sb, name, config_path, instance=None):
               "the socket: the web server's group only")
     answer(path, sb, "pkg-%s" % (instance or name), "toko-a.example")
     # the state is the unit's StateDirectory, as the configuration says
-    state = os.path.join("/var/lib/kembali", instance or "", "kembali.state")
+    state = os.path.join("/var/lib/kembali", instance or "", "kembali-v%d.state" % harness.state_layout())
     assert_eq(pwd.getpwuid(os.stat(state).st_uid).pw_name, PKG, state)
     p = sh(["runuser", "-u", PKG, "--", "kembali", "--check-config", "--config", config_path], ok=False)
     proc.terminate()

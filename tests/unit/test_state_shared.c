@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <signal.h>
@@ -77,7 +78,9 @@ static void test_creates_0600_files(void **ctx)
 {
     (void)ctx;
     struct state *st = open_ok();
-    file_mode("kembali.state", 0600);
+    char name[64];
+    snprintf(name, sizeof name, "kembali-v%d.state", state_layout());
+    file_mode(name, 0600);
     file_mode("kembali.lock", 0600);
     state_free(st);
 }
@@ -250,7 +253,7 @@ static void test_refuses_file_with_loose_mode(void **ctx)
     char path[400], err[512] = "";
     struct state *st = open_ok();
     state_free(st);
-    snprintf(path, sizeof path, "%s/kembali.state", dir);
+    snprintf(path, sizeof path, "%s/kembali-v%d.state", dir, state_layout());
     assert_int_equal(chmod(path, 0644), 0);
     assert_null(state_open(dir, &OPTS, err, sizeof err));
     assert_non_null(strstr(err, "0600"));
@@ -260,7 +263,7 @@ static void test_replaces_incompatible_file(void **ctx)
 {
     (void)ctx;
     char path[400];
-    snprintf(path, sizeof path, "%s/kembali.state", dir);
+    snprintf(path, sizeof path, "%s/kembali-v%d.state", dir, state_layout());
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     assert_true(fd >= 0);
     char junk[4096];
@@ -273,6 +276,145 @@ static void test_replaces_incompatible_file(void **ctx)
     assert_int_equal(m.tx_slots, OPTS.tx_slots);
     assert_int_equal(m.tx_used, 0);
     state_free(st);
+}
+
+static bool dir_has(const char *name)
+{
+    char path[400];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &sb) == 0;
+}
+
+static struct state *open_layout(int layout)
+{
+    char err[512] = "";
+    struct state_opts o = OPTS;
+    o.layout = layout;
+    struct state *st = state_open(dir, &o, err, sizeof err);
+    if (st == NULL)
+        print_error("state_open: %s\n", err);
+    assert_non_null(st);
+    return st;
+}
+
+/* Versions side by side: a process of another layout still running keeps
+ * its file, its cache and its pace; the new one uses its own; once the
+ * old one has stopped, the next start removes the old file. */
+static void test_other_layout_in_use_is_kept(void **ctx)
+{
+    (void)ctx;
+    int mine = state_layout(), old = mine - 1;
+    char oldname[64], myname[64];
+    snprintf(oldname, sizeof oldname, "kembali-v%d.state", old);
+    snprintf(myname, sizeof myname, "kembali-v%d.state", mine);
+    struct pace_schedule s;
+    pace_default(&s);
+    struct state *a = open_layout(old);
+    struct state_key ka, kb;
+    state_key_id(a, "sk_test_secret", &ka);
+    struct state_ticket t;
+    struct state_fact f;
+    int64_t now = util_mono_ms();
+    assert_true(state_claim(a, &ka, "T1", &s, 120, TIMEOUT, now, &t, &f));
+    struct outcome oc = status_outcome(TXS_SUCCEEDED);
+    struct state_report rep;
+    state_finish(a, &t, "toko-a", &oc, now + 20, &rep);
+    assert_true(state_claim(a, &ka, "T2", &s, 120, TIMEOUT, now + 30, &t, &f)); /* a read in flight */
+
+    struct state *b = open_ok();
+    assert_true(dir_has(oldname));
+    assert_true(dir_has(myname));
+    state_key_id(b, "sk_test_secret", &kb);
+    state_lookup(b, &kb, "T1", &s, 120, now + 40, &f);
+    assert_false(f.final); /* its own file: not the old one's cache */
+    /* the old one's file untouched: its cache, its read in flight */
+    state_lookup(a, &ka, "T1", &s, 120, now + 40, &f);
+    assert_true(f.final);
+    assert_int_equal(f.status, TXS_SUCCEEDED);
+    assert_false(state_claim(a, &ka, "T2", &s, 120, TIMEOUT, now + 50, &t, &f));
+    assert_true(f.in_flight);
+    /* a second process of the old layout still joins the old file */
+    struct state *a2 = open_layout(old);
+    state_key_id(a2, "sk_test_secret", &ka);
+    state_lookup(a2, &ka, "T1", &s, 120, now + 60, &f);
+    assert_true(f.final);
+    state_free(a2);
+    state_free(b);
+    assert_true(dir_has(oldname));
+
+    state_free(a); /* the old layout's last process stops */
+    assert_true(dir_has(oldname));
+    b = open_ok();
+    assert_false(dir_has(oldname));
+    snprintf(oldname, sizeof oldname, "kembali-v%d.users", old);
+    assert_false(dir_has(oldname));
+    assert_true(dir_has(myname));
+    assert_true(dir_has("kembali.lock"));
+    state_free(b);
+}
+
+/* The releases before layouts were named: kembali.state, its users held
+ * by every process mapping it. */
+static void test_unnamed_layout_in_use_is_kept(void **ctx)
+{
+    (void)ctx;
+    char path[400];
+    snprintf(path, sizeof path, "%s/kembali.state", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    char junk[4096];
+    memset(junk, 0x5a, sizeof junk); /* what this build cannot read */
+    assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    close(fd);
+    snprintf(path, sizeof path, "%s/kembali.users", dir);
+    int users = open(path, O_RDWR | O_CREAT, 0600);
+    assert_true(users >= 0);
+    assert_int_equal(flock(users, LOCK_SH), 0); /* a live process of that release */
+
+    struct state *st = open_ok();
+    assert_true(dir_has("kembali.state"));
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/kembali.state", dir);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, (off_t)sizeof junk); /* not replaced, not changed */
+    fd = open(path, O_RDONLY);
+    char back[4096];
+    assert_int_equal(read(fd, back, sizeof back), (ssize_t)sizeof back);
+    close(fd);
+    assert_memory_equal(back, junk, sizeof junk);
+    state_free(st);
+
+    close(users); /* it stops */
+    st = open_ok();
+    assert_false(dir_has("kembali.state"));
+    assert_false(dir_has("kembali.users"));
+    state_free(st);
+}
+
+/* A file of another layout that no process uses goes at once; names
+ * that only look alike stay. */
+static void test_unused_other_layouts_removed(void **ctx)
+{
+    (void)ctx;
+    struct state *a = open_layout(state_layout() + 3);
+    state_free(a);
+    char path[400];
+    const char *keep[] = {"kembali-v.state", "kembali-v07.state", "kembali-vx.users", "notes.txt"};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, keep[i]);
+        int fd = open(path, O_WRONLY | O_CREAT, 0600);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    char gone[64];
+    snprintf(gone, sizeof gone, "kembali-v%d.state", state_layout() + 3);
+    assert_true(dir_has(gone));
+    struct state *b = open_ok();
+    assert_false(dir_has(gone));
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        assert_true(dir_has(keep[i]));
+    state_free(b);
 }
 
 static void test_existing_file_keeps_its_size(void **ctx)
@@ -565,7 +707,7 @@ static void copy_under_lock(struct state *st)
 {
     (void)st;
     char cmd[800];
-    snprintf(cmd, sizeof cmd, "cp -p '%s/kembali.state' '%s/kembali.state'", dir, copy_dir);
+    snprintf(cmd, sizeof cmd, "cp -p '%s/kembali-v%d.state' '%s/'", dir, state_layout(), copy_dir);
     if (system(cmd) != 0)
         _exit(3);
 }
@@ -931,6 +1073,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refuses_too_long_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_file_with_loose_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replaces_incompatible_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_layout_in_use_is_kept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unnamed_layout_in_use_is_kept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unused_other_layouts_removed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_file_keeps_its_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_table_grows_keeping_what_it_holds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_process_sees_the_grown_table, setup, teardown),

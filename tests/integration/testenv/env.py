@@ -27,6 +27,31 @@ def kembali_bin() -> str:
     return os.environ.get("KEMBALI_BIN") or os.path.join(top_builddir(), "src", "kembali")
 
 
+def kembali_testing_bin() -> str:
+    """kembali built with KEMBALI_TESTING (Makefile.am): it honours
+    KEMBALI_TEST_LAYOUT and KEMBALI_TEST_REDIS_SCHEMA, to run two versions
+    side by side from one build."""
+    return os.environ.get("KEMBALI_TESTING_BIN") or os.path.join(top_builddir(), "tests", "kembali-testing")
+
+
+def _define(header: str, name: str) -> int:
+    import re
+    with open(os.path.join(top_srcdir(), "src", header)) as f:
+        m = re.search(r"^#define %s (\d+)" % name, f.read(), re.M)
+    return int(m.group(1))
+
+
+def state_layout() -> int:
+    """This build's state layout version (ST_VERSION): the state file is
+    state_dir/kembali-vN.state."""
+    return _define("state_private.h", "ST_VERSION")
+
+
+def redis_schema() -> int:
+    """This build's Redis schema version: its keys are PREFIXvN:{K}..."""
+    return _define("state_redis_name.h", "STATE_REDIS_SCHEMA")
+
+
 def sandbox_bin() -> str:
     return os.environ.get("SANDBOX_BIN") or os.path.join(
         top_builddir(), "tests", "sandbox", "kasera-sandbox")
