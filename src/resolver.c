@@ -716,6 +716,19 @@ void resolver_poke(struct resolver *rs, const struct state_key *key, const char 
         step(rs, w);
 }
 
+void resolver_quiet(struct resolver *rs, bool on)
+{
+    rs->stopping = on;
+}
+
+size_t resolver_reading(const struct resolver *rs)
+{
+    size_t n = 0;
+    for (const struct rread *rd = rs->reads; rd != NULL; rd = rd->next)
+        n++;
+    return n;
+}
+
 size_t resolver_held(const struct resolver *rs)
 {
     return rs->held;
