@@ -32,6 +32,7 @@
 
 #include "app.h"
 #include "config.h"
+#include "fdstore.h"
 #include "front.h"
 #include "log.h"
 #include "loop.h"
@@ -456,6 +457,7 @@ static bool self_program(const char *argv0, char *out, size_t cap)
 struct signal_ctx {
     struct app *app;
     struct upgrade *up;
+    struct front *front;
     const char *config_path;
     const char *log_path;       /* --log, or NULL */
     struct serve *serve;
@@ -485,8 +487,24 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
                 log_msg("error", "upgrade", err);
         } else if (si.ssi_signo != SIGUSR1) {
             /* at once, before anything else of this turn: no read starts
-             * from here on, and every request in hand is answered */
+             * from here on, and every request in hand is answered, or,
+             * under systemd with its fd store, handed to the next process */
             sc->stop = true;
+            char err[256];
+            long n = si.ssi_signo == SIGTERM && fdstore_usable() ? fdstore_save(sc->front, sc->serve, err, sizeof err)
+                                                                  : 0;
+            if (n != 0) {
+                struct log_line ll;
+                log_begin(&ll, n > 0 ? "info" : "error", "stop");
+                if (n > 0)
+                    log_int(&ll, "stored", n);
+                log_str(&ll, "msg", n > 0 ? "the connections in hand went to systemd's file-descriptor store, "
+                                            "for the next process"
+                                          : "nothing could go to systemd's file-descriptor store; answering here");
+                if (n < 0)
+                    log_str(&ll, "errors", err);
+                log_end(&ll);
+            }
             serve_stop(sc->serve);
             loop_stop(l);
         }
@@ -582,6 +600,7 @@ int main(int argc, char **argv)
     struct front *front = NULL;
     struct loop_io sig_io;
     struct upgrade *up = NULL;
+    struct fdstore_got fsg = {.listen_fd = -1, .desc_fd = -1};
     bool cgi = false, handed = false;
 
     struct config *cfg = config_load(config_path, err, sizeof err);
@@ -596,10 +615,17 @@ int main(int argc, char **argv)
     }
     app.cfg = cfg; /* owned by app from here on */
     /* CGI: no socket of any kind, and a CGI server's environment */
-    cgi = !upgraded && listen_addr == NULL && getenv("LISTEN_FDS") == NULL && !is_listening_socket(0) &&
-          getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
+    /* systemd's sockets and its store (a restart's connections), if any */
+    if (!upgraded && fdstore_scan(&fsg) != 0) {
+        fprintf(stderr, "kembali: out of memory\n");
+        goto out;
+    }
+    cgi = !upgraded && listen_addr == NULL && fsg.listen_fd < 0 && getenv("LISTEN_FDS") == NULL &&
+          !is_listening_socket(0) && getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
     if (upgraded) {
         app.listen_fd = upe.listen_fd; /* the old process's socket: never made again */
+    } else if (listen_addr == NULL && fsg.listen_fd >= 0) {
+        app.listen_fd = fsg.listen_fd;
     } else if (!cgi) {
         app.listen_fd = open_listener(listen_addr, &perm, err, sizeof err);
         if (app.listen_fd < 0) {
@@ -666,7 +692,7 @@ int main(int argc, char **argv)
     if (!cgi && have_prog)
         up = upgrade_new(loop, front, serve, prog, argv, app.listen_fd);
     struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd,
-                            .serve = serve, .up = up};
+                            .serve = serve, .up = up, .front = front};
     loop_io_init(&sig_io, sfd, on_signal, &sc);
     sig_io.first = true;
     if (loop_io_set(loop, &sig_io, EPOLLIN) != 0) {
@@ -693,6 +719,10 @@ int main(int argc, char **argv)
         log_end(&l);
     }
     log_config_notes(cfg, "start");
+    if (fsg.desc_fd >= 0 || fsg.nconns > 0)
+        fdstore_take(&fsg, front, serve); /* a restart's requests in hand, from systemd's store */
+    if (!upgraded && !cgi)
+        fdstore_notify("READY=1"); /* a successor of SIGUSR2 is made the main process by the old one */
     for (;;) {
         if (sc.stop || (cgi && front_done(front)))
             break;
@@ -720,8 +750,8 @@ out:
     if (upgraded && upe.chan >= 0)
         close(upe.chan); /* never got as far as saying ready: the old one keeps serving */
     if (front != NULL) {
-        serve_handing(serve, false); /* requests kept for a successor are answered here */
-        serve_stop(serve); /* every held request answered; no read starts from here on */
+        serve_stop(serve);
+        serve_handing(serve, false); /* requests kept for a successor are answered here (stopping: at once) */ /* every held request answered; no read starts from here on */
         front_stop_accepting(front); /* requests already arrived are answered at once */
         /* let the answers go out, but no peer may keep us from exiting */
         int64_t until = util_mono_ms() + STOP_FLUSH_MS;

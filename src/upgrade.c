@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdstore.h"
 #include "log.h"
 #include "util.h"
 
@@ -319,6 +320,9 @@ static void handover_begin(struct upgrade *u)
     }
     u->handed = n;
     u->st = UP_DRAINING;
+    char mainpid[48];
+    snprintf(mainpid, sizeof mainpid, "MAINPID=%ld", (long)u->child);
+    fdstore_notify(mainpid); /* under systemd: the new process is the service's main one now */
     struct log_line l;
     log_begin(&l, "info", "upgrade");
     log_int(&l, "new_pid", u->child);
