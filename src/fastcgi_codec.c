@@ -621,6 +621,13 @@ void fcgi_request_taken(struct fcgi_parser *p)
     p->taken = true;
 }
 
+void fcgi_parser_resume(struct fcgi_parser *p, uint16_t id, bool keep_conn)
+{
+    p->live = id;
+    p->keep_conn = keep_conn;
+    p->params_done = p->stdin_done = p->taken = true;
+}
+
 void fcgi_request_done(struct fcgi_parser *p)
 {
     free_request_buffers(p);

@@ -176,6 +176,13 @@ bool fcgi_parser_mid_record(const struct fcgi_parser *p);
  * FCGI_CANT_MPX_CONN. This function can't fail. */
 void fcgi_request_taken(struct fcgi_parser *p);
 
+/* Make an idle parser (fresh from fcgi_parser_init, between records) hold
+ * request `id` as a whole request already taken, with FCGI_KEEP_CONN as
+ * `keep_conn`: what another process's parser held for a connection it
+ * handed over (handover.h). From here on it is as after
+ * fcgi_request_taken(). This function can't fail. */
+void fcgi_parser_resume(struct fcgi_parser *p, uint16_t id, bool keep_conn);
+
 /* The live request was answered (or aborted): free what it held and accept
  * a new BEGIN_REQUEST (kept connections). Later records for its id are
  * ignored. Does nothing when no request is live. This function can't fail. */

@@ -65,6 +65,7 @@ struct front_conn {
     bool eof;                 /* the peer will send nothing more */
     bool close_after_write;
     bool dead;                /* to be freed by the outermost caller */
+    bool frozen;              /* handed over, not yet committed: not read, written or timed */
     bool in_part;             /* front_reply_part at work: a close now is that part's
                                * failure, told by its return value, not by on_gone */
     int busy;                 /* nesting of functions working on it */
@@ -735,6 +736,172 @@ int front_reply(struct front *f, struct front_req *r, const void *resp, size_t l
         conn_after_output(c);
     conn_release(c);
     return rc;
+}
+
+void front_pause_accepting(struct front *f)
+{
+    f->stopping = true;
+    if (f->listen_fd >= 0)
+        loop_io_set(f->loop, &f->listen_io, 0);
+    loop_timer_stop(f->loop, &f->emfile_timer);
+}
+
+void front_resume_accepting(struct front *f)
+{
+    f->stopping = false;
+    if (f->listen_fd >= 0)
+        loop_io_set(f->loop, &f->listen_io, EPOLLIN);
+}
+
+/* Can c go to the successor now, and as what? 0: not now. */
+static int conn_handable(const struct front_conn *c)
+{
+    if (c->dead || c->frozen || c->eof || c->close_after_write || c->busy > 0 || fcgi_parser_mid_record(&c->p) ||
+        c->out_len - c->out_off > FRONT_HANDOVER_OUT_MAX)
+        return 0;
+    if (c->req.live)
+        return c->req.user != NULL ? HANDOVER_HELD : 0;
+    return fcgi_request_id(&c->p) == 0 ? HANDOVER_IDLE : 0; /* else a request is still arriving */
+}
+
+/* Freeze or thaw c: off the epoll set and its timer, or back on them. */
+static void conn_freeze(struct front_conn *c, bool frozen)
+{
+    c->frozen = frozen;
+    if (frozen) {
+        loop_io_set(c->f->loop, &c->io, 0);
+        loop_timer_stop(c->f->loop, &c->timer);
+    } else {
+        c->busy++;
+        conn_after_output(c);
+        conn_release(c);
+    }
+}
+
+long front_handover(struct front *f, front_emit_fn *emit, void *ctx)
+{
+    long n = 0;
+    bool failed = false;
+    for (struct front_conn *c = f->conns; c && !failed; c = c->next) {
+        int kind = conn_handable(c);
+        if (kind == 0)
+            continue;
+        struct handover_rec rec = {.kind = (uint8_t)kind, .idle_since = c->idle_since, .arrived = c->req_since,
+                                   .out_since = c->out_off < c->out_len ? c->out_since : 0,
+                                   .out = c->out_off < c->out_len ? c->out + c->out_off : NULL,
+                                   .out_len = c->out_len - c->out_off};
+        if (kind == HANDOVER_HELD) {
+            rec.fcgi_id = fcgi_request_id(&c->p);
+            rec.keep_conn = fcgi_keep_conn(&c->p);
+            if (f->h.save == NULL || f->h.save(f->h.ctx, &c->req, c->req.user, &rec) != 0)
+                continue; /* stays here: answered here */
+        }
+        conn_freeze(c, true);
+        if (emit(ctx, c->io.fd, &rec) != 0)
+            failed = true;
+        n++;
+    }
+    if (failed) {
+        front_handover_rollback(f);
+        return -1;
+    }
+    return n;
+}
+
+void front_handover_commit(struct front *f)
+{
+    for (struct front_conn *c = f->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (!c->frozen)
+            continue;
+        if (c->req.live) {
+            c->req.live = false;
+            if (f->h.release != NULL)
+                f->h.release(f->h.ctx, &c->req, c->req.user);
+        }
+        /* conn_free without the shutdown: the successor has the socket */
+        close(c->io.fd);
+        c->io.fd = -1;
+        fcgi_parser_free(&c->p);
+        free(c->out);
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            f->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        f->nconns--;
+        free(c);
+    }
+}
+
+void front_handover_rollback(struct front *f)
+{
+    for (struct front_conn *c = f->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (!c->frozen)
+            continue;
+        if (c->req.live && f->h.restore != NULL)
+            f->h.restore(f->h.ctx, &c->req, c->req.user); /* may answer it at once */
+        if (!c->dead)
+            conn_freeze(c, false);
+    }
+}
+
+int front_adopt(struct front *f, int fd, const struct handover_rec *rec, struct front_req **held, char *err,
+                size_t errlen)
+{
+    *held = NULL;
+    struct front_conn *c = calloc(1, sizeof *c);
+    uint8_t *out = rec->out_len > 0 ? malloc(rec->out_len) : NULL;
+    if (c == NULL || (rec->out_len > 0 && out == NULL)) {
+        snprintf(err, errlen, "out of memory");
+        free(c);
+        free(out);
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && !(fl & O_NONBLOCK))
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    int64_t now = loop_now(f->loop);
+    c->f = f;
+    c->req.c = c;
+    c->req.f = f;
+    fcgi_parser_init(&c->p);
+    loop_io_init(&c->io, fd, on_conn_event, c);
+    loop_timer_init(&c->timer, on_conn_timer, c);
+    if (out != NULL) {
+        memcpy(out, rec->out, rec->out_len);
+        c->out = out;
+        c->out_len = rec->out_len;
+        c->out_since = rec->out_since != 0 ? rec->out_since : now;
+    }
+    if (rec->kind == HANDOVER_HELD) {
+        fcgi_parser_resume(&c->p, rec->fcgi_id, rec->keep_conn);
+        c->req.live = true;
+    } else if (rec->idle_since != 0) {
+        c->idle_since = rec->idle_since;
+    } else {
+        c->req_since = rec->arrived != 0 ? rec->arrived : now; /* its first request has not come yet */
+    }
+    c->next = f->conns;
+    if (f->conns)
+        f->conns->prev = c;
+    f->conns = c;
+    f->nconns++;
+    c->busy++;
+    conn_after_output(c); /* on the epoll set, its timer armed; a failure closes it */
+    bool dead = c->dead;
+    if (!dead && c->req.live)
+        *held = &c->req;
+    conn_release(c);
+    if (dead) {
+        snprintf(err, errlen, "cannot watch the connection (epoll or timer)");
+        return -1;
+    }
+    return 0;
 }
 
 void front_stop_accepting(struct front *f)

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "handover.h"
 #include "loop.h"
 
 #define FRONT_REQUEST_MS 5000
@@ -32,6 +33,9 @@
 /* The longest answer front_reply() takes (CGI headers and body, before the
  * FastCGI framing): a handler builds its answers within it. */
 #define FRONT_REPLY_MAX (1024 * 1024)
+/* A connection goes to a successor with at most this many bytes still to
+ * write (front_handover); one with more finishes writing here. */
+#define FRONT_HANDOVER_OUT_MAX (64 * 1024)
 
 struct front;
 struct front_req;
@@ -44,6 +48,15 @@ struct front_handler {
     /* A kept request's client went away (connection closed or reset,
      * FCGI_ABORT_REQUEST): forget it; r is gone when this returns. */
     void (*on_gone)(void *ctx, struct front_req *r, void *user);
+    /* Handing over (front_handover): fill rec's request part for r, kept
+     * with `user`, and stop working on it (no answer, no timer) until
+     * release or restore; -1 when it cannot go (it stays the handler's,
+     * live). NULL: no request can be handed over. */
+    int (*save)(void *ctx, struct front_req *r, void *user, struct handover_rec *rec);
+    /* The handover failed: r is the handler's again, as before save. */
+    void (*restore)(void *ctx, struct front_req *r, void *user);
+    /* The handover succeeded: forget r (the successor answers it). */
+    void (*release)(void *ctx, struct front_req *r, void *user);
     void *ctx;
 };
 
@@ -98,6 +111,44 @@ void front_stop_accepting(struct front *f);
 /* True when nothing is left to write and no request is in hand (after
  * front_stop_accepting: time to exit), or in CGI mode once answered. */
 bool front_done(const struct front *f);
+
+/* Stop accepting new connections (the successor accepts on the same
+ * socket), leaving every connection as it is. Can't fail. */
+void front_pause_accepting(struct front *f);
+
+/* Accept again after front_pause_accepting (the successor failed). Can't
+ * fail. */
+void front_resume_accepting(struct front *f);
+
+/* Called for each connection handed over: its descriptor and its record.
+ * Returns 0 when it was sent, -1 when not (the handover fails). */
+typedef int front_emit_fn(void *ctx, int fd, const struct handover_rec *rec);
+
+/* Hand over every connection that can go now: a kept connection between
+ * requests, and one whose request the handler keeps (save) that is not in
+ * the middle of a record; not one whose request is still arriving, whose
+ * peer has closed, or that is to be closed once written. Each is frozen
+ * (no read, no write, no timer) and passed to emit. Returns how many went,
+ * or -1 when emit failed (every connection frozen by this call is thawed
+ * and its request restored). Then front_handover_commit() or _rollback(). */
+long front_handover(struct front *f, front_emit_fn *emit, void *ctx);
+
+/* The frozen connections are the successor's: close our descriptors
+ * (without a shutdown: the socket stays open in the successor) and release
+ * their requests. Can't fail. */
+void front_handover_commit(struct front *f);
+
+/* The successor did not take them: thaw every frozen connection and
+ * restore its request. Can't fail. */
+void front_handover_rollback(struct front *f);
+
+/* Take over connection fd (non-blocking, as handed over) described by rec:
+ * a kept connection between requests, or one with a held request, which
+ * *held then points to (hand it to the handler with front_req_set_user,
+ * or answer it); *held is NULL otherwise. Returns 0, or -1 with a reason
+ * in err (fd is then closed). */
+int front_adopt(struct front *f, int fd, const struct handover_rec *rec, struct front_req **held, char *err,
+                size_t errlen);
 
 /* Open connections right now, and accepted since the start (metrics). */
 size_t front_connections(const struct front *f);

@@ -5,7 +5,7 @@
  * (loop.c) with the front (front.c), the request handler (serve.c) and the
  * resolver on it. Signals are blocked and read from a signalfd on the same
  * loop, so no handler ever runs inside library code: SIGHUP reloads,
- * SIGTERM/SIGINT stop. Started with no FastCGI socket but a CGI
+ * SIGTERM/SIGINT stop, SIGUSR2 upgrades in place (upgrade.h). Started with no FastCGI socket but a CGI
  * environment, it answers that one request and exits. */
 #define NO_FCGI_DEFINES 1
 #include <arpa/inet.h>
@@ -13,6 +13,7 @@
 #include <fcgiapp.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
@@ -31,6 +32,7 @@
 
 #include "app.h"
 #include "config.h"
+#include "fdstore.h"
 #include "front.h"
 #include "hostreg.h"
 #include "log.h"
@@ -40,6 +42,7 @@
 #include "state.h"
 #include "state_redis.h"
 #include "state_redis_check.h"
+#include "upgrade.h"
 #include "util.h"
 
 #ifndef KEMBALI_CONFIG_DEFAULT
@@ -106,7 +109,9 @@ static void usage(FILE *f)
             "Signals: SIGTERM answers the requests in hand and exits 0; SIGHUP reloads\n"
             "the configuration (a broken one is refused and the old one kept; a bad\n"
             "file in shops_dir is skipped, keeping that shop's previous version) and\n"
-            "reopens the --log file; SIGUSR1 reopens the --log file.\n"
+            "reopens the --log file; SIGUSR1 reopens the --log file; SIGUSR2 starts the\n"
+            "program file again and hands it the requests in hand (an upgrade in place;\n"
+            "if the new process refuses to start, this one logs why and keeps serving).\n"
             "Logs: one key=value line per event on standard error (or --log FILE).\n"
             "FCGI_WEB_SERVER_ADDRS: on TCP, the only peers accepted (comma-separated).\n");
 }
@@ -485,8 +490,35 @@ static void registry_commit(struct app *a, const char *path)
     }
 }
 
+/* The program file to start again on SIGUSR2: the path it was started as
+ * (not /proc/self/exe, which after a package upgrade is the old, deleted
+ * file), made absolute now, while the working folder is the one it was
+ * started in. False when it cannot be found. */
+static bool self_program(const char *argv0, char *out, size_t cap)
+{
+    if (argv0 == NULL || *argv0 == '\0')
+        return false;
+    if (strchr(argv0, '/') != NULL) {
+        if (argv0[0] == '/')
+            return snprintf(out, cap, "%s", argv0) < (int)cap;
+        char cwd[PATH_MAX];
+        return getcwd(cwd, sizeof cwd) != NULL && snprintf(out, cap, "%s/%s", cwd, argv0) < (int)cap;
+    }
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && snprintf(out, cap, "%.*s/%s", (int)n, p, argv0) < (int)cap && access(out, X_OK) == 0 &&
+            out[0] == '/')
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
+
 struct signal_ctx {
     struct app *app;
+    struct upgrade *up;
+    struct front *front;
     const char *config_path;
     const char *log_path;       /* --log, or NULL */
     struct serve *serve;
@@ -495,7 +527,8 @@ struct signal_ctx {
 };
 
 /* The signalfd: SIGHUP reopens the log and reloads, SIGUSR1 reopens the
- * log (logrotate), SIGTERM and SIGINT stop the loop. */
+ * log (logrotate), SIGUSR2 starts an upgrade, SIGTERM and SIGINT stop the
+ * loop. */
 static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct signal_ctx *sc = io->data;
@@ -506,10 +539,33 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
             log_reopen(sc->log_path); /* a no-op without --log */
         if (si.ssi_signo == SIGHUP) {
             reload(sc->app, sc->config_path);
+        } else if (si.ssi_signo == SIGUSR2) {
+            char err[512];
+            if (sc->up == NULL)
+                log_msg("error", "upgrade", "SIGUSR2: the program file kembali was started as is not known; "
+                                            "no upgrade");
+            else if (upgrade_start(sc->up, err, sizeof err) != 0)
+                log_msg("error", "upgrade", err);
         } else if (si.ssi_signo != SIGUSR1) {
             /* at once, before anything else of this turn: no read starts
-             * from here on, and every request in hand is answered */
+             * from here on, and every request in hand is answered, or,
+             * under systemd with its fd store, handed to the next process */
             sc->stop = true;
+            char err[256];
+            long n = si.ssi_signo == SIGTERM && fdstore_usable() ? fdstore_save(sc->front, sc->serve, err, sizeof err)
+                                                                  : 0;
+            if (n != 0) {
+                struct log_line ll;
+                log_begin(&ll, n > 0 ? "info" : "error", "stop");
+                if (n > 0)
+                    log_int(&ll, "stored", n);
+                log_str(&ll, "msg", n > 0 ? "the connections in hand went to systemd's file-descriptor store, "
+                                            "for the next process"
+                                          : "nothing could go to systemd's file-descriptor store; answering here");
+                if (n < 0)
+                    log_str(&ll, "errors", err);
+                log_end(&ll);
+            }
             serve_stop(sc->serve);
             loop_stop(l);
         }
@@ -576,6 +632,11 @@ int main(int argc, char **argv)
     }
     if (config_path == NULL || *config_path == '\0')
         config_path = KEMBALI_CONFIG_DEFAULT;
+    /* started by an older process's SIGUSR2 (upgrade.h): its socket, its requests */
+    struct upgrade_env upe = {.chan = -1, .listen_fd = -1};
+    bool upgraded = !check_only && !notify && upgrade_env_take(&upe);
+    char prog[PATH_MAX];
+    bool have_prog = self_program(argv[0], prog, sizeof prog);
     struct unix_perm perm = {.mode = SOCKET_MODE_DEFAULT, .gid = (gid_t)-1};
     if ((socket_mode != NULL || socket_group != NULL) && (listen_addr == NULL || listen_addr[0] != '/')) {
         fprintf(stderr, "kembali: %s applies only to the Unix socket --listen makes (--listen /PATH); "
@@ -602,6 +663,8 @@ int main(int argc, char **argv)
     char err[ERRBUF];
     if (log_path != NULL && log_open(log_path, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);
+        if (upgraded)
+            upgrade_refuse(upe.chan, err);
         return 1;
     }
     struct app app;
@@ -613,7 +676,9 @@ int main(int argc, char **argv)
     struct serve *serve = NULL;
     struct front *front = NULL;
     struct loop_io sig_io;
-    bool cgi = false;
+    struct upgrade *up = NULL;
+    struct fdstore_got fsg = {.listen_fd = -1, .desc_fd = -1};
+    bool cgi = false, handed = false;
 
     /* the host registry belongs to the serving user: root only reads it */
     bool as_root = geteuid() == 0 && user != NULL;
@@ -621,20 +686,34 @@ int main(int argc, char **argv)
                                              err, sizeof err);
     if (cfg == NULL) {
         fprintf(stderr, "kembali: the configuration is not usable:\n%s", err);
+        if (upgraded) {
+            char why[ERRBUF + 64];
+            snprintf(why, sizeof why, "the configuration is not usable: %s", err);
+            upgrade_refuse(upe.chan, why);
+        }
         goto out;
     }
     app.cfg = cfg; /* owned by app from here on */
     /* CGI: no socket of any kind, and a CGI server's environment */
-    cgi = listen_addr == NULL && getenv("LISTEN_FDS") == NULL && !is_listening_socket(0) &&
-          getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
-    if (!cgi) {
+    /* systemd's sockets and its store (a restart's connections), if any */
+    if (!upgraded && fdstore_scan(&fsg) != 0) {
+        fprintf(stderr, "kembali: out of memory\n");
+        goto out;
+    }
+    cgi = !upgraded && listen_addr == NULL && fsg.listen_fd < 0 && getenv("LISTEN_FDS") == NULL &&
+          !is_listening_socket(0) && getenv("GATEWAY_INTERFACE") != NULL && FCGX_IsCGI();
+    if (upgraded) {
+        app.listen_fd = upe.listen_fd; /* the old process's socket: never made again */
+    } else if (listen_addr == NULL && fsg.listen_fd >= 0) {
+        app.listen_fd = fsg.listen_fd;
+    } else if (!cgi) {
         app.listen_fd = open_listener(listen_addr, &perm, err, sizeof err);
         if (app.listen_fd < 0) {
             fprintf(stderr, "kembali: %s\n", err);
             goto out;
         }
     }
-    if (user != NULL && drop_privileges(user, err, sizeof err) != 0) {
+    if (user != NULL && !(upgraded && geteuid() != 0) && drop_privileges(user, err, sizeof err) != 0) {
         fprintf(stderr, "kembali: %s\n", err);
         goto out;
     }
@@ -649,6 +728,8 @@ int main(int argc, char **argv)
     app.state = state_open(cfg->state_dir, &so, err, sizeof err);
     if (app.state == NULL) {
         fprintf(stderr, "kembali: %s\n", err);
+        if (upgraded)
+            upgrade_refuse(upe.chan, err);
         goto out;
     }
     config_bind_state(cfg, app.state);
@@ -666,6 +747,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
     sigaddset(&sigs, SIGUSR1);
+    sigaddset(&sigs, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -677,6 +759,8 @@ int main(int argc, char **argv)
     loop = loop_new(err, sizeof err);
     if (loop == NULL || (serve = serve_new(&app, loop, err, sizeof err)) == NULL) {
         fprintf(stderr, "kembali: %s\n", err);
+        if (upgraded)
+            upgrade_refuse(upe.chan, err);
         goto out;
     }
     /* A CGI process has one request and no time to join Redis after it:
@@ -693,8 +777,10 @@ int main(int argc, char **argv)
         goto out;
     }
     serve_attach(serve, front);
+    if (!cgi && have_prog)
+        up = upgrade_new(loop, front, serve, prog, argv, app.listen_fd);
     struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd,
-                            .serve = serve};
+                            .serve = serve, .up = up, .front = front};
     loop_io_init(&sig_io, sfd, on_signal, &sc);
     sig_io.first = true;
     if (loop_io_set(loop, &sig_io, EPOLLIN) != 0) {
@@ -702,27 +788,58 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    if (upgraded) {
+        /* accepting from the next turn on: the old process stops once told */
+        if (up == NULL || upgrade_successor(up, &upe, err, sizeof err) != 0)
+            log_msg("warn", "upgrade", up == NULL ? "out of memory" : err);
+        upe.chan = -1; /* the upgrade's now */
+    }
     if (!cgi) {
         struct log_line l;
         log_begin(&l, "info", "start");
         log_str(&l, "version", PACKAGE_VERSION);
         log_int(&l, "pid", getpid());
         log_int(&l, "shops", cfg->nshops);
-        log_str(&l, "listen", listen_addr ? listen_addr : "inherited");
+        log_str(&l, "listen", listen_addr && !upgraded ? listen_addr : "inherited");
         log_str(&l, "api_base", cfg->api_base);
+        if (upgraded)
+            log_int(&l, "upgraded_from", upe.from);
         log_end(&l);
     }
     log_config_notes(cfg, "start");
-    while (!sc.stop && !(cgi && front_done(front)))
-        if (loop_turn(loop, -1) != 0)
+    if (fsg.desc_fd >= 0 || fsg.nconns > 0)
+        fdstore_take(&fsg, front, serve); /* a restart's requests in hand, from systemd's store */
+    if (!upgraded && !cgi)
+        fdstore_notify("READY=1"); /* a successor of SIGUSR2 is made the main process by the old one */
+    for (;;) {
+        if (sc.stop || (cgi && front_done(front)))
+            break;
+        if (upgrade_tick(up)) {
+            handed = true;
+            break;
+        }
+        /* while handing over, look every 50 ms at what is left */
+        if (loop_turn(loop, upgrade_successor_pid(up) != 0 ? 50 : -1) != 0)
             goto out;
-    if (!cgi)
+    }
+    if (handed) {
+        struct log_line l;
+        log_begin(&l, "info", "stop");
+        log_str(&l, "msg", "stopping: the new process serves");
+        log_int(&l, "upgraded_to", upgrade_successor_pid(up));
+        log_end(&l);
+    } else if (!cgi) {
         log_msg("info", "stop", "stopping: answering the requests in hand");
+    }
     rc = 0;
 out:
     /* in reverse order of what was set up; each step copes with "not done" */
+    upgrade_free(up); /* a new process still starting is killed */
+    if (upgraded && upe.chan >= 0)
+        close(upe.chan); /* never got as far as saying ready: the old one keeps serving */
     if (front != NULL) {
-        serve_stop(serve); /* every held request answered; no read starts from here on */
+        serve_stop(serve);
+        serve_handing(serve, false); /* requests kept for a successor are answered here (stopping: at once) */ /* every held request answered; no read starts from here on */
         front_stop_accepting(front); /* requests already arrived are answered at once */
         /* let the answers go out, but no peer may keep us from exiting */
         int64_t until = util_mono_ms() + STOP_FLUSH_MS;

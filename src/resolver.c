@@ -58,6 +58,7 @@ struct resolver {
     resolver_answer_fn *answer;
     void *ctx;
     bool stopping;
+    bool quiet;                       /* resolver_quiet: no read starts */
     size_t held;
     struct watchset ws;               /* the watches, found by what changed */
     uint64_t cursor;                  /* the state's change log read up to here (state_changes) */
@@ -424,7 +425,7 @@ static void step(struct resolver *rs, struct resolver_watch *w)
             coord_plan(rs->app->state, rs->redis);
             hold_step(rs->app->state, &w->node.key, w->node.id, &lead->cfg->sched,
                       state_redis_budget(rs->redis, lead->shop->read_budget),
-                      lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping, rs->hw, n,
+                      lead->cfg->read_timeout_ms, &lead->client, w->reading != NULL, rs->stopping || rs->quiet, rs->hw, n,
                       util_mono_ms(), rs->ans, &t, &res);
             f = &res.fact;
             i = 0;
@@ -675,7 +676,7 @@ void resolver_hold(struct resolver *rs, struct resolver_waiter *r)
     /* an HTML request waits through the schedule: the budget's plan counts
      * it, and reserves its transaction's last-chance read */
     r->registered = false;
-    if (!r->h.json && !rs->stopping) {
+    if (!r->h.json && !rs->stopping && !rs->quiet) {
         struct held_ask *ha = calloc(1, sizeof *ha);
         bool asked = false;
         if (ha != NULL) {
@@ -715,6 +716,19 @@ void resolver_poke(struct resolver *rs, const struct state_key *key, const char 
     struct resolver_watch *w = watch_find(rs, key, id);
     if (w != NULL && w->waiters != NULL)
         step(rs, w);
+}
+
+void resolver_quiet(struct resolver *rs, bool on)
+{
+    rs->quiet = on;
+}
+
+size_t resolver_reading(const struct resolver *rs)
+{
+    size_t n = 0;
+    for (const struct rread *rd = rs->reads; rd != NULL; rd = rd->next)
+        n++;
+    return n;
 }
 
 size_t resolver_held(const struct resolver *rs)

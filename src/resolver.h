@@ -77,6 +77,16 @@ void resolver_drop(struct resolver *rs, struct resolver_waiter *w);
  * answer). Requests held after this are answered at once. */
 void resolver_stop(struct resolver *rs);
 
+/* Quiet (on): start no more reads, as when stopping, but leave the reads
+ * in flight to end and be recorded (a successor waits for them through
+ * the state); requests still held are answered with what is known at
+ * their next look. Off again: as before (a handover that failed). Can't
+ * fail. */
+void resolver_quiet(struct resolver *rs, bool on);
+
+/* Reads of this process in flight right now (claimed or under way). */
+size_t resolver_reading(const struct resolver *rs);
+
 /* Requests held right now. */
 size_t resolver_held(const struct resolver *rs);
 

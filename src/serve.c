@@ -43,6 +43,7 @@ struct serve_shop {
  * headers every answer carries (under 1 KB). */
 #define SERVE_PAGE_EXPECT 4096
 #define SERVE_HEADERS_EXPECT 1024
+#define SERVE_ADDR_MAX 64        /* REMOTE_ADDR kept for a handover (an IPv6 address is at most 45) */
 
 struct serve_notify;
 
@@ -54,6 +55,8 @@ struct serve {
     struct serve_shop *shops[SERVE_SHOP_BUCKETS];
     struct serve_notify *telling; /* admin POSTs waiting for Redis's word */
     int64_t auth_logged_at;       /* the last auth_allowance_spent line (0: none) */
+    bool handing;                 /* handing over to a successor: hold nothing here (serve_handing) */
+    struct serve_req *parked;     /* requests kept aside meanwhile */
 };
 
 /* One request, from its arrival to its answer. Held requests live on the
@@ -69,6 +72,7 @@ struct serve_req {
     const char *origin;         /* an allowed CORS origin (in cfg), or NULL */
     int64_t arrived;
     bool held;
+    char addr[SERVE_ADDR_MAX];  /* REMOTE_ADDR, for a successor (handover.h) */
     struct state_client client; /* REMOTE_ADDR's identity */
     struct state_redis_id rclient; /* the same in Redis (has_rclient) */
     bool has_rclient;
@@ -80,6 +84,9 @@ struct serve_req {
     bool undecided;             /* its transaction is known undecided */
     struct stream_clock sc;     /* sc.painted != 0: the top went out, the result ends the answer */
     struct loop_timer st;       /* its next part */
+    bool parked;                /* kept while handing over, never given to the resolver */
+    struct serve_req *pprev, *pnext; /* the parked ones (serve's list) */
+    bool frozen;                /* saved for a successor: neither held nor answered here */
 };
 
 /* An admin POST ?format=notify waiting for Redis's word on its status. */
@@ -462,10 +469,13 @@ static bool respond_notify(struct serve_req *r, const char *query, const char *s
     return false;
 }
 
+static void unpark(struct serve_req *r);
+
 /* A held request's end: its shop's count, its configuration reference and
  * its memory. */
 static void held_free(struct serve_req *r)
 {
+    unpark(r);
     loop_timer_stop(r->s->loop, &r->st);
     if (r->counted != NULL)
         r->counted->held--;
@@ -684,6 +694,45 @@ static void answer_now(struct serve_req *r, long retry_after)
     config_unref(r->cfg);
 }
 
+/* Give r to the resolver (its streamed page's timer armed first: the
+ * resolver may answer, and free, r at once). */
+static void hold_go(struct serve_req *r)
+{
+    /* armed before the resolver may answer (and free r): when the top is
+     * due (first_paint_ms 0: at once, whatever the first read says) */
+    if (r->stream)
+        loop_timer_at(r->s->loop, &r->st, stream_due(&r->sc, r->undecided, r->cfg->first_paint_ms));
+    r->rw.note = r->stream ? on_note : NULL;
+    resolver_hold(r->s->rs, &r->rw);
+}
+
+/* Keep r aside while handing over (serve_handing). */
+static void park(struct serve_req *r)
+{
+    struct serve *s = r->s;
+    r->parked = true;
+    r->pprev = NULL;
+    r->pnext = s->parked;
+    if (s->parked)
+        s->parked->pprev = r;
+    s->parked = r;
+}
+
+/* r is no longer parked (held, handed over or gone). */
+static void unpark(struct serve_req *r)
+{
+    if (!r->parked)
+        return;
+    if (r->pprev)
+        r->pprev->pnext = r->pnext;
+    else
+        r->s->parked = r->pnext;
+    if (r->pnext)
+        r->pnext->pprev = r->pprev;
+    r->pprev = r->pnext = NULL;
+    r->parked = false;
+}
+
 /* Hold r: copy it to the heap and give it to the resolver. */
 static void hold(struct serve_req *tmp)
 {
@@ -714,15 +763,13 @@ static void hold(struct serve_req *tmp)
               .json = r->json},
     };
     loop_timer_init(&r->st, on_stream_timer, r);
-    if (r->stream) {
+    if (r->stream)
         r->sc = (struct stream_clock){.arrived = r->arrived};
-        r->rw.note = on_note;
-        /* armed before the resolver may answer (and free r): when the top
-         * is due (first_paint_ms 0: at once, whatever the first read says) */
-        loop_timer_at(r->s->loop, &r->st, stream_due(&r->sc, r->undecided, r->cfg->first_paint_ms));
-    }
     front_req_set_user(r->fr, r);
-    resolver_hold(r->s->rs, &r->rw); /* may answer at once */
+    if (r->s->handing) /* the successor holds it: it goes with the next batch */
+        park(r);
+    else
+        hold_go(r); /* may answer at once */
 }
 
 static void on_request(void *ctx, struct front_req *fr)
@@ -800,6 +847,7 @@ static void on_request(void *ctx, struct front_req *fr)
         return;
     }
     /* ids nobody has paid for, from a client that has walked several: no read */
+    util_copy(r.addr, sizeof r.addr, p[P_ADDR] ? p[P_ADDR] : "");
     state_client_id(s->app->state, &r.shop->key, p[P_ADDR] ? p[P_ADDR] : "", &r.client);
     r.has_rclient = state_redis_client_id(s->app->redis, p[P_ADDR] ? p[P_ADDR] : "", &r.rclient);
     if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r.client, r.arrived)) {
@@ -812,6 +860,139 @@ static void on_request(void *ctx, struct front_req *fr)
     r.stream = stream_wanted(r.json, r.head, p[P_DEST], r.shop->progressive, templates_stream(r.shop->tpl));
     r.undecided = stream_undecided(&f, true); /* its read, if any, is another request's */
     hold(&r);
+}
+
+/* ---- handing over (handover.h) ---- */
+
+/* The front's save: r's part of its record; r leaves the resolver (its
+ * place in the budget's plan goes with it) and its streamed page's timer
+ * stops. An admin POST waiting for Redis stays here. */
+static int on_save(void *ctx, struct front_req *fr, void *user, struct handover_rec *rec)
+{
+    struct serve *s = ctx;
+    struct serve_req *r = user;
+    (void)fr;
+    if (r == NULL || r->telling != NULL || r->frozen)
+        return -1;
+    util_copy(rec->shop, sizeof rec->shop, r->shop->id);
+    util_copy(rec->id, sizeof rec->id, r->id);
+    util_copy(rec->addr, sizeof rec->addr, r->addr);
+    util_copy(rec->origin, sizeof rec->origin, r->origin != NULL ? r->origin : "");
+    rec->json = r->json;
+    rec->head = r->head;
+    rec->stream = r->stream;
+    rec->undecided = r->undecided;
+    rec->wants_read = r->rw.h.wants_read;
+    rec->arrived = r->arrived;
+    rec->deadline = r->rw.h.deadline;
+    rec->painted = r->sc.painted;
+    rec->last_sent = r->sc.last_sent;
+    if (r->parked)
+        unpark(r);
+    else
+        resolver_drop(s->rs, &r->rw);
+    loop_timer_stop(s->loop, &r->st);
+    r->frozen = true;
+    return 0;
+}
+
+/* The front's restore: the successor did not take r; hold it here again
+ * (or, while still handing over, park it for the next batch). */
+static void on_restore(void *ctx, struct front_req *fr, void *user)
+{
+    struct serve *s = ctx;
+    struct serve_req *r = user;
+    (void)fr;
+    if (r == NULL || !r->frozen)
+        return;
+    r->frozen = false;
+    if (s->handing)
+        park(r);
+    else
+        hold_go(r);
+}
+
+/* The front's release: the successor has r; forget it. */
+static void on_release(void *ctx, struct front_req *fr, void *user)
+{
+    struct serve_req *r = user;
+    (void)ctx, (void)fr;
+    if (r != NULL)
+        held_free(r);
+}
+
+void serve_handing(struct serve *s, bool on)
+{
+    s->handing = on;
+    resolver_quiet(s->rs, on);
+    if (on)
+        return;
+    while (s->parked != NULL) { /* requests parked meanwhile go to the resolver after all */
+        struct serve_req *r = s->parked;
+        unpark(r);
+        hold_go(r);
+    }
+}
+
+int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec *rec)
+{
+    struct serve_req tmp = {.s = s, .fr = fr, .arrived = rec->arrived, .json = rec->json, .head = rec->head};
+    tmp.cfg = app_config(s->app);
+    tmp.shop = config_pick_shop(tmp.cfg, rec->shop, NULL);
+    util_copy(tmp.id, sizeof tmp.id, rec->id);
+    util_copy(tmp.addr, sizeof tmp.addr, rec->addr);
+    if (tmp.shop == NULL || !ids_valid_id(rec->id)) {
+        /* its shop is gone from this configuration: end what was begun */
+        if (rec->painted != 0) {
+            front_reply(s->front, fr, NULL, 0);
+            log_request(&tmp, 0, NULL);
+        } else {
+            struct answer ans = {.word = tmp.shop == NULL ? W_UNKNOWN_SHOP : W_INVALID, .json_status = "unknown",
+                                 .retry_after_s = -1};
+            respond_word(&tmp, &ans);
+        }
+        config_unref(tmp.cfg);
+        return -1;
+    }
+    for (int i = 0; rec->origin[0] && i < tmp.shop->norigins; i++)
+        if (strcmp(rec->origin, tmp.shop->origins[i]) == 0)
+            tmp.origin = tmp.shop->origins[i];
+    state_client_id(s->app->state, &tmp.shop->key, tmp.addr, &tmp.client);
+    tmp.has_rclient = state_redis_client_id(s->app->redis, tmp.addr, &tmp.rclient);
+    struct serve_req *r = malloc(sizeof *r);
+    if (r == NULL) {
+        if (rec->painted != 0) {
+            front_reply(s->front, fr, NULL, 0);
+            config_unref(tmp.cfg);
+        } else {
+            answer_now(&tmp, -1);
+        }
+        return -1;
+    }
+    *r = tmp;
+    r->held = true;
+    r->counted = shop_count(s, r->shop->id);
+    if (r->counted != NULL)
+        r->counted->held++;
+    r->stream = rec->stream;
+    r->undecided = rec->undecided;
+    r->sc = (struct stream_clock){.arrived = rec->arrived, .painted = rec->painted, .last_sent = rec->last_sent};
+    r->rw = (struct resolver_waiter){
+        .cfg = r->cfg,
+        .shop = r->shop,
+        .id = r->id,
+        .client = r->client,
+        .rclient = r->rclient,
+        .has_rclient = r->has_rclient,
+        .h = {.deadline = rec->deadline, .json = rec->json, .wants_read = rec->wants_read},
+    };
+    loop_timer_init(&r->st, on_stream_timer, r);
+    front_req_set_user(fr, r);
+    if (s->handing)
+        park(r);
+    else
+        hold_go(r);
+    return 0;
 }
 
 struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
@@ -833,7 +1014,8 @@ struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
 
 struct front_handler serve_handler(struct serve *s)
 {
-    return (struct front_handler){.on_request = on_request, .on_gone = on_gone, .ctx = s};
+    return (struct front_handler){.on_request = on_request, .on_gone = on_gone, .save = on_save,
+                                  .restore = on_restore, .release = on_release, .ctx = s};
 }
 
 void serve_attach(struct serve *s, struct front *f)
@@ -848,6 +1030,11 @@ void serve_stop(struct serve *s)
         on_told(s->telling, &(struct state_redis_told){.down = true});
     }
     resolver_stop(s->rs);
+}
+
+size_t serve_reading(const struct serve *s)
+{
+    return resolver_reading(s->rs);
 }
 
 size_t serve_held(const struct serve *s)

@@ -9,6 +9,7 @@
 #ifndef KEMBALI_SERVE_H
 #define KEMBALI_SERVE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "app.h"
@@ -31,6 +32,22 @@ void serve_attach(struct serve *s, struct front *f);
 
 /* Stopping: no new reads; answer every held request with what is known. */
 void serve_stop(struct serve *s);
+
+/* Handing over to a successor (on) or not any more (off): while on, a
+ * request that would be held is kept aside for front_handover() instead,
+ * and no read starts here (resolver_quiet: those in flight end and are
+ * recorded for the successor); turned off, those kept aside are held here
+ * after all. Can't fail. */
+void serve_handing(struct serve *s, bool on);
+
+/* Take over request fr of a connection handed over (front_adopt) as rec
+ * describes it: held here as it was there (its deadline, its streamed
+ * page's clock), or answered at once when its shop is no longer
+ * configured. Returns 0 when held, -1 when answered. */
+int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec *rec);
+
+/* This process's reads in flight right now. */
+size_t serve_reading(const struct serve *s);
 
 /* Requests held right now. */
 size_t serve_held(const struct serve *s);

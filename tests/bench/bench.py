@@ -25,6 +25,9 @@ then measures:
     browsers behind nginx on transactions that succeed at random times,
     streamed and as single answers: first byte, read to end of page, reads
     per transaction, RSS per request;
+  - an upgrade in place (tests/bench/upgrade.py): SIGUSR2 with --upgrade N
+    held requests (1,000 and 10,000): the handover's time and the gap, the
+    longest a new request waited meanwhile;
   - with --long: reads made when a JSON answer is polled every 0.5 s for 60 s.
 Figures, not pass/fail: the tests assert behaviour, this prints numbers.
 A part that cannot run here (no wrk, nginx or php-fpm) says "skipped: why"."""
@@ -50,8 +53,9 @@ import flash  # noqa: E402
 import slowpeers  # noqa: E402
 import streamed  # noqa: E402
 import throughput  # noqa: E402
+import upgrade  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed", "wide")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed", "wide", "upgrade")
 
 
 def raise_nofile():
@@ -246,6 +250,7 @@ def main():
                     help="wide: comma-separated numbers of held requests, each its own transaction")
     ap.add_argument("--no-deep", action="store_true", help="wide: leave out 10,000 held over 400 transactions")
     ap.add_argument("--before", default=None, help="wide: also run every case with this kembali binary")
+    ap.add_argument("--upgrade", default="1000,10000", help="upgrade: comma-separated numbers of held requests")
     ap.add_argument("--long", action="store_true", help="also poll a JSON answer for 60 s")
     ap.add_argument("--keep", action="store_true", help="keep the folder of logs and configurations")
     a = ap.parse_args()
@@ -285,6 +290,8 @@ def main():
                                   for mode in (True, False)])
         if "wide" in parts:
             wide_part(tmp, a)
+        if "upgrade" in parts:
+            upgrade.print_table([upgrade.run_case(tmp, int(n)) for n in a.upgrade.split(",") if n], table)
         if a.long:
             polling(k, sb)
         print("bench took %.0f s" % (time.monotonic() - t0) + ("; files in %s" % tmp if a.keep else ""))

@@ -169,6 +169,9 @@ def test_systemd_units_verify(tmpdir):
     assert not re.search(r"@[a-z]+@", service), "unsubstituted: " + service
     m = re.search(r"^ExecStart=(/\S*/bin)/kembali --config (/\S*)/kembali/kembali.json$", service, re.M)
     assert m, service
+    # a restart hands the requests in hand over through the fd store (test_upgrade)
+    assert re.search(r"^Type=notify$", service, re.M), service
+    assert re.search(r"^FileDescriptorStoreMax=[1-9]\d*$", service, re.M), service
     with open(os.path.join(tmpdir, "kembali.service"), "w") as f:
         f.write(service.replace(m.group(1) + "/kembali", harness.kembali_bin()))
     shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali.socket"), tmpdir)
@@ -177,6 +180,7 @@ def test_systemd_units_verify(tmpdir):
         site = f.read()
     assert not re.search(r"@[a-z]+@", site), "unsubstituted: " + site
     assert_in(m.group(2) + "/kembali/sites/%i.json", site)
+    assert re.search(r"^Type=notify$", site, re.M) and re.search(r"^FileDescriptorStoreMax=[1-9]", site, re.M), site
     with open(os.path.join(tmpdir, "kembali@site1.service"), "w") as f:
         f.write(site.replace(m.group(1) + "/kembali", harness.kembali_bin()))
     shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali@.socket"),

@@ -1074,6 +1074,40 @@ static void test_abort_after_request(void **unused)
     msg_free(&m);
 }
 
+/* A parser resumed in another process (a handed-over connection) acts as
+ * the one that took the request: an ABORT for its id, a refused BEGIN for
+ * another, then, once done, a new request on the kept connection. */
+static void test_resumed(void **unused)
+{
+    (void)unused;
+    struct msg m = {0};
+    rec(&m, FCGI_ABORT_REQUEST, 4, NULL, 0, 0);
+    begin(&m, 6, FCGI_RESPONDER, 0, 0);
+    struct fcgi_parser p;
+    fcgi_parser_init(&p);
+    fcgi_parser_resume(&p, 4, true);
+    assert_int_equal(fcgi_request_id(&p), 4);
+    assert_true(fcgi_keep_conn(&p));
+    assert_false(fcgi_parser_mid_record(&p));
+    assert_null(fcgi_param(&p, "QUERY_STRING"));
+    struct feeder f = feeder_of(&m);
+    struct fcgi_event ev;
+    assert_int_equal(next_ev(&p, &f, &ev), FCGI_EV_ABORT);
+    assert_int_equal(ev.id, 4);
+    assert_int_equal(next_ev(&p, &f, &ev), FCGI_EV_REPLY);
+    assert_int_equal(ev.reply[12], FCGI_CANT_MPX_CONN);
+    fcgi_request_done(&p);
+    msg_free(&m);
+    struct msg m2 = {0};
+    normal_request(&m2, 9, 0);
+    f = feeder_of(&m2);
+    assert_int_equal(next_ev(&p, &f, &ev), FCGI_EV_REQUEST);
+    assert_int_equal(fcgi_request_id(&p), 9);
+    assert_false(fcgi_keep_conn(&p));
+    fcgi_parser_free(&p);
+    msg_free(&m2);
+}
+
 static void test_abort_other_id_ignored(void **unused)
 {
     (void)unused;
@@ -1368,6 +1402,7 @@ int main(void)
         cmocka_unit_test(test_stdin_over_the_keep),
         cmocka_unit_test(test_abort_before_request),
         cmocka_unit_test(test_abort_after_request),
+        cmocka_unit_test(test_resumed),
         cmocka_unit_test(test_abort_other_id_ignored),
         cmocka_unit_test(test_inactive_ids_ignored),
         cmocka_unit_test(test_types_applications_send),

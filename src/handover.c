@@ -1,0 +1,185 @@
+/* handover.c - see handover.h. */
+#include "handover.h"
+
+#include <stdio.h>
+#include <string.h>
+
+enum {
+    F_KEEP = 1 << 0,
+    F_JSON = 1 << 1,
+    F_HEAD = 1 << 2,
+    F_STREAM = 1 << 3,
+    F_UNDECIDED = 1 << 4,
+    F_WANTS_READ = 1 << 5,
+};
+
+size_t handover_size(const struct handover_rec *r)
+{
+    const char *s[4] = {r->shop, r->id, r->addr, r->origin};
+    size_t n = HANDOVER_FIXED;
+    for (int i = 0; i < 4; i++) {
+        size_t l = strnlen(s[i], HANDOVER_STR_MAX + 1);
+        if (l > HANDOVER_STR_MAX)
+            return SIZE_MAX;
+        n += l;
+    }
+    if (r->out_len > HANDOVER_OUT_MAX)
+        return SIZE_MAX;
+    return n + r->out_len;
+}
+
+static uint8_t *put_u(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        *p++ = (uint8_t)(v >> (8 * i));
+    return p;
+}
+
+static uint8_t *put_str(uint8_t *p, const char *s)
+{
+    size_t l = strlen(s);
+    *p++ = (uint8_t)l;
+    memcpy(p, s, l);
+    return p + l;
+}
+
+size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap)
+{
+    size_t n = handover_size(r);
+    if (n == SIZE_MAX || n > cap)
+        return 0;
+    uint8_t *p = out;
+    *p++ = HANDOVER_FORMAT;
+    *p++ = r->kind;
+    p = put_u(p, r->fcgi_id, 2);
+    *p++ = (uint8_t)((r->keep_conn ? F_KEEP : 0) | (r->json ? F_JSON : 0) | (r->head ? F_HEAD : 0) |
+                     (r->stream ? F_STREAM : 0) | (r->undecided ? F_UNDECIDED : 0) |
+                     (r->wants_read ? F_WANTS_READ : 0));
+    const int64_t t[6] = {r->idle_since, r->out_since, r->arrived, r->deadline, r->painted, r->last_sent};
+    for (int i = 0; i < 6; i++)
+        p = put_u(p, (uint64_t)t[i], 8);
+    p = put_str(p, r->shop);
+    p = put_str(p, r->id);
+    p = put_str(p, r->addr);
+    p = put_str(p, r->origin);
+    p = put_u(p, r->out_len, 4);
+    if (r->out_len > 0)
+        memcpy(p, r->out, r->out_len);
+    return n;
+}
+
+/* A reader over in[0..len): each take fails once past the end. */
+struct rd {
+    const uint8_t *p;
+    size_t left;
+    bool bad;
+};
+
+static const uint8_t *take(struct rd *d, size_t n)
+{
+    if (d->bad || n > d->left) {
+        d->bad = true;
+        return NULL;
+    }
+    const uint8_t *q = d->p;
+    d->p += n;
+    d->left -= n;
+    return q;
+}
+
+static uint64_t get_u(struct rd *d, int bytes)
+{
+    const uint8_t *q = take(d, (size_t)bytes);
+    uint64_t v = 0;
+    for (int i = 0; q != NULL && i < bytes; i++)
+        v |= (uint64_t)q[i] << (8 * i);
+    return v;
+}
+
+/* A string into s (room for HANDOVER_STR_MAX + 1); false when it holds a NUL. */
+static bool get_str(struct rd *d, char *s)
+{
+    size_t l = (size_t)get_u(d, 1);
+    const uint8_t *q = take(d, l);
+    if (q == NULL) {
+        s[0] = '\0';
+        return true; /* d->bad tells */
+    }
+    if (memchr(q, 0, l) != NULL)
+        return false;
+    memcpy(s, q, l);
+    s[l] = '\0';
+    return true;
+}
+
+int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char *why, size_t whylen)
+{
+    struct rd d = {.p = in, .left = len};
+    memset(r, 0, sizeof *r);
+    unsigned format = (unsigned)get_u(&d, 1);
+    if (!d.bad && format != HANDOVER_FORMAT) {
+        snprintf(why, whylen, "a record of format %u (this version reads %d)", format, HANDOVER_FORMAT);
+        return -1;
+    }
+    r->kind = (uint8_t)get_u(&d, 1);
+    if (!d.bad && r->kind != HANDOVER_IDLE && r->kind != HANDOVER_HELD) {
+        snprintf(why, whylen, "a record of unknown kind %u", r->kind);
+        return -1;
+    }
+    r->fcgi_id = (uint16_t)get_u(&d, 2);
+    unsigned f = (unsigned)get_u(&d, 1);
+    r->keep_conn = f & F_KEEP;
+    r->json = f & F_JSON;
+    r->head = f & F_HEAD;
+    r->stream = f & F_STREAM;
+    r->undecided = f & F_UNDECIDED;
+    r->wants_read = f & F_WANTS_READ;
+    int64_t *t[6] = {&r->idle_since, &r->out_since, &r->arrived, &r->deadline, &r->painted, &r->last_sent};
+    for (int i = 0; i < 6; i++)
+        *t[i] = (int64_t)get_u(&d, 8);
+    char *s[4] = {r->shop, r->id, r->addr, r->origin};
+    for (int i = 0; i < 4; i++)
+        if (!get_str(&d, s[i])) {
+            snprintf(why, whylen, "a string of the record holds a NUL byte");
+            return -1;
+        }
+    uint64_t ol = get_u(&d, 4);
+    if (!d.bad && ol > HANDOVER_OUT_MAX) {
+        snprintf(why, whylen, "%llu bytes to write: more than a connection holds", (unsigned long long)ol);
+        return -1;
+    }
+    r->out = take(&d, (size_t)ol);
+    r->out_len = r->out != NULL ? (size_t)ol : 0;
+    if (r->out_len == 0)
+        r->out = NULL;
+    if (d.bad) {
+        snprintf(why, whylen, "the record is cut short (%zu bytes)", len);
+        return -1;
+    }
+    if (d.left != 0) {
+        snprintf(why, whylen, "%zu bytes after the record", d.left);
+        return -1;
+    }
+    return 0;
+}
+
+void handover_frame(uint8_t hdr[8], uint32_t index, uint32_t rec_len)
+{
+    put_u(put_u(hdr, index, 4), rec_len, 4);
+}
+
+int handover_next(const uint8_t *buf, size_t len, size_t *off, uint32_t *index, const uint8_t **rec,
+                  size_t *rec_len)
+{
+    if (*off >= len)
+        return 0;
+    struct rd d = {.p = buf + *off, .left = len - *off};
+    *index = (uint32_t)get_u(&d, 4);
+    size_t l = (size_t)get_u(&d, 4);
+    *rec = take(&d, l);
+    if (d.bad)
+        return -1;
+    *rec_len = l;
+    *off = len - d.left;
+    return 1;
+}

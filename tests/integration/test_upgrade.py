@@ -1,0 +1,305 @@
+"""Restarts and upgrades lose no buyer (interface.md): SIGUSR2 starts the
+program file again and hands it the listening socket and every request in
+hand; a new process that refuses its configuration leaves the old one
+serving. Real processes, the sandbox's timeline (docs/handover.md)."""
+
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import harness
+import kit
+from harness import assert_eq
+from test_stream import DOC, head_and_body, last_status, stream_fcgi
+
+PAID_AT_MS = 2500  # reads at 0, 1.1, 2.2, 3.3 s: the fourth says succeeded
+
+
+def successor(k, old_pid, timeout=15):
+    """The start line of the process that took over from old_pid."""
+    return k.wait_log(timeout, event="start", upgraded_from=old_pid)
+
+
+def pid_gone(pid):
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def stop_pid(pid, timeout=15):
+    """SIGTERM a process that is not our child; wait until it is gone."""
+    if pid_gone(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    harness.wait_for(lambda: pid_gone(pid), timeout, msg="pid %d gone after SIGTERM" % pid)
+
+
+class Prober:
+    """New requests while an upgrade goes on: one at a time, back to back,
+    each timed; every one must be answered."""
+
+    def __init__(self, k, query):
+        self.k, self.query = k, query
+        self.times, self.errors = [], []
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self.run)
+
+    def run(self):
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                r = self.k.get(self.query, timeout=10)
+                if r.status != 200:
+                    self.errors.append(r.status)
+            except Exception as e:  # noqa: BLE001 - counted, the test fails on it
+                self.errors.append(repr(e))
+            self.times.append(time.monotonic() - t0)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop.set()
+        self.t.join(20)
+
+
+def test_sigusr2_hands_over_held_requests(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-plain", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    sb.put_tx("t-stream", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    sb.put_tx("t-new", "succeeded")
+    old = k.pid
+
+    def plain():
+        r = k.get("id=t-plain", timeout=30)
+        return r.status, r.header("kembali-status")
+
+    def streamed():
+        parts, _ = stream_fcgi(k.addr, "id=t-stream", DOC, timeout=30)
+        body = b"".join(p for _, p in parts if p is not None)
+        return head_and_body(parts[0][1])[0].get("kembali-status"), last_status(body), len(parts)
+
+    fns = [plain] * 5 + [streamed] * 5
+    results = [None] * len(fns)
+
+    def run(i):
+        results[i] = fns[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    # held, and the streamed pages' tops sent (the first read came back pending)
+    harness.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
+                     msg="two reads of each")
+    assert k.metrics()["kembali_held_requests"] == 10
+    with Prober(k, "id=t-new") as probe:
+        t_sig = time.monotonic()
+        k.signal(signal.SIGUSR2)
+        new = successor(k, old)
+        new_pid = int(new["pid"])
+        try:
+            rc = k.wait(5.5)  # the old one exits by itself, within 5 s of the handover
+            exited = time.monotonic() - t_sig
+        finally:
+            probe.stop.set()
+    try:
+        for t in threads:
+            t.join(30)
+        assert_eq(rc, 0, "the old process's exit code")
+        assert exited < 6.0, "the old process took %.1f s to exit" % exited
+        assert pid_gone(old)
+        up = k.wait_log(5, event="upgrade", handed="10")
+        print("# handover of 10 held requests: %s ms; the old process exited %.2f s after SIGUSR2"
+              % (up["ms"], exited))
+        for i, res in enumerate(results):
+            if i < 5:
+                assert_eq(res, (200, "succeeded"), "plain request %d, answered by the new process" % i)
+            else:
+                assert_eq(res[:2], ("checking", "succeeded"), "streamed page %d: its top, then its result" % i)
+        # one pace across both processes: the reads as without the upgrade
+        for id in ("t-plain", "t-stream"):
+            reads = sb.reads(id)
+            assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429 for " + id)
+            assert len(reads) <= 4, "%s read %d times: %r" % (id, len(reads), kit.read_times(sb, id))
+            gap = kit.min_gap(kit.read_times(sb, id))
+            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, "%s reads %r" % (id, kit.read_times(sb, id))
+        # requests arriving meanwhile: every one answered, none waited long
+        assert not probe.errors, probe.errors
+        assert len(probe.times) > 5
+        print("# %d new requests during the upgrade; the longest waited %.0f ms"
+              % (len(probe.times), max(probe.times) * 1000))
+        assert max(probe.times) < 1.0, max(probe.times)
+        # the new one goes on: the cache is kept (no read for a known final)
+        n = len(sb.reads("t-plain"))
+        r = k.get("id=t-plain")
+        assert_eq(r.header("kembali-status"), "succeeded", "from the cache")
+        assert_eq(len(sb.reads("t-plain")), n, "no read for a cached final")
+    finally:
+        stop_pid(new_pid)
+
+
+def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-held", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    sb.put_tx("t-new", "succeeded")
+    old = k.pid
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", k.get("id=t-held", timeout=30)))
+    t.start()
+    harness.wait_for(lambda: len(sb.reads("t-held")) >= 1, 10, msg="the first read")
+    with open(k.config_path) as f:
+        good = f.read()
+    k.write_config("{ not json")
+    k.signal(signal.SIGUSR2)
+    line = k.wait_log(10, event="upgrade", level="error")
+    assert "refused" in line["msg"], line
+    assert "configuration" in line.get("errors", ""), line
+    assert k.running() and not pid_gone(old)
+    assert_eq(k.find_log(event="start", upgraded_from=old), [], "no successor started")
+    k.write_config(good)
+    assert_eq(k.get("id=t-new").header("kembali-status"), "succeeded", "the old one serves new requests")
+    t.join(30)
+    assert_eq(got["r"].header("kembali-status"), "succeeded", "the held request, answered by the old one")
+    # and a later upgrade, with the configuration fixed, goes through
+    k.signal(signal.SIGUSR2)
+    new = successor(k, old)
+    try:
+        assert_eq(k.wait(6), 0, "the old process's exit code")
+        assert_eq(k.get("id=t-new").header("kembali-status"), "succeeded", "served by the new one")
+    finally:
+        stop_pid(int(new["pid"]))
+
+
+class FakeSystemd:
+    """The notify socket of a Type=notify service (NOTIFY_SOCKET): a Unix
+    datagram socket whose messages, with the descriptors they carry
+    (SCM_RIGHTS), the test reads as systemd would; and the start of a
+    service as systemd does it: its descriptors on 3, 4, ... with
+    LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID (its own pid)."""
+
+    def __init__(self, tmpdir):
+        self.tmpdir = tmpdir
+        self.path = harness.socket_path(tmpdir, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.messages = []  # (dict of the message's assignments, [fds])
+        self.lock = threading.Lock()
+        self.t = threading.Thread(target=self.read, daemon=True)
+        self.t.start()
+
+    def read(self):
+        while True:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self.sock, 65536, 16)
+            except OSError:
+                return
+            fields = dict(line.split("=", 1) for line in msg.decode().split("\n") if "=" in line)
+            with self.lock:
+                self.messages.append((fields, fds))
+
+    def wait(self, timeout=15, n=1, **match):
+        """The messages matching `match`, once there are at least n."""
+        def found():
+            with self.lock:
+                got = [m for m in self.messages if all(m[0].get(k) == v for k, v in match.items())]
+            return got if len(got) >= n else None
+        return harness.wait_for(found, timeout, msg="notify message %r" % match)
+
+    def store(self):
+        """The file-descriptor store: name -> fd, as FDSTORE=1 / FDSTOREREMOVE=1 left it."""
+        st = {}
+        with self.lock:
+            for fields, fds in self.messages:
+                if fields.get("FDSTORE") == "1" and fds:
+                    st[fields["FDNAME"]] = fds[0]
+                elif fields.get("FDSTOREREMOVE") == "1":
+                    st.pop(fields.get("FDNAME"), None)
+        return st
+
+    def start(self, name, cfg, fds, names):
+        log = open(os.path.join(self.tmpdir, name + ".log"), "ab")
+        env = dict(os.environ, NOTIFY_SOCKET=self.path, LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
+        env.pop("LISTEN_PID", None)
+
+        def place():
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 500) for fd in fds]
+            for i, h in enumerate(high):
+                os.dup2(h, 3 + i)
+        # systemd sets LISTEN_PID to the service's own pid: a shell that execs keeps it
+        return harness.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" --config "$1"', harness.kembali_bin(), cfg],
+                             self.tmpdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                             pass_fds=tuple(range(3, 3 + len(fds))), preexec_fn=place)
+
+
+def test_systemd_restart_through_the_fd_store(tmpdir):
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = harness.socket_path(tmpdir, "kembali.sock")
+    lsock = harness.unix_listen_socket(sock_path)  # kembali.socket's
+    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    cfg = os.path.join(tmpdir, "sd.json")
+    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
+    sd = FakeSystemd(tmpdir)
+    a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"])
+    sd.wait(READY="1")
+    sb.put_tx("t-plain", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    sb.put_tx("t-stream", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    sb.put_tx("t-new", "succeeded")
+    results = {}
+
+    def plain(i):
+        results[i] = harness.get(sock_path, "id=t-plain", timeout=30).header("kembali-status")
+
+    def streamed(i):
+        parts, _ = stream_fcgi(sock_path, "id=t-stream", DOC, timeout=30)
+        body = b"".join(p for _, p in parts if p is not None)
+        results[i] = (head_and_body(parts[0][1])[0].get("kembali-status"), last_status(body))
+
+    threads = [threading.Thread(target=plain if i < 3 else streamed, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    harness.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
+                     msg="two reads of each")
+    time.sleep(0.2)  # the streamed tops are out (not a race: a top not yet sent goes over as not sent)
+    a.send_signal(signal.SIGTERM)  # systemctl restart: the stop
+    assert_eq(a.wait(10), 0, "the old process's exit code")
+    stored = sd.store()
+    conns = sorted(n for n in stored if n.startswith("kc-"))
+    assert_eq(len(conns), 6, "connections in the store: %r" % stored)
+    assert "kembali-handover" in stored, stored
+    assert not results, "nobody answered by the stopping process: %r" % results
+    # meanwhile a buyer arrives: it waits in the socket's backlog, as under systemd
+    late = threading.Thread(target=lambda: results.setdefault("late", harness.get(sock_path, "id=t-new", timeout=30)))
+    late.start()
+    # ... and the start: the socket unit's descriptor first, then the store's (in an order of its own)
+    names = ["kembali.socket", "kembali-handover"] + conns[::-1]
+    b = sd.start("b", cfg, [lsock.fileno()] + [stored[n] for n in names[1:]], names)
+    try:
+        sd.wait(READY="1", n=2)  # the new process's
+        for t in threads + [late]:
+            t.join(30)
+        for i in range(6):
+            want = "succeeded" if i < 3 else ("checking", "succeeded")
+            assert_eq(results.get(i), want, "held request %d, answered by the new process" % i)
+        assert_eq(results["late"].header("kembali-status"), "succeeded", "the request that came meanwhile")
+        for id in ("t-plain", "t-stream"):
+            reads = sb.reads(id)
+            assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429 for " + id)
+            assert len(reads) <= 4, "%s read %d times" % (id, len(reads))
+            gap = kit.min_gap(kit.read_times(sb, id))
+            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, kit.read_times(sb, id)
+        with open(os.path.join(tmpdir, "b.log")) as f:
+            text = f.read()
+        took = harness.find_lines(text, event="handover", **{"from": "systemd"})
+        assert_eq([(l["connections"], l["held"]) for l in took], [("6", "6")], text)
+        assert_eq(sd.store(), {}, "the new process emptied the store")
+    finally:
+        b.send_signal(signal.SIGTERM)
+        assert_eq(b.wait(15), 0, "the new process's exit code")
