@@ -61,14 +61,23 @@ struct state_key {
     uint8_t b[16];
 };
 
-/* A client (REMOTE_ADDR) of one shop key as the state knows it: a keyed
- * hash of (key, address), never the address. All zero: no client (nothing
- * is charged). */
+/* A client (REMOTE_ADDR) of one shop key as the state knows it: keyed
+ * hashes of (key, address), never the address. b is the address (IPv4
+ * whole, IPv6 by its /64); wide[0] and wide[1] its IPv6 /56 and /48 (all
+ * zero for any other address): one request is a client at each, each
+ * with its own allowance (STATE_CLIENT_404S_AT). b all zero: no client
+ * (nothing is charged). */
+#define STATE_CLIENT_TIERS 3 /* the address, its /56, its /48 */
 struct state_client {
     uint8_t b[16];
+    uint8_t wide[STATE_CLIENT_TIERS - 1][16];
 };
 
-#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 ... */
+#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 (an address, an IPv6 /64) ... */
+#define STATE_CLIENT_404S_56 10                 /* ... an IPv6 /56's, all its /64s together ... */
+#define STATE_CLIENT_404S_48 20                 /* ... an IPv6 /48's ... */
+#define STATE_CLIENT_404S_MAX STATE_CLIENT_404S_48
+#define STATE_CLIENT_404S_AT(tier) ((tier) == 0 ? STATE_CLIENT_404S : (tier) == 1 ? STATE_CLIENT_404S_56 : STATE_CLIENT_404S_48)
 #define STATE_CLIENT_WINDOW_MS (600 * 1000LL)   /* ... within 10 minutes ... */
 #define STATE_CLIENT_BLOCK_MS (600 * 1000LL)    /* ... block unknown ids for 10 minutes */
 #define STATE_CLIENT_RECHECK_MS 250             /* a client at its count looks again after this at most */
@@ -572,13 +581,14 @@ void state_metrics(struct state *st, struct state_metrics *out);
 void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused);
 
 /* Ids nobody has paid for (interface.md). The client of a request to the
- * shop of `key`: a keyed hash (the state's salt) of (key, its address),
+ * shop of `key`: keyed hashes (the state's salt) of (key, its address),
  * never stored in clear: one address is another client of each key, so
  * its charge and block are per key.
  * IPv4 addresses count whole; IPv6 ones by their /64 (a site chooses its
- * interface ids freely, so one prober would otherwise be 2^64 clients);
- * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
- * all zero. This function can't fail. */
+ * interface ids freely, so one prober would otherwise be 2^64 clients),
+ * and also by their /56 and /48 (out->wide: a prefix spread over many
+ * /64s counts there); IPv4-mapped IPv6 as the IPv4; anything else (or
+ * NULL) as written. out->b is never all zero. This function can't fail. */
 void state_client_id(const struct state *st, const struct state_key *key, const char *addr,
                      struct state_client *out);
 
@@ -590,7 +600,9 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
 
 /* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
  * for by one client were answered 404 (state_finish with ticket->client)
- * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS
+ * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS;
+ * an IPv6 /56 or /48 (client->wide) likewise at STATE_CLIENT_404S_56 or
+ * _48, and a request is blocked when any of its clients is
  * (reads still in flight count toward the 5 at the claim:
  * state_claim_client)
  * (report->client_blocked when it starts; counted in the metrics). While
@@ -611,7 +623,8 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
  * state's lock. */
 bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);
 
-/* Another host's count blocked `client`: block it here until `until`
+/* Another host's count blocked `client` (its address: client->b, not
+ * its wider prefixes): block it here until `until`
  * (clamped to STATE_CLIENT_BLOCK_MS from now; a block that ends later
  * keeps its end), as if its 404s had been counted here:
  * state_client_blocked() says true until then, and the metrics count a
