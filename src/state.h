@@ -358,14 +358,23 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  * nothing of the id (state_fact_unknown), the read is also refused while
  * the client is blocked (state_client_blocked) or while its 404s within
  * STATE_CLIENT_WINDOW_MS and its reads still in flight of ids nobody knew
- * are STATE_CLIENT_404S together: fact.wait is WAIT_CLIENT and
+ * are its allowance together (STATE_CLIENT_404S_AT: the address, and an
+ * IPv6 address's /56 and /48 each): fact.wait is WAIT_CLIENT and
  * fact.next_read the block's end, or the first of those reads' leases to
  * end but at most STATE_CLIENT_RECHECK_MS away (every read's end bumps
  * the generation: look again then). A read
  * claimed for an unknown id counts as in flight for the client until
  * state_finish() (a 404 becomes a charge, anything else releases it),
  * state_unclaim() or its lease ends. A client that finds no room in the
- * table is not counted (as state_client_blocked says). */
+ * table is not counted (as state_client_blocked says).
+ * Whoever asks (client or not), an id with no status read or told is
+ * read only with a held request's last-chance read (reserved, or within
+ * PLAN_LEAD_MS of its deadline) while the key's reads that ended 404, and
+ * its reads under way of such ids, fill rules_not_found_cap(budget) in the
+ * 60 s span ending now (the 404 quarter; not while another store plans:
+ * state_plan_elsewhere): fact.wait WAIT_BUDGET, fact.next_read the first
+ * of its last-chance time and the quarter's room (at most
+ * RULES_PLAN_RECHECK_MS away while one of those reads is under way). */
 bool state_claim_client(struct state *st, const struct state_key *key, const char *id,
                         const struct pace_schedule *sched, int budget, int64_t timeout_ms,
                         const struct state_client *client, int64_t now, struct state_ticket *ticket,
