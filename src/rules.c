@@ -133,6 +133,12 @@ int64_t rules_floor(int64_t last_end)
     return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;
 }
 
+int rules_not_found_cap(int budget)
+{
+    int cap = budget / RULES_NOT_FOUND_SHARE;
+    return cap > 1 ? cap : 1;
+}
+
 int rules_lua_prelude(char *buf, size_t len)
 {
     size_t off = 0;

@@ -32,6 +32,7 @@
 #define RULES_AUTH_FAILS_MIN 1
 #define RULES_AUTH_FAILS_MAX 9               /* under Kasera's per-IP limiter (10 in the sandbox) */
 #define RULES_AUTH_FAILS_DEFAULT 5
+#define RULES_NOT_FOUND_SHARE 4              /* reads ending 404 take at most 1/4 of a key's budget */
 
 /* The longest jitter drawn for a pause of `pause_ms` (a tenth of it): the
  * caller draws the jitter in [0, this] and passes it to rules_outcome(). */
@@ -103,6 +104,13 @@ int64_t rules_hold_ms(const struct pace_schedule *s);
  * after the previous read's answer came back (`last_end`, 0: none). Can't
  * fail. */
 int64_t rules_floor(int64_t last_end);
+
+/* The 404 quarter (interface.md, "Ids nobody has paid for"): how many
+ * reads that end in 404 (or, still under way, are of ids never answered)
+ * a key with `budget` reads per 60 s makes in any 60 s before an id never
+ * answered is read only with a held request's last-chance read: a
+ * RULES_NOT_FOUND_SHARE-th of the budget, at least 1. Can't fail. */
+int rules_not_found_cap(int budget);
 
 /* Write the Lua prelude that gives Redis's scripts this module's numbers
  * and its replace table (a table R of words: R[cur][new] is true when a

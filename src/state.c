@@ -111,10 +111,12 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
     /* everything else allows a read now: does the budget's plan? */
+    enum plan_read r = PLAN_EARLY;
+    bool elsewhere = atomic_load_explicit(&st->elsewhere, memory_order_relaxed);
     if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
         int64_t retry;
-        enum plan_read r = st_plan_verdict(st, e, k, sched, budget, now, &retry);
-        if (r == PLAN_NO && atomic_load_explicit(&st->elsewhere, memory_order_relaxed))
+        r = st_plan_verdict(st, e, k, sched, budget, now, &retry);
+        if (r == PLAN_NO && elsewhere)
             r = PLAN_EARLY; /* another store's plan decides (its verdict is mirrored: state_defer) */
         if (r == PLAN_NO) {
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
@@ -123,6 +125,25 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
         }
         if (kind != NULL)
             *kind = r;
+    }
+    /* the 404 quarter: while the key's reads that ended 404 (or, under
+     * way, are of ids never answered) fill a quarter of its budget in the
+     * span ending now, an id never answered reads only with a held
+     * request's last-chance read (reserved, or within the lead of its
+     * deadline) */
+    if (k != NULL && !elsewhere && r != PLAN_NO && r != PLAN_LAST_CHANCE && (e == NULL || e->status == TXS_NONE) &&
+        !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
+        int64_t free_at = st_budget_nf_next(k, budget, st->h->read_timeout_ms + 1000, now);
+        int64_t last = e != NULL && e->holders > 0 && e->hold_until > now ? e->hold_until - PLAN_LEAD_MS : 0;
+        if (free_at > now && !(last > 0 && last <= now)) {
+            if (last > now && last < free_at)
+                free_at = last;
+            if (e != NULL && e->resv_at > now && e->resv_at < free_at)
+                free_at = e->resv_at;
+            raise_to(&f->next_read, &f->wait, free_at, WAIT_BUDGET);
+            if (kind != NULL)
+                *kind = PLAN_NO;
+        }
     }
 }
 
@@ -211,6 +232,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     }
     ticket->budget_prev = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
     ticket->budget_at = st_budget_push(k, now);
+    if (e->status == TXS_NONE) /* counted by the 404 quarter until it ends otherwise */
+        st_budget_mark_probe(k, ticket->budget_at, true);
     /* requests held later than the one a last-chance read was for keep a
      * chance too (counted after this read) */
     if (kind == PLAN_LAST_CHANCE && e->holders > 0 && e->hold_until - PLAN_LEAD_MS >= now + PACE_MIN_WAIT_MS &&
@@ -346,6 +369,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
             report->first_unknown = true;
         }
     }
+    if (!fx->not_found && k != NULL)
+        st_budget_mark_probe(k, t->budget_at, false); /* not a 404: the quarter no longer counts it */
     if (fx->not_found) {
         /* charged to the client that asked, for an id kembali knows
          * nothing about (a 404 for an id with a known status is not

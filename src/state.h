@@ -64,14 +64,23 @@ struct state_key {
     uint8_t b[16];
 };
 
-/* A client (REMOTE_ADDR) of one shop key as the state knows it: a keyed
- * hash of (key, address), never the address. All zero: no client (nothing
- * is charged). */
+/* A client (REMOTE_ADDR) of one shop key as the state knows it: keyed
+ * hashes of (key, address), never the address. b is the address (IPv4
+ * whole, IPv6 by its /64); wide[0] and wide[1] its IPv6 /56 and /48 (all
+ * zero for any other address): one request is a client at each, each
+ * with its own allowance (STATE_CLIENT_404S_AT). b all zero: no client
+ * (nothing is charged). */
+#define STATE_CLIENT_TIERS 3 /* the address, its /56, its /48 */
 struct state_client {
     uint8_t b[16];
+    uint8_t wide[STATE_CLIENT_TIERS - 1][16];
 };
 
-#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 ... */
+#define STATE_CLIENT_404S 5                     /* distinct ids answered 404 (an address, an IPv6 /64) ... */
+#define STATE_CLIENT_404S_56 10                 /* ... an IPv6 /56's, all its /64s together ... */
+#define STATE_CLIENT_404S_48 20                 /* ... an IPv6 /48's ... */
+#define STATE_CLIENT_404S_MAX STATE_CLIENT_404S_48
+#define STATE_CLIENT_404S_AT(tier) ((tier) == 0 ? STATE_CLIENT_404S : (tier) == 1 ? STATE_CLIENT_404S_56 : STATE_CLIENT_404S_48)
 #define STATE_CLIENT_WINDOW_MS (600 * 1000LL)   /* ... within 10 minutes ... */
 #define STATE_CLIENT_BLOCK_MS (600 * 1000LL)    /* ... block unknown ids for 10 minutes */
 #define STATE_CLIENT_RECHECK_MS 250             /* a client at its count looks again after this at most */
@@ -376,14 +385,23 @@ bool state_claim(struct state *st, const struct state_key *key, const char *id,
  * nothing of the id (state_fact_unknown), the read is also refused while
  * the client is blocked (state_client_blocked) or while its 404s within
  * STATE_CLIENT_WINDOW_MS and its reads still in flight of ids nobody knew
- * are STATE_CLIENT_404S together: fact.wait is WAIT_CLIENT and
+ * are its allowance together (STATE_CLIENT_404S_AT: the address, and an
+ * IPv6 address's /56 and /48 each): fact.wait is WAIT_CLIENT and
  * fact.next_read the block's end, or the first of those reads' leases to
  * end but at most STATE_CLIENT_RECHECK_MS away (every read's end bumps
  * the generation: look again then). A read
  * claimed for an unknown id counts as in flight for the client until
  * state_finish() (a 404 becomes a charge, anything else releases it),
  * state_unclaim() or its lease ends. A client that finds no room in the
- * table is not counted (as state_client_blocked says). */
+ * table is not counted (as state_client_blocked says).
+ * Whoever asks (client or not), an id with no status read or told is
+ * read only with a held request's last-chance read (reserved, or within
+ * PLAN_LEAD_MS of its deadline) while the key's reads that ended 404, and
+ * its reads under way of such ids, fill rules_not_found_cap(budget) in the
+ * 60 s span ending now (the 404 quarter; not while another store plans:
+ * state_plan_elsewhere): fact.wait WAIT_BUDGET, fact.next_read the first
+ * of its last-chance time and the quarter's room (at most
+ * RULES_PLAN_RECHECK_MS away while one of those reads is under way). */
 bool state_claim_client(struct state *st, const struct state_key *key, const char *id,
                         const struct pace_schedule *sched, int budget, int64_t timeout_ms,
                         const struct state_client *client, int64_t now, struct state_ticket *ticket,
@@ -617,13 +635,14 @@ void state_metrics(struct state *st, struct state_metrics *out);
 void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused);
 
 /* Ids nobody has paid for (interface.md). The client of a request to the
- * shop of `key`: a keyed hash (the state's salt) of (key, its address),
+ * shop of `key`: keyed hashes (the state's salt) of (key, its address),
  * never stored in clear: one address is another client of each key, so
  * its charge and block are per key.
  * IPv4 addresses count whole; IPv6 ones by their /64 (a site chooses its
- * interface ids freely, so one prober would otherwise be 2^64 clients);
- * IPv4-mapped IPv6 as the IPv4; anything else (or NULL) as written. Never
- * all zero. This function can't fail. */
+ * interface ids freely, so one prober would otherwise be 2^64 clients),
+ * and also by their /56 and /48 (out->wide: a prefix spread over many
+ * /64s counts there); IPv4-mapped IPv6 as the IPv4; anything else (or
+ * NULL) as written. out->b is never all zero. This function can't fail. */
 void state_client_id(const struct state *st, const struct state_key *key, const char *addr,
                      struct state_client *out);
 
@@ -635,7 +654,9 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
 
 /* Is `client` blocked at `now`? Once STATE_CLIENT_404S distinct ids asked
  * for by one client were answered 404 (state_finish with ticket->client)
- * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS
+ * within STATE_CLIENT_WINDOW_MS, it is blocked for STATE_CLIENT_BLOCK_MS;
+ * an IPv6 /56 or /48 (client->wide) likewise at STATE_CLIENT_404S_56 or
+ * _48, and a request is blocked when any of its clients is
  * (reads still in flight count toward the 5 at the claim:
  * state_claim_client)
  * (report->client_blocked when it starts; counted in the metrics). While
@@ -656,7 +677,8 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
  * state's lock. */
 bool state_client_blocked(struct state *st, const struct state_client *client, int64_t now);
 
-/* Another host's count blocked `client`: block it here until `until`
+/* Another host's count blocked `client` (its address: client->b, not
+ * its wider prefixes): block it here until `until`
  * (clamped to STATE_CLIENT_BLOCK_MS from now; a block that ends later
  * keeps its end), as if its 404s had been counted here:
  * state_client_blocked() says true until then, and the metrics count a

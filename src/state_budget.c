@@ -85,10 +85,50 @@ void st_budget_not_found(struct st_keyent *k, int64_t t)
     for (int32_t j = 0; j < k->ring_n; j++) { /* newest first: it is one of the last */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         if (k->ring[i] == t) {
-            k->ring_nf[i] = 1;
+            k->ring_nf[i] = RING_NF_404;
             return;
         }
     }
+}
+
+void st_budget_mark_probe(struct st_keyent *k, int64_t t, bool probe)
+{
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first: it is one of the last */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] == t) {
+            if (probe)
+                k->ring_nf[i] = RING_NF_PROBE;
+            else if (k->ring_nf[i] == RING_NF_PROBE)
+                k->ring_nf[i] = RING_NF_NO;
+            return;
+        }
+    }
+}
+
+int64_t st_budget_nf_next(const struct st_keyent *k, int budget, int64_t lease_ms, int64_t now)
+{
+    if (k == NULL || budget <= 0)
+        return now;
+    int cap = rules_not_found_cap(budget), n = 0;
+    int64_t first_probe = 0;
+    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first */
+        int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
+        if (k->ring[i] <= now - PLAN_BUDGET_SPAN_MS)
+            break;
+        /* a read under way counts until its lease ends (its process may
+         * have died: then it never ends) */
+        bool probe = k->ring_nf[i] == RING_NF_PROBE && k->ring[i] + lease_ms > now;
+        if ((k->ring_nf[i] == RING_NF_404 || probe) && ++n >= cap) {
+            /* a read under way ends long before: look again soon */
+            int64_t t = k->ring[i] + PLAN_BUDGET_SPAN_MS + 1;
+            if (first_probe != 0 && first_probe < t)
+                t = first_probe;
+            return t > now ? t : now;
+        }
+        if (probe && first_probe == 0)
+            first_probe = now + ST_PLAN_RETRY_MS;
+    }
+    return now;
 }
 
 bool st_budget_only_404(const struct st_keyent *k, int64_t now)
@@ -98,7 +138,7 @@ bool st_budget_only_404(const struct st_keyent *k, int64_t now)
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         if (k->ring[i] <= now - STATE_KEY_IDLE_MS)
             break;
-        if (!k->ring_nf[i])
+        if (k->ring_nf[i] != RING_NF_404)
             return false;
         n++;
     }

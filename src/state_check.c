@@ -199,7 +199,7 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     for (int32_t j = 0; j < k->ring_n; j++) { /* only the ring_n newest are ever read */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         clamp_time(&k->ring[i], now, 0, dmg);
-        if (k->ring_nf[i] > 1) {
+        if (k->ring_nf[i] > RING_NF_PROBE) {
             k->ring_nf[i] = 0;
             dmg[DMG_KEY_ENTRY]++;
         }
@@ -218,8 +218,9 @@ static void client_check_entry(struct state *st, int32_t idx, int64_t now, long 
     if (c->used == 0)
         return;
     int32_t ways = st->cln < CLIENT_WAYS ? st->cln : CLIENT_WAYS;
-    int32_t off = (idx - st_client_home(st, &c->id) + st->cln) % st->cln;
-    if (c->used != 1 || c->nhits > STATE_CLIENT_404S || c->nfly > STATE_CLIENT_404S || off >= ways) {
+    int32_t off = (idx - st_client_home(st, c->id) + st->cln) % st->cln;
+    if (c->used != 1 || c->tier >= STATE_CLIENT_TIERS || c->nhits > STATE_CLIENT_404S_AT(c->tier) ||
+        c->nfly > STATE_CLIENT_404S_AT(c->tier) || off >= ways) {
         memset(c, 0, sizeof *c);
         dmg[DMG_CLIENT]++;
         return;

@@ -381,7 +381,7 @@ void state_test_damage(struct state *st, enum state_test_damage what)
         for (int32_t i = 0; i < st->cln; i += 3) {
             st->clients[i].used = (uint8_t)(i % 2 ? 1 : 5);
             st->clients[i].nhits = (uint8_t)(i % 4 ? 200 : 1);
-            st->clients[i].id.b[0] = (uint8_t)i;
+            st->clients[i].id[0] = (uint8_t)i;
             st->clients[i].blocked_until = INT64_MAX;
             st->clients[i].hit_at[0] = INT64_MAX;
         }

@@ -44,11 +44,12 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 13 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+#define ST_VERSION 14 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
                        * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who;
                        * 12: the key table last, growing in place (geom), ring_nf;
                        * 13: a key's ring of its entries (knext, kprev, kcursor), auth_until,
-                       *     auth_serial, accepted */
+                       *     auth_serial, accepted;
+                       * 14: a client's tier (IPv6 /56, /48) and its larger arrays, ring_nf 2 */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -100,7 +101,7 @@ struct st_keyent {
     int64_t ring[STATE_BUDGET_MAX];
     uint8_t ring_kind[STATE_BUDGET_MAX]; /* RING_*: whose read, and whether Redis has answered its claim */
     uint32_t ring_who[STATE_BUDGET_MAX]; /* RING_HEARD: a hash of its name in Redis's count (heard once) */
-    uint8_t ring_nf[STATE_BUDGET_MAX];   /* 1: that read ended 404 (st_budget_not_found) */
+    uint8_t ring_nf[STATE_BUDGET_MAX];   /* RING_NF_*: whether that read ended 404 (st_budget_not_found) */
     /* the budget plan: transactions waiting (indexes into txs, checked on
      * every use), and when the latest ones were first held */
     int32_t nwaiting;
@@ -110,16 +111,17 @@ struct st_keyent {
 };
 
 struct st_client {
-    struct state_client id;
+    uint8_t id[16];             /* one of a struct state_client's ids */
     uint8_t used;
+    uint8_t tier;               /* which: 0 the address, 1 an IPv6 /56, 2 a /48 (its allowance) */
     uint8_t nhits;              /* 404s in hit_*[0..nhits), oldest first */
     uint8_t nfly;               /* reads in flight of ids nobody knew, in fly_*[0..nfly) */
     int64_t blocked_until;
     int64_t last_used;
-    uint32_t hit_what[STATE_CLIENT_404S]; /* a hash of (key, id): ids counted once */
-    int64_t hit_at[STATE_CLIENT_404S];
-    uint32_t fly_what[STATE_CLIENT_404S];
-    int64_t fly_until[STATE_CLIENT_404S]; /* their leases */
+    uint32_t hit_what[STATE_CLIENT_404S_MAX]; /* a hash of (key, id): ids counted once */
+    int64_t hit_at[STATE_CLIENT_404S_MAX];
+    uint32_t fly_what[STATE_CLIENT_404S_MAX];
+    int64_t fly_until[STATE_CLIENT_404S_MAX]; /* their leases */
 };
 
 #define CLIENT_WAYS 8
@@ -322,26 +324,29 @@ void st_key_relink(struct state *st);
 /* Is c all zero, "no client" (nothing is charged to it)? */
 bool st_client_none(const struct state_client *c);
 
-/* The home slot of client c: its entry is one of the CLIENT_WAYS slots
- * from there. */
-int32_t st_client_home(const struct state *st, const struct state_client *c);
+/* The home slot of the client entry named id (16 bytes: one of a struct
+ * state_client's ids): its entry is one of the CLIENT_WAYS slots from
+ * there. */
+int32_t st_client_home(const struct state *st, const uint8_t *id);
 
 /* May client id's read of `what` (an id nobody knows) start at `now`? Not
- * while it is blocked, nor while its 404s in the window and its reads in
- * flight are STATE_CLIENT_404S together: false, *until the block's end, or
- * the first lease to end but at most STATE_CLIENT_RECHECK_MS away (a read
- * ends long before its lease, and a held request must not give up on a
- * lease past its deadline). When it may, its read is counted in flight
- * until `lease_until`. A client that finds no room is not counted (true). */
+ * while any of its ids (the address, and an IPv6 address's /56 and /48)
+ * is blocked, nor while the 404s in the window and the reads in flight of
+ * any of them are its allowance (STATE_CLIENT_404S_AT) together: false,
+ * *until the block's end, or the first lease to end but at most
+ * STATE_CLIENT_RECHECK_MS away (a read ends long before its lease, and a
+ * held request must not give up on a lease past its deadline). When it
+ * may, its read is counted in flight for each of them until
+ * `lease_until`. An id that finds no room is not counted. */
 bool st_client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until,
                    int64_t now, int64_t *until);
 
 /* Client id's read of `what` ended (or was never made): no longer in
- * flight. Returns whether it was. */
+ * flight for any of its ids. Returns whether it was for one. */
 bool st_client_land(struct state *st, const struct state_client *id, uint32_t what, int64_t now);
 
-/* Charge a 404 for `what` to client id at `now`. Returns true when this
- * starts the client's block. */
+/* Charge a 404 for `what` to each of client id's ids at `now`. Returns
+ * true when this starts a block of one of them. */
 bool st_client_charge(struct state *st, const struct state_client *id, uint32_t what, int64_t now);
 
 /* ---- state_budget.c: the budget ring and the plan's fields (under the lock) ---- */
@@ -370,8 +375,26 @@ void st_budget_answered(struct st_keyent *k, int64_t t);
  * this host hears it). false when it was there. */
 bool st_budget_heard(struct st_keyent *k, uint32_t who, int64_t now);
 
+/* Whether a ring entry's read ended 404 (ring_nf): not known to; it did;
+ * a read of an id never answered (the 404 quarter counts it until it
+ * ends otherwise: st_budget_answered_status). */
+enum { RING_NF_NO = 0, RING_NF_404 = 1, RING_NF_PROBE = 2 };
+
 /* The read the ring holds at t ended 404. */
 void st_budget_not_found(struct st_keyent *k, int64_t t);
+
+/* The read the ring holds at t is of an id never answered (RING_NF_PROBE),
+ * or (probe false) ended with anything but a 404: no longer counted by
+ * st_budget_nf_next. */
+void st_budget_mark_probe(struct st_keyent *k, int64_t t, bool probe);
+
+/* When may a read of an id never answered start, under the 404 quarter
+ * (rules_not_found_cap(budget) reads that ended 404 or are such reads
+ * still under way, within lease_ms of their start, in any 60 s span)? `now`
+ * when the span ending now holds fewer; else when the newest cap-th of
+ * them leaves it, or ST_PLAN_RETRY_MS from now when one of them is under
+ * way (it may end otherwise). */
+int64_t st_budget_nf_next(const struct st_keyent *k, int budget, int64_t lease_ms, int64_t now);
 
 /* Were the key's reads in the budget's span ending at `now` all answered
  * 404 (at least one; none in flight, none heard from another host)? Such

@@ -3,7 +3,9 @@ from one address costs at most 5 reads, because reads still in flight for
 that client count as if already answered 404; the charge and the block are
 per key and client, so a prober blocked on one shop is not blocked on
 another, and a buyer of that other shop behind the prober's address gets
-its answer. With state_dir alone, and with three hosts on one real Redis."""
+its answer. An IPv6 prefix counts at its /64, /56 and /48, and reads that
+end 404 take at most a quarter of a key's budget whatever the addresses.
+With state_dir alone, and with three hosts on one real Redis."""
 
 import random
 
@@ -110,6 +112,79 @@ def test_buyers_behind_one_address_are_not_held_back(tmpdir):
                        for i in range(10)])
     assert_eq([r.header("kembali-status") for r in rs], ["succeeded"] * 10)
     assert_eq(len(k.find_log(event="client_blocked")), 0)
+
+
+BUDGET = 60
+
+
+def budget_shop(k):
+    return [harness.make_shop("toko-a", k.key_path("a"), read_budget_per_minute=BUDGET)]
+
+
+def spread(sb, ks, addrs, per, seed):
+    """`per` random ids (JSON, answered at once) from each address of
+    addrs, all sent at once over the processes ks on toko-a (the sandbox
+    answers 404 for ids it does not hold); returns the reads they cost."""
+    rnd = random.Random(seed)
+    asks = [(a, "s%d-%08d" % (seed, rnd.randrange(10 ** 8))) for a in addrs for _ in range(per)]
+    rs = kit.parallel([lambda i=i, a=a, t=t: ks[i % len(ks)].get("id=%s&format=json" % t, host="toko-a.test",
+                                                                  extra={"REMOTE_ADDR": a}, timeout=30)
+                       for i, (a, t) in enumerate(asks)])
+    ids = set(t for _, t in asks)
+    reads = [r for r in sb.reads() if r["id"] in ids]
+    words = [r.header("kembali-status") for r in rs]
+    print("# %d random ids from %d addresses over %d process(es), budget %d: %d reads; answers %r"
+          % (len(asks), len(addrs), len(ks), BUDGET, len(reads), {w: words.count(w) for w in set(words)}))
+    assert_eq(words.count("not_found") + words.count("checking"), len(asks))
+    return len(reads)
+
+
+def paid_buyer_succeeds(sb, k, addr="192.0.2.99", id="paid-after"):
+    """A buyer back (HTML, held) for a payment kembali has never seen."""
+    sb.put_tx(id, "succeeded")
+    r = k.get("id=" + id, host="toko-a.test", extra={"REMOTE_ADDR": addr}, timeout=30)
+    assert_eq(r.header("kembali-status"), "succeeded", "a paid buyer after the probe")
+    assert len(sb.reads(id)) >= 1
+
+
+def test_an_ipv6_60_cannot_spend_the_budget(tmpdir):
+    """96 random ids from the 16 /64s of one /60: the /56's 10 404s, not
+    16 x 5 (the whole budget of 60); a paid buyer then gets succeeded."""
+    sb, k = kit.start(tmpdir, shops=budget_shop)
+    addrs = ["2001:db8:77:ab%x0::%x" % (i, i + 1) for i in range(16)]
+    reads = spread(sb, [k], addrs, 6, seed=60)
+    assert reads <= 10, "one /56 spends at most its 10: %d" % reads
+    paid_buyer_succeeds(sb, k)
+
+
+def test_an_ipv6_48_cannot_spend_the_budget(tmpdir):
+    """96 random ids from 96 /56s of one /48 (a free tunnel's): at most
+    the /48's 20, and the quarter's 15 first; a paid buyer is still read
+    (its last-chance read) and gets succeeded."""
+    sb, k = kit.start(tmpdir, shops=budget_shop)
+    addrs = ["2001:db8:48:%x00::1" % i for i in range(96)]
+    reads = spread(sb, [k], addrs, 1, seed=48)
+    assert reads <= BUDGET // 4, "a /48 spends at most the 404 quarter: %d" % reads
+    paid_buyer_succeeds(sb, k)
+
+
+def test_the_404_quarter_holds_against_many_addresses(tmpdir):
+    """64 IPv4 addresses, 2 guesses each (every one under its own 5): the
+    reads that end 404 take at most a quarter of the budget; a paid
+    buyer's first return (an id never seen) is answered at its
+    last-chance read."""
+    sb, k = kit.start(tmpdir, shops=budget_shop)
+    addrs = ["198.51.100.%d" % (i + 1) for i in range(64)]
+    reads = spread(sb, [k], addrs, 2, seed=4)
+    assert reads <= BUDGET // 4, "404s take at most a quarter of the budget: %d" % reads
+    paid_buyer_succeeds(sb, k)
+
+
+def test_the_404_quarter_over_processes_sharing_state_dir(tmpdir):
+    sb, ks = kit.start_many(tmpdir, 3, shops=budget_shop)
+    addrs = ["198.51.100.%d" % (i + 1) for i in range(64)]
+    reads = spread(sb, ks, addrs, 2, seed=5)
+    assert reads <= BUDGET // 4, "404s take at most a quarter of the budget: %d" % reads
 
 
 @harness.timeout(180)

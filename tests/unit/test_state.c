@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "plan.h"
+#include "rules.h"
 #include "state.h"
 #include "util.h"
 
@@ -69,6 +70,23 @@ static struct state_key key_of(struct state *st, const char *secret)
 }
 
 /* Claim with the default schedule and budget. */
+static enum state_told tell(struct state *st, const struct state_key *k, const char *id, enum tx_status s,
+                            int64_t now)
+{
+    return state_tell(st, k, id, s, tx_status_word(s), now);
+}
+
+/* Ids prefix0 .. prefix(n-1) are payments kembali has seen (told pending
+ * at now): the 404 quarter never holds their reads back. */
+static void known_ids(struct state *st, const struct state_key *k, const char *prefix, int from, int n, int64_t now)
+{
+    for (int i = from; i < from + n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "%s%d", prefix, i);
+        tell(st, k, id, TXS_PENDING, now);
+    }
+}
+
 static bool claim(struct state *st, const struct state_key *k, const char *id, int64_t now,
                   struct state_ticket *t, struct state_fact *f)
 {
@@ -865,11 +883,6 @@ static void test_key_usage(void **unused)
 
 /* ---- told by the shop ---- */
 
-static enum state_told tell(struct state *st, const struct state_key *k, const char *id, enum tx_status s,
-                            int64_t now)
-{
-    return state_tell(st, k, id, s, tx_status_word(s), now);
-}
 
 static void test_tell_final_costs_no_read(void **unused)
 {
@@ -1437,6 +1450,7 @@ static void test_key_eviction_keeps_the_budget(void **unused)
     struct pace_schedule s = sched_default();
     struct state_ticket t;
     struct state_fact f;
+    known_ids(st, &a, "A", 0, 3, T0); /* small budgets: no quarter for unknown ids to pass */
     for (int i = 0; i < 3; i++) {
         char id[8];
         snprintf(id, sizeof id, "A%d", i);
@@ -1766,28 +1780,225 @@ static void test_clients_blocked_gauge(void **unused)
     state_free(st);
 }
 
+/* The ids of an IPv6 address: its /64 (b), its /56 and /48 (wide); none
+ * wide for IPv4. */
+static void test_client_prefix_ids(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(64);
+    static const uint8_t zero[16];
+    struct state_client a = client_of(st, "2001:db8:ab:cd01::1"), b = client_of(st, "2001:db8:ab:cd02::1");
+    struct state_client c = client_of(st, "2001:db8:ab:ce01::1"), v4 = client_of(st, "192.0.2.7");
+    assert_memory_not_equal(a.b, b.b, 16);            /* two /64s ... */
+    assert_memory_equal(a.wide[0], b.wide[0], 16);    /* ... of one /56 */
+    assert_memory_not_equal(a.wide[0], c.wide[0], 16); /* another /56 ... */
+    assert_memory_equal(a.wide[1], c.wide[1], 16);    /* ... of the same /48 */
+    assert_memory_not_equal(a.wide[0], a.wide[1], 16);
+    assert_memory_not_equal(client_of(st, "2001:db8:ac::1").wide[1], a.wide[1], 16);
+    assert_memory_equal(v4.wide[0], zero, 16);
+    assert_memory_equal(v4.wide[1], zero, 16);
+    assert_memory_equal(client_of(st, "::ffff:192.0.2.7").wide[1], zero, 16);
+    /* per key, as the address's own id */
+    struct state_key kb = key_of(st, "sk_test_b");
+    assert_memory_not_equal(a.wide[1], client_for(st, &kb, "2001:db8:ab:cd01::1").wide[1], 16);
+    state_free(st);
+}
+
+/* Random ids from the /64s of one IPv6 prefix, one after the other (each
+ * answered 404 at once), `per` from each of n64 addresses
+ * 2001:db8:ab:X::1, X = base + i * step: how many were read. */
+static int prefix_probe(struct state *st, const struct state_key *k, int base, int step, int n64, int per,
+                        int64_t now)
+{
+    int reads = 0;
+    for (int i = 0; i < n64; i++) {
+        char a[64];
+        snprintf(a, sizeof a, "2001:db8:ab:%x::1", base + i * step);
+        struct state_client c = client_for(st, k, a);
+        for (int j = 0; j < per; j++) {
+            char id[32];
+            struct state_ticket t;
+            snprintf(id, sizeof id, "G%d_%d", i, j);
+            now += 500; /* 96 over 48 s: the key's quarter (BUDGET / 4 = 30) is not what stops them */
+            if (!claim_for(st, k, id, &c, now, &t, NULL))
+                continue;
+            reads++;
+            finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), now + 100);
+        }
+    }
+    return reads;
+}
+
+static void test_client_ipv6_prefix_spread(void **unused)
+{
+    (void)unused;
+    /* 96 ids from the 16 /64s of one /60 (6 each): one /56's 10 */
+    struct state *st = mk_clients(256);
+    struct state_key k = key_of(st, "sk_test_a");
+    assert_int_equal(prefix_probe(st, &k, 0xcd00, 1, 16, 6, T0), STATE_CLIENT_404S_56);
+    /* blocked at the /56: another /64 of it too, but not another /56 */
+    struct state_client other = client_for(st, &k, "2001:db8:ab:cdff::9");
+    assert_true(state_client_blocked(st, &other, T0 + 60000));
+    other = client_for(st, &k, "2001:db8:ab:ce00::9");
+    assert_false(state_client_blocked(st, &other, T0 + 60000));
+    state_free(st);
+    /* 96 ids from 96 /56s of one /48: the /48's 20 */
+    st = mk_clients(256);
+    k = key_of(st, "sk_test_a");
+    assert_int_equal(prefix_probe(st, &k, 0, 0x100, 96, 1, T0), STATE_CLIENT_404S_48);
+    other = client_for(st, &k, "2001:db8:ab:ffff::1");
+    assert_true(state_client_blocked(st, &other, T0 + 60000));
+    /* a known id is read for the blocked prefix as for anybody */
+    tell(st, &k, "PAID", TXS_PENDING, T0 + 60000);
+    struct state_ticket t;
+    assert_true(claim_for(st, &k, "PAID", &other, T0 + 60000, &t, NULL));
+    /* the /48's block ends with its 10 minutes */
+    assert_false(state_client_blocked(st, &other, T0 + 48000 + 100 + STATE_CLIENT_BLOCK_MS + 1000));
+    state_free(st);
+    /* one /64's allowance is still its own 5 */
+    st = mk_clients(256);
+    k = key_of(st, "sk_test_a");
+    assert_int_equal(prefix_probe(st, &k, 0xcd00, 1, 1, 9, T0), STATE_CLIENT_404S);
+    state_free(st);
+}
+
+/* Reads in flight count at every prefix: a burst from many /64s of one
+ * /56 all at once starts the /56's allowance, no more. */
+static void test_client_prefix_counts_reads_in_flight(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(256);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t[16];
+    int reads = 0;
+    for (int i = 0; i < 16; i++) {
+        char a[64], id[16];
+        snprintf(a, sizeof a, "2001:db8:ab:cd0%x::1", i);
+        snprintf(id, sizeof id, "B%d", i);
+        struct state_client c = client_for(st, &k, a);
+        struct state_fact f;
+        if (claim_for(st, &k, id, &c, T0, &t[reads], &f))
+            reads++;
+        else
+            assert_int_equal(f.wait, WAIT_CLIENT);
+    }
+    assert_int_equal(reads, STATE_CLIENT_404S_56);
+    /* one ends with a status: in flight no more at any prefix, room for one */
+    finish(st, &t[0], "toko-a", oc_status(TXS_PENDING, NULL), T0 + 200);
+    struct state_client c = client_for(st, &k, "2001:db8:ab:cd99::1");
+    assert_true(claim_for(st, &k, "B99", &c, T0 + 300, &t[0], NULL));
+    state_free(st);
+}
+
+/* The 404 quarter: reads of ids never answered that end 404 take at most
+ * BUDGET / 4 of the key's budget in any 60 s, whatever the addresses. */
+static void test_not_found_quarter(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(1024);
+    struct state_key k = key_of(st, "sk_test_a");
+    const int cap = rules_not_found_cap(BUDGET);
+    assert_int_equal(cap, BUDGET / 4);
+    int reads = 0;
+    int64_t now = T0;
+    struct state_fact f;
+    for (int i = 0; i < 64; i++) { /* 64 addresses, 2 guesses each: every one under its own 5 */
+        char a[32];
+        snprintf(a, sizeof a, "198.51.100.%d", i + 1);
+        struct state_client c = client_for(st, &k, a);
+        for (int j = 0; j < 2; j++) {
+            char id[16];
+            struct state_ticket t;
+            snprintf(id, sizeof id, "Q%d_%d", i, j);
+            now += 100;
+            if (!claim_for(st, &k, id, &c, now, &t, &f)) {
+                assert_int_equal(f.wait, WAIT_BUDGET);
+                continue;
+            }
+            reads++;
+            finish(st, &t, "toko-a", oc_kind(OUT_NOT_FOUND), now + 50);
+        }
+    }
+    assert_int_equal(reads, cap);
+    /* a known id reads as ever; an unknown one, not held, waits for the
+     * first 404 to leave the span */
+    tell(st, &k, "KNOWN", TXS_PENDING, now);
+    struct state_ticket t;
+    assert_true(claim_for(st, &k, "KNOWN", NULL, now + 10, &t, NULL));
+    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), now + 20);
+    assert_false(claim_for(st, &k, "NEW", NULL, now + 30, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_int_equal(f.next_read, T0 + 100 + 60001);
+    /* an unknown id held (a buyer's real payment kembali has never seen):
+     * read with its last-chance read, shortly before its deadline */
+    struct pace_schedule s = sched_default();
+    int64_t dl = now + 30000;
+    assert_true(state_hold(st, &k, "BUYER", &s, BUDGET, dl, now + 40, NULL));
+    assert_false(claim_for(st, &k, "BUYER", NULL, now + 50, &t, &f));
+    assert_int_equal(f.wait, WAIT_BUDGET);
+    assert_true(f.next_read <= dl - PLAN_LEAD_MS);
+    assert_true(claim_for(st, &k, "BUYER", NULL, dl - PLAN_LEAD_MS, &t, &f));
+    finish(st, &t, "toko-a", oc_status(TXS_SUCCEEDED, NULL), dl - PLAN_LEAD_MS + 100);
+    /* once the 404s leave the span, unknown ids are read again */
+    assert_true(claim_for(st, &k, "NEW", NULL, T0 + 100 + 60001 + 100 * cap, &t, NULL));
+    state_free(st);
+}
+
+/* Reads of ids never answered that are still under way count toward the
+ * quarter (a burst sent at once from many addresses), until they end
+ * otherwise or their lease runs out. */
+static void test_not_found_quarter_counts_reads_under_way(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(1024);
+    struct state_key k = key_of(st, "sk_test_a");
+    const int cap = rules_not_found_cap(BUDGET);
+    struct state_ticket t[64];
+    struct state_fact f;
+    int reads = 0;
+    for (int i = 0; i < 64; i++) {
+        char a[32], id[16];
+        snprintf(a, sizeof a, "198.51.100.%d", i + 1);
+        snprintf(id, sizeof id, "U%d", i);
+        struct state_client c = client_for(st, &k, a);
+        if (claim_for(st, &k, id, &c, T0 + i, &t[reads], &f))
+            reads++;
+        else
+            assert_true(f.next_read <= T0 + i + RULES_PLAN_RECHECK_MS);
+    }
+    assert_int_equal(reads, cap);
+    /* one ends pending (a real payment): room for one more */
+    finish(st, &t[0], "toko-a", oc_status(TXS_PENDING, NULL), T0 + 200);
+    assert_true(claim_for(st, &k, "U100", NULL, T0 + 300, &t[0], NULL));
+    assert_false(claim_for(st, &k, "U101", NULL, T0 + 301, &t[1], NULL));
+    /* reads whose lease ran out (their process died) count no longer */
+    assert_true(claim_for(st, &k, "U101", NULL, T0 + 300 + LEASE + 1, &t[1], NULL));
+    state_free(st);
+}
+
 static void test_clients_table_full(void **unused)
 {
     (void)unused;
     /* 8 slots: one set of 8 ways */
     struct state *st = mk_clients(8);
-    struct state_key k = key_of(st, "sk_test_a");
     struct state_client c[10];
+    struct state_key ks[10]; /* a key each: no key's 404 quarter is spent */
     for (int i = 0; i < 10; i++) {
         char a[32];
         snprintf(a, sizeof a, "10.0.0.%d", i + 1);
-        c[i] = client_of(st, a);
+        ks[i] = key_n(st, i);
+        c[i] = client_for(st, &ks[i], a);
     }
     int64_t now = T0;
     for (int i = 0; i < 8; i++) { /* 8 blocked clients fill the table */
         char p[8];
         snprintf(p, sizeof p, "P%d_", i);
-        probe_n(st, &k, &c[i], p, 4, now, 10);
+        probe_n(st, &ks[i], &c[i], p, 4, now, 10);
         snprintf(p, sizeof p, "P%d_9", i);
-        assert_true(probe(st, &k, &c[i], p, now + 100).client_blocked);
+        assert_true(probe(st, &ks[i], &c[i], p, now + 100).client_blocked);
     }
     /* a 9th finds no room: not counted, and no blocked client is forgotten */
-    probe_n(st, &k, &c[8], "Q", 5, now + 1000, 10);
+    probe_n(st, &ks[8], &c[8], "Q", 5, now + 1000, 10);
     assert_false(state_client_blocked(st, &c[8], now + 2000));
     for (int i = 0; i < 8; i++)
         assert_true(state_client_blocked(st, &c[i], now + 2000));
@@ -1797,10 +2008,10 @@ static void test_clients_table_full(void **unused)
     assert_int_equal(m.client_slots, 8);
     /* once the blocks are over, the oldest idle ones make room */
     int64_t later = now + 200 + STATE_CLIENT_BLOCK_MS + STATE_CLIENT_WINDOW_MS;
-    probe_n(st, &k, &c[8], "R", 4, later, 10);
-    assert_true(probe(st, &k, &c[8], "R9", later + 100).client_blocked);
-    probe_n(st, &k, &c[9], "S", 4, later, 10);
-    assert_true(probe(st, &k, &c[9], "S9", later + 100).client_blocked);
+    probe_n(st, &ks[8], &c[8], "R", 4, later, 10);
+    assert_true(probe(st, &ks[8], &c[8], "R9", later + 100).client_blocked);
+    probe_n(st, &ks[9], &c[9], "S", 4, later, 10);
+    assert_true(probe(st, &ks[9], &c[9], "S9", later + 100).client_blocked);
     state_metrics(st, &m);
     assert_int_equal(m.client_full, 5);
     state_free(st);
@@ -2468,6 +2679,7 @@ static void test_unclaim_gives_back_the_budget(void **unused)
     struct state_ticket t, t2;
     struct state_fact f;
     const int budget = 2;
+    known_ids(st, &k, "T", 1, 4, T0 - 1); /* not held back by the 404 quarter */
     assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &t, &f));
     state_unclaim(st, &t, T0 + 1);
     assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + 2, &t, &f));
@@ -2493,6 +2705,7 @@ static void test_unclaim_stale_does_nothing(void **unused)
     struct state_ticket old, t, fresh;
     struct state_fact f;
     const int budget = 4;
+    known_ids(st, &k, "T", 1, 5, T0 - 1); /* not held back by the 404 quarter */
     /* a lease ran out and another read was claimed */
     assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0, &old, &f));
     assert_true(state_claim(st, &k, "T1", &s, budget, TIMEOUT, T0 + LEASE + 1, &fresh, &f));
@@ -2910,6 +3123,11 @@ int main(void)
         cmocka_unit_test(test_client_blocked_known_ids_still_read),
         cmocka_unit_test(test_clients_independent),
         cmocka_unit_test(test_clients_blocked_gauge),
+        cmocka_unit_test(test_client_prefix_ids),
+        cmocka_unit_test(test_client_ipv6_prefix_spread),
+        cmocka_unit_test(test_client_prefix_counts_reads_in_flight),
+        cmocka_unit_test(test_not_found_quarter),
+        cmocka_unit_test(test_not_found_quarter_counts_reads_under_way),
         cmocka_unit_test(test_clients_table_full),
         cmocka_unit_test(test_evict_idle),
         cmocka_unit_test(test_evict_never_in_use),
