@@ -6,8 +6,9 @@
  * decisions are hold_step()'s; this file does the bookkeeping and the I/O
  * around them: the API client, the state's outcomes, the log lines. A
  * watch the budget's plan holds back waits in its key's turn (turnset.h)
- * rather than on a timer of its own: the key is looked at once, and its
- * members stepped only when the key may let one through. */
+ * rather than on a timer of its own: the key is looked at once, when each
+ * would have looked, and its members stepped only when it may let one
+ * through. */
 #include "resolver.h"
 
 #include <errno.h>
@@ -529,24 +530,16 @@ static bool turn_open(struct resolver *rs, struct turnset_turn *t, int64_t *retr
 }
 
 /* Look at t's key: while it may let a member through, step its members
- * in the order they joined until one reads (then look at the key again);
- * a look that let nobody through leaves t quiet until its timer. Then
- * arm t's timer for the key's next change, or drop t when empty. */
+ * in the order they joined until one reads (then look at the key again).
+ * Then arm t's timer for the key's next look, or drop t when empty. */
 static void turn_look(struct resolver *rs, struct turnset_turn *t)
 {
     int64_t retry = 0;
     bool open = t->n > 0 && turn_open(rs, t, &retry);
-    if (open) {
-        bool any = false;
-        for (size_t left = t->n; left > 0 && open && t->n > 0; left--) {
-            struct turnset_node *n = turnset_take(t);
-            if (step(rs, watch_of_turn(n))) { /* it may rejoin t, last */
-                any = true;
-                open = t->n > 0 && turn_open(rs, t, &retry);
-            }
-        }
-        if (!any)
-            t->quiet = true; /* whoever it may let through is not here (or not yet) */
+    for (size_t left = t->n; open && left > 0 && t->n > 0; left--) {
+        struct turnset_node *n = turnset_take(t);
+        if (step(rs, watch_of_turn(n))) /* it may rejoin t, last */
+            open = t->n > 0 && turn_open(rs, t, &retry);
     }
     if (t->n == 0) {
         loop_timer_stop(rs->loop, &t->timer);
@@ -566,18 +559,9 @@ static void on_turn_timer(struct loop *l, struct loop_timer *tm)
     struct resolver *rs = tm->data;
     struct turnset_turn *t = (struct turnset_turn *)(void *)((char *)tm - offsetof(struct turnset_turn, timer));
     (void)l;
-    t->quiet = false;
     turn_look(rs, t);
 }
 
-/* Look at the keys of the marked turns (not quiet). */
-static void look_marked(struct resolver *rs)
-{
-    struct turnset_turn *t;
-    while ((t = turnset_pop(&rs->turns)) != NULL)
-        if (!t->quiet)
-            turn_look(rs, t);
-}
 
 static void on_watch_timer(struct loop *l, struct loop_timer *t)
 {
@@ -618,17 +602,12 @@ static void on_wake(struct loop *l, struct loop_io *io, uint32_t events)
     size_t n;
     do {
         n = state_changes(rs->app->state, &rs->cursor, ch, WAKE_BATCH, util_mono_ms(), &lost);
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < n; i++)
             watchset_mark_change(&rs->ws, &ch[i]);
-            turnset_mark_change(&rs->turns, &ch[i]);
-        }
     } while (n == WAKE_BATCH);
-    if (lost) {
+    if (lost)
         watchset_mark_all(&rs->ws);
-        turnset_mark_all(&rs->turns);
-    }
     step_marked(rs);
-    look_marked(rs);
 }
 
 /* Redis asks for this host's reads with a key (rkey), or with every key

@@ -325,12 +325,11 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
  * holds back every early read of the key now (as state_lookup() finds for
  * each, fact.withheld), whichever transaction asks, whatever its own
  * state; true when one may be allowed (or the key has no plan: nothing is
- * withheld). What this says changes only with the key's own events (a
- * read's start or end, a hold or its end, an arrival) or at *retry (set
- * either way, after now: a read leaving the spans, the rush thinning, at
- * the latest after the plan's recheck, RULES_PLAN_RECHECK_MS), so that a
- * process holding many withheld transactions of a key looks at the key
- * once, not at each. A transaction's own reservation (fact.withheld_own)
+ * withheld). *retry (set either way, after now) is when a withheld one
+ * looks again, as each would (plan_retry): a read leaving the spans, the
+ * rush thinning, at the latest after the plan's recheck
+ * (RULES_PLAN_RECHECK_MS); so that a process holding many withheld
+ * transactions of a key looks at the key once, not at each. A transaction's own reservation (fact.withheld_own)
  * is not the key's. Never reads anything itself. */
 bool state_plan_open(struct state *st, const struct state_key *key, const struct pace_schedule *sched, int budget,
                      int64_t now, int64_t *retry);

@@ -276,17 +276,11 @@ bool st_plan_open(struct state *st, const struct st_keyent *k, const struct pace
     int64_t thins, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
     int nev;
     plan_gather(st, k, NULL, sched, budget, now, &pk, &thins, ev, &nev);
-    /* when it may change by itself: a read leaving the spans, the rush
-     * thinning (plan_retry), or a read leaving the late span */
+    /* when it looks again: as each of them would (plan_retry), a read
+     * leaving the spans, the rush thinning, or the plan's recheck; not
+     * sooner, so that a withheld read starts when it always has */
     struct plan_tx nobody = {0};
     *retry = plan_retry(&nobody, ev, nev, thins, ST_PLAN_RETRY_MS, now);
-    int64_t late = plan_late_span(&pk);
-    for (int i = 0; i < nev; i++)
-        if (ev[i] >= now - late) {
-            if (ev[i] + late + 1 > now && ev[i] + late + 1 < *retry)
-                *retry = ev[i] + late + 1;
-            break;
-        }
     /* plan_may_read() allows an early read only when everything is paid
      * for or there is room; nobody's demand (1) stands for the asker's own
      * and is taken back, so that this says yes whenever any of them may */

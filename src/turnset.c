@@ -1,6 +1,6 @@
 /* turnset.c - see turnset.h. A chained hash table of turns by key
- * (FNV-1a of the key's identity), a list of every turn and one of the
- * marked ones; each turn a doubly linked list of its members. */
+ * (FNV-1a of the key's identity) and a list of every turn; each turn a
+ * doubly linked list of its members. */
 #include "turnset.h"
 
 #include <stdint.h>
@@ -86,38 +86,10 @@ struct turnset_node *turnset_take(struct turnset_turn *t)
     return n;
 }
 
-static void unmark(struct turnset *ts, struct turnset_turn *t)
-{
-    if (!t->marked)
-        return;
-    if (t->mprev)
-        t->mprev->mnext = t->mnext;
-    else
-        ts->marked = t->mnext;
-    if (t->mnext)
-        t->mnext->mprev = t->mprev;
-    t->mprev = t->mnext = NULL;
-    t->marked = false;
-}
-
-static bool mark(struct turnset *ts, struct turnset_turn *t)
-{
-    if (t->marked)
-        return false;
-    t->marked = true;
-    t->mprev = NULL;
-    t->mnext = ts->marked;
-    if (ts->marked)
-        ts->marked->mprev = t;
-    ts->marked = t;
-    return true;
-}
-
 void turnset_drop(struct turnset *ts, struct turnset_turn *t)
 {
     while (t->head)
         turnset_leave(t->head);
-    unmark(ts, t);
     struct turnset_turn **pp = &ts->by_key[key_bucket(&t->key)];
     while (*pp != t)
         pp = &(*pp)->hnext;
@@ -129,32 +101,6 @@ void turnset_drop(struct turnset *ts, struct turnset_turn *t)
     if (t->next)
         t->next->prev = t->prev;
     free(t);
-}
-
-size_t turnset_mark_change(struct turnset *ts, const struct state_change *c)
-{
-    if (c->kind == STATE_CHANGE_HOST) {
-        size_t m = 0;
-        for (struct turnset_turn *t = ts->all; t; t = t->next)
-            m += mark(ts, t);
-        return m;
-    }
-    struct turnset_turn *t = turnset_find(ts, &c->key);
-    return t != NULL && mark(ts, t);
-}
-
-void turnset_mark_all(struct turnset *ts)
-{
-    for (struct turnset_turn *t = ts->all; t; t = t->next)
-        mark(ts, t);
-}
-
-struct turnset_turn *turnset_pop(struct turnset *ts)
-{
-    struct turnset_turn *t = ts->marked;
-    if (t != NULL)
-        unmark(ts, t);
-    return t;
 }
 
 struct turnset_turn *turnset_first(const struct turnset *ts)

@@ -6,9 +6,9 @@
  * leaving the spans, a reservation, the rush thinning) or by its own
  * reservation's time. The resolver puts its watch in its key's turn
  * instead of looking at it on its own every RULES_PLAN_RECHECK_MS: the
- * key is looked at once (one timer per key, and its changes), and only
- * when it may let one through are its members stepped, one at a time in
- * the order they joined. So a withheld transaction costs nothing while
+ * key is looked at once (one timer per key, when each member would have
+ * looked), and only when it may let one through are its members stepped,
+ * one at a time in the order they joined. So a withheld transaction costs nothing while
  * its key stays shut, however many others wait with it.
  *
  * Plain code: no I/O, no clock. A turn is allocated when its first member
@@ -37,19 +37,15 @@ struct turnset_turn {
     struct state_key key;
     size_t n;                             /* members */
     struct loop_timer timer;              /* the caller's: when to look at the key again */
-    bool quiet;                           /* the caller's: looked at in vain; wait for the timer */
     /* private */
-    bool marked;
     struct turnset_node *head, *tail;
     struct turnset_turn *hnext;           /* its bucket's chain */
     struct turnset_turn *prev, *next;     /* every turn */
-    struct turnset_turn *mprev, *mnext;   /* the marked ones */
 };
 
 struct turnset {
     struct turnset_turn *by_key[TURNSET_BUCKETS];
     struct turnset_turn *all;
-    struct turnset_turn *marked;
 };
 
 /* An empty set. Can't fail. */
@@ -73,16 +69,6 @@ struct turnset_turn *turnset_find(const struct turnset *ts, const struct state_k
 
 /* Free turn t (empty, its timer stopped by the caller). Can't fail. */
 void turnset_drop(struct turnset *ts, struct turnset_turn *t);
-
-/* Mark the turns change c concerns: a transaction's or key's change its
- * key's, a host's every one. Returns how many it newly marked. Can't fail. */
-size_t turnset_mark_change(struct turnset *ts, const struct state_change *c);
-
-/* Mark every turn. Can't fail. */
-void turnset_mark_all(struct turnset *ts);
-
-/* A marked turn, no longer marked, or NULL when none is. */
-struct turnset_turn *turnset_pop(struct turnset *ts);
 
 /* Every turn: the first (NULL: none). */
 struct turnset_turn *turnset_first(const struct turnset *ts);
