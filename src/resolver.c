@@ -4,12 +4,17 @@
  * flight, found through a hash table; each watch has its waiters (a list),
  * a timer (when hold_step() wants to look again) and at most one read. The
  * decisions are hold_step()'s; this file does the bookkeeping and the I/O
- * around them: the API client, the state's outcomes, the log lines. */
+ * around them: the API client, the state's outcomes, the log lines. A
+ * watch the budget's plan holds back waits in its key's turn (turnset.h)
+ * rather than on a timer of its own: the key is looked at once, when each
+ * would have looked, and its members stepped only when it may let one
+ * through. */
 #include "resolver.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +26,7 @@
 #include "kasera.h"
 #include "log.h"
 #include "state_redis.h"
+#include "turnset.h"
 #include "util.h"
 #include "watchset.h"
 
@@ -35,6 +41,7 @@ struct resolver_watch {
     size_t nwaiters;
     struct rread *reading;            /* our read of it in flight, or NULL */
     struct loop_timer timer;
+    struct turnset_node turn;         /* withheld by the budget's plan: in its key's turn */
     bool budget_waited;               /* counted in budget_waits: its read waited for the key's budget */
 };
 
@@ -61,6 +68,7 @@ struct resolver {
     bool quiet;                       /* resolver_quiet: no read starts */
     size_t held;
     struct watchset ws;               /* the watches, found by what changed */
+    struct turnset turns;             /* the withheld ones, by key */
     uint64_t cursor;                  /* the state's change log read up to here (state_changes) */
     struct rread *reads;
     /* the scratch arrays of one step, grown to the largest watch */
@@ -104,8 +112,15 @@ static struct resolver_watch *watch_get(struct resolver *rs, const struct state_
     return w;
 }
 
+/* The watch of turn member n. */
+static struct resolver_watch *watch_of_turn(struct turnset_node *n)
+{
+    return (struct resolver_watch *)(void *)((char *)n - offsetof(struct resolver_watch, turn));
+}
+
 static void watch_drop(struct resolver *rs, struct resolver_watch *w)
 {
+    turnset_leave(&w->turn); /* its turn, maybe empty now, goes at its timer */
     watchset_remove(&rs->ws, &w->node);
     if (w->reading)
         w->reading->w = NULL;
@@ -244,7 +259,7 @@ static void read_release(struct resolver *rs, struct rread *rd)
     free(rd);
 }
 
-static void step(struct resolver *rs, struct resolver_watch *w);
+static bool step(struct resolver *rs, struct resolver_watch *w);
 
 /* The API client's callback: a read ended. Record it, then decide again
  * for its transaction (its waiters may be answered now). */
@@ -400,16 +415,50 @@ static bool scratch_fit(struct resolver *rs, size_t n)
     return true;
 }
 
-/* Answer the waiters of w that hold_step() picked, and arm w's timer. */
-static void step(struct resolver *rs, struct resolver_watch *w)
+static void on_turn_timer(struct loop *l, struct loop_timer *t);
+
+/* w, withheld by the plan (fact f), waits in its key's turn; its own
+ * timer runs only to its waiters' first deadline or its reservation.
+ * false when out of memory (w stays in no turn). */
+static bool turn_join(struct resolver *rs, struct resolver_watch *w, const struct state_fact *f)
 {
+    bool made;
+    struct turnset_turn *t = turnset_join(&rs->turns, &w->turn, &w->node.key, &made);
+    if (t == NULL)
+        return false;
+    if (made)
+        loop_timer_init(&t->timer, on_turn_timer, rs);
+    /* the key is looked at no later than this one would have looked */
+    if ((!loop_timer_armed(&t->timer) || t->timer.at > f->next_read) &&
+        loop_timer_at(rs->loop, &t->timer, f->next_read) != 0) {
+        turnset_leave(&w->turn);
+        return false;
+    }
+    int64_t own = f->withheld_own;
+    for (const struct resolver_waiter *r = w->waiters; r; r = r->next)
+        if (r->h.deadline < own)
+            own = r->h.deadline;
+    if (own == HOLD_NEVER)
+        loop_timer_stop(rs->loop, &w->timer);
+    else if (loop_timer_at(rs->loop, &w->timer, own) != 0) {
+        turnset_leave(&w->turn);
+        return false;
+    }
+    return true;
+}
+
+/* Answer the waiters of w that hold_step() picked, and arm w's timer (or
+ * put w in its key's turn). True when a read of it started. */
+static bool step(struct resolver *rs, struct resolver_watch *w)
+{
+    turnset_leave(&w->turn); /* looked at now: it joins again if still withheld */
     for (int round = 0; round < 2; round++) {
         if (w->waiters == NULL) {
             if (w->reading == NULL)
                 watch_drop(rs, w);
             else
                 loop_timer_stop(rs->loop, &w->timer); /* the read's end brings us back */
-            return;
+            return false;
         }
         struct state_fact none = {.wait = WAIT_FULL, .status_word = "unknown"};
         const struct state_fact *f = &none;
@@ -453,19 +502,67 @@ static void step(struct resolver *rs, struct resolver_watch *w)
                 r->note(r, f);
         if (!started)
             continue; /* the read could not start: decide again (no read in flight now) */
+        bool claimed = fit && res.claimed;
         if (w->waiters == NULL && w->reading == NULL) {
             watch_drop(rs, w);
-            return;
+            return claimed;
         }
         if (w->waiters == NULL || res.plan.wake == HOLD_NEVER)
             loop_timer_stop(rs->loop, &w->timer);
+        else if (fit && f->withheld && w->reading == NULL && turn_join(rs, w, f))
+            ; /* its key's turn looks again */
         else if (loop_timer_at(rs->loop, &w->timer, res.plan.wake) != 0)
             loop_timer_at(rs->loop, &w->timer, res.plan.wake); /* out of memory: try once more */
-        return;
+        return claimed;
     }
     /* two reads in a row could not even start: look again in a second */
     loop_timer_at(rs->loop, &w->timer, util_mono_ms() + 1000);
+    return false;
 }
+
+/* May the plan of t's key let one of its members through now? *retry:
+ * when that may change by itself (state_plan_open). */
+static bool turn_open(struct resolver *rs, struct turnset_turn *t, int64_t *retry)
+{
+    const struct resolver_waiter *lead = watch_of_turn(t->head)->waiters;
+    coord_plan(rs->app->state, rs->redis);
+    return state_plan_open(rs->app->state, &t->key, &lead->cfg->sched,
+                           state_redis_budget(rs->redis, lead->shop->read_budget), util_mono_ms(), retry);
+}
+
+/* Look at t's key: while it may let a member through, step its members
+ * in the order they joined until one reads (then look at the key again).
+ * Then arm t's timer for the key's next look, or drop t when empty. */
+static void turn_look(struct resolver *rs, struct turnset_turn *t)
+{
+    int64_t retry = 0;
+    bool open = t->n > 0 && turn_open(rs, t, &retry);
+    for (size_t left = t->n; open && left > 0 && t->n > 0; left--) {
+        struct turnset_node *n = turnset_take(t);
+        if (step(rs, watch_of_turn(n))) /* it may rejoin t, last */
+            open = t->n > 0 && turn_open(rs, t, &retry);
+    }
+    if (t->n == 0) {
+        loop_timer_stop(rs->loop, &t->timer);
+        turnset_drop(&rs->turns, t);
+        return;
+    }
+    if (loop_timer_at(rs->loop, &t->timer, retry) != 0 && !loop_timer_armed(&t->timer)) {
+        /* out of memory: its members look on their own again */
+        for (struct turnset_node *n; (n = turnset_take(t)) != NULL;)
+            loop_timer_at(rs->loop, &watch_of_turn(n)->timer, retry);
+        turnset_drop(&rs->turns, t);
+    }
+}
+
+static void on_turn_timer(struct loop *l, struct loop_timer *tm)
+{
+    struct resolver *rs = tm->data;
+    struct turnset_turn *t = (struct turnset_turn *)(void *)((char *)tm - offsetof(struct turnset_turn, timer));
+    (void)l;
+    turn_look(rs, t);
+}
+
 
 static void on_watch_timer(struct loop *l, struct loop_timer *t)
 {
@@ -597,6 +694,7 @@ struct resolver *resolver_new(struct app *a, struct loop *l, resolver_answer_fn 
     rs->ctx = ctx;
     rs->wake_fd = -1;
     watchset_init(&rs->ws);
+    turnset_init(&rs->turns);
     rs->cursor = state_changes_head(a->state); /* what changes from now on */
     rs->api = kasera_new(l, on_read_done, rs);
     if (rs->api == NULL) {
@@ -782,6 +880,10 @@ void resolver_free(struct resolver *rs)
     }
     while (watchset_first(&rs->ws) != NULL)
         watch_drop(rs, watch_of(watchset_first(&rs->ws)));
+    for (struct turnset_turn *t; (t = turnset_first(&rs->turns)) != NULL;) {
+        loop_timer_stop(rs->loop, &t->timer);
+        turnset_drop(&rs->turns, t);
+    }
     while (rs->reads) {
         if (rs->reads->claiming != NULL)
             coord_abandon(rs->app->state, &rs->reads->cr, util_mono_ms());

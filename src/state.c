@@ -114,12 +114,14 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     enum plan_read r = PLAN_EARLY;
     bool elsewhere = atomic_load_explicit(&st->elsewhere, memory_order_relaxed);
     if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
-        int64_t retry;
-        r = st_plan_verdict(st, e, k, sched, budget, now, &retry);
+        int64_t retry, own;
+        r = st_plan_verdict(st, e, k, sched, budget, now, &retry, &own);
         if (r == PLAN_NO && elsewhere)
             r = PLAN_EARLY; /* another store's plan decides (its verdict is mirrored: state_defer) */
         if (r == PLAN_NO) {
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
+            f->withheld = true;
+            f->withheld_own = own;
             if (e != NULL)
                 e->withheld = 1;
         }
@@ -153,6 +155,19 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
     st_lock(st, now);
     compute(st, st_tx_find(st, key, id), st_key_get(st, key, now, false), sched, budget, now, out, NULL);
     st_unlock(st);
+}
+
+bool state_plan_open(struct state *st, const struct state_key *key, const struct pace_schedule *sched, int budget,
+                     int64_t now, int64_t *retry)
+{
+    *retry = now + ST_PLAN_RETRY_MS;
+    if (st->greedy)
+        return true; /* no plan: nothing is withheld */
+    st_lock(st, now);
+    struct st_keyent *k = st_key_get(st, key, now, false);
+    bool open = k == NULL || st_plan_open(st, k, sched, budget, now, retry);
+    st_unlock(st);
+    return open;
 }
 
 bool state_claim(struct state *st, const struct state_key *key, const char *id,

@@ -110,6 +110,10 @@ struct state_fact {
     int64_t in_flight_until;
     int64_t next_read;   /* earliest start of another read (>= now) */
     enum state_wait wait;
+    bool withheld;       /* only the budget's plan holds the read back (wait WAIT_BUDGET,
+                          * next_read: when it looks again); what can change that is the
+                          * key's (state_plan_open) or, at withheld_own, its own */
+    int64_t withheld_own; /* withheld: its own reservation's time (INT64_MAX: none) */
 };
 
 struct state_ticket {
@@ -367,6 +371,19 @@ void state_key_id(const struct state *st, const char *secret, struct state_key *
  * under `sched` and `budget` reads per minute. Never reads anything itself. */
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
                   const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out);
+
+/* The budget's plan for every transaction of `key` at once: false when it
+ * holds back every early read of the key now (as state_lookup() finds for
+ * each, fact.withheld), whichever transaction asks, whatever its own
+ * state; true when one may be allowed (or the key has no plan: nothing is
+ * withheld). *retry (set either way, after now) is when a withheld one
+ * looks again, as each would (plan_retry): a read leaving the spans, the
+ * rush thinning, at the latest after the plan's recheck
+ * (RULES_PLAN_RECHECK_MS); so that a process holding many withheld
+ * transactions of a key looks at the key once, not at each. A transaction's own reservation (fact.withheld_own)
+ * is not the key's. Never reads anything itself. */
+bool state_plan_open(struct state *st, const struct state_key *key, const struct pace_schedule *sched, int budget,
+                     int64_t now, int64_t *retry);
 
 /* As state_lookup(); in addition, when a read may start now (nothing final or
  * remembered, none in flight, fact.next_read <= now), records its start

@@ -301,9 +301,11 @@ static void plan_gather(struct state *st, const struct st_keyent *k, const struc
 }
 
 /* The plan's verdict on a read of e now (the pace allowing one); on
- * PLAN_NO, *retry is when it may change. */
+ * PLAN_NO, *retry is when it may change, and *own when e's own part of it
+ * (its reservation) does (INT64_MAX: nothing of its own). */
 enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k,
-                                   const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry)
+                                   const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry,
+                                   int64_t *own)
 {
     struct plan_key pk;
     int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
@@ -328,7 +330,28 @@ enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const st
     /* what can change it: a read leaving the spans, the rush ending, its
      * own reservation's time, or another's turn */
     *retry = plan_retry(&pt, ev, nev, oldest, ST_PLAN_RETRY_MS, now);
+    *own = pt.reserved && pt.resv_at > now ? pt.resv_at : INT64_MAX;
     return PLAN_NO;
+}
+
+/* The key-wide part of every waiting transaction's verdict (see state.h,
+ * state_plan_open): plan_gather() for nobody in particular. */
+bool st_plan_open(struct state *st, const struct st_keyent *k, const struct pace_schedule *sched, int budget,
+                  int64_t now, int64_t *retry)
+{
+    struct plan_key pk;
+    int64_t thins, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
+    int nev;
+    plan_gather(st, k, NULL, sched, budget, now, &pk, &thins, ev, &nev);
+    /* when it looks again: as each of them would (plan_retry), a read
+     * leaving the spans, the rush thinning, or the plan's recheck; not
+     * sooner, so that a withheld read starts when it always has */
+    struct plan_tx nobody = {0};
+    *retry = plan_retry(&nobody, ev, nev, thins, ST_PLAN_RETRY_MS, now);
+    /* plan_may_read() allows an early read only when everything is paid
+     * for or there is room; nobody's demand (1) stands for the asker's own
+     * and is taken back, so that this says yes whenever any of them may */
+    return pk.recent + pk.demand - 1 + pk.arrivals * pk.schedule_reads <= pk.budget || plan_room(&pk) >= 1;
 }
 
 /* May e (waiting) reserve a last-chance read at `at`? */

@@ -413,9 +413,15 @@ struct st_tx *st_waiting_tx(struct state *st, const struct st_keyent *k, int32_t
 void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t now);
 
 /* The plan's verdict on a read of e now (the pace allowing one); on
- * PLAN_NO, *retry is when it may change. */
+ * PLAN_NO, *retry is when it may change, *own when e's own part of it (its
+ * reservation) does (INT64_MAX: nothing of its own). */
 enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const struct st_keyent *k,
-                               const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry);
+                               const struct pace_schedule *sched, int budget, int64_t now, int64_t *retry,
+                               int64_t *own);
+
+/* state_plan_open() on key k (found, the plan in use). */
+bool st_plan_open(struct state *st, const struct st_keyent *k, const struct pace_schedule *sched, int budget,
+                  int64_t now, int64_t *retry);
 
 /* May e (waiting) reserve a last-chance read at `at`? */
 bool st_plan_reserve_at(struct state *st, const struct st_tx *e, const struct st_keyent *k,
