@@ -43,7 +43,7 @@
 struct coord_read {
     struct state_ticket ticket;     /* this host's claim */
     uint64_t redis_serial;          /* Redis's claim (0: a read Redis did not grant) */
-    struct state_redis_id rclient;  /* who asked, as Redis knows clients */
+    struct state_redis_client rclient; /* who asked, as Redis knows clients */
     bool has_rclient;
     const struct shop *shop;        /* the shop the read is made for (its secret, budget) */
     const struct pace_schedule *sched;

@@ -345,9 +345,10 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     return true;
 }
 
-/* Answer now every waiter of w that asked as `client` (a blocked one),
- * with what is known. */
-static void answer_client(struct resolver *rs, struct resolver_watch *w, const struct state_redis_id *client,
+/* Answer now every waiter of w that asked from `client`'s address (a
+ * blocked one: its address's, its /56's or its /48's block; waiters of
+ * its other addresses ask Redis again), with what is known. */
+static void answer_client(struct resolver *rs, struct resolver_watch *w, const struct state_redis_client *client,
                           int64_t now)
 {
     struct state_fact f;
@@ -357,7 +358,7 @@ static void answer_client(struct resolver *rs, struct resolver_watch *w, const s
     state_lookup(rs->app->state, &w->node.key, w->node.id, &lead->cfg->sched, lead->shop->read_budget, now, &f);
     for (struct resolver_waiter *r = w->waiters, *nx; r; r = nx) {
         nx = r->next;
-        if (r->has_rclient && strcmp(r->rclient.hex, client->hex) == 0) {
+        if (r->has_rclient && strcmp(r->rclient.tier[0].hex, client->tier[0].hex) == 0) {
             waiter_unlink(w, r);
             atomic_fetch_add(&rs->app->m.probes_refused, 1);
             rs->answer(rs->ctx, r, &f);

@@ -37,7 +37,7 @@ struct resolver_waiter {
     struct hold_waiter h;        /* deadline, json */
     struct state_client client;  /* who asked (REMOTE_ADDR, of this shop's key): a 404 its read gets
                                   * is charged there, and its read is in flight for it */
-    struct state_redis_id rclient; /* the address, as Redis knows clients under the key (has_rclient) */
+    struct state_redis_client rclient; /* the address, as Redis knows clients (has_rclient) */
     bool has_rclient;
     /* optional (NULL: none): called after each look at the transaction
      * that leaves w held, with the fact it was decided from (the streamed

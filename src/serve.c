@@ -74,7 +74,7 @@ struct serve_req {
     bool held;
     char addr[SERVE_ADDR_MAX];  /* REMOTE_ADDR, for a successor (handover.h) */
     struct state_client client; /* REMOTE_ADDR's identity */
-    struct state_redis_id rclient; /* the same in Redis (has_rclient) */
+    struct state_redis_client rclient; /* the same in Redis (has_rclient) */
     bool has_rclient;
     struct serve_shop *counted; /* its shop's count of held requests */
     struct resolver_waiter rw;

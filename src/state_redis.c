@@ -43,7 +43,7 @@ bool state_redis_key_id(const struct state_redis *r, const char *secret, struct 
     return r != NULL && state_redis_name(secret, out);
 }
 
-bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out)
+bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_client *out)
 {
     if (r == NULL)
         return false;
@@ -51,11 +51,17 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
      * address is not stored in clear, though whoever reads Redis can test
      * a guessed one (as when the key was a salt kept in Redis itself) */
     struct state_client c;
+    static const uint8_t zero[16];
     uint8_t s2[16];
     memcpy(s2, r->salt, 16);
     s2[5] ^= 0x3c; /* not the key ids' hash */
     state_client_hash(s2, addr, &c);
-    ids_hex(c.b, 16, out->hex);
+    memset(out, 0, sizeof *out);
+    ids_hex(c.b, 16, out->tier[0].hex);
+    out->n = 1;
+    /* an IPv6 address's /56 and /48 (both or neither) */
+    for (int t = 1; t < STATE_CLIENT_TIERS && memcmp(c.wide[t - 1], zero, 16) != 0; t++)
+        ids_hex(c.wide[t - 1], 16, out->tier[out->n++].hex);
     return true;
 }
 
@@ -404,36 +410,59 @@ int state_redis_budget(const struct state_redis *r, int budget)
     return budget_share(budget, r->cfg.hosts, false);
 }
 
-/* The client rule's numbers, as the scripts take them (state.h's). */
+/* The client rule's numbers, as the scripts take them (state.h's): the
+ * allowance of each tier ("5,10,20") and the window. */
 static void client_args(char *limit, size_t limitlen, char *window, size_t windowlen)
 {
-    snprintf(limit, limitlen, "%d", STATE_CLIENT_404S);
+    size_t n = 0;
+    limit[0] = '\0';
+    for (int t = 0; t < STATE_CLIENT_TIERS && n < limitlen; t++)
+        n += (size_t)snprintf(limit + n, limitlen - n, "%s%d", t ? "," : "", STATE_CLIENT_404S_AT(t));
     snprintf(window, windowlen, "%lld", (long long)STATE_CLIENT_WINDOW_MS);
 }
 
+/* The names of a client's keys under k, tier by tier (block, 404s, reads
+ * in flight: x:C, c:C, f:C) from names[0]; how many were written (0 for
+ * no client). */
+static int client_keys(const struct state_redis *r, const struct state_redis_id *k,
+                       const struct state_redis_client *client, char names[][STATE_REDIS_KEY_MAX])
+{
+    if (client == NULL)
+        return 0;
+    int n = 0;
+    for (int t = 0; t < client->n && t < STATE_CLIENT_TIERS; t++) {
+        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "x:", client->tier[t].hex);
+        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "c:", client->tier[t].hex);
+        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "f:", client->tier[t].hex);
+    }
+    return n;
+}
+
+#define CLAIM_KEYS 8  /* before the client's */
+#define CLAIM_ARGS 19
+
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
-                                         const struct state_redis_id *client, const struct state_redis_plan *plan,
+                                         const struct state_redis_client *client, const struct state_redis_plan *plan,
                                          const struct state_redis_count *count, state_redis_claim_fn *fn, void *data)
 {
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL; /* decided on this host */
-    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kbud[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kwait[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kfly[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
-        kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], kgrace[STATE_REDIS_KEY_MAX], waits[PACE_MAX_STEPS * 12],
-        sb[16], sl[24], climit[16], cwin[24], crecheck[24], shold[24], scap[16], sreads[16], sgrace[24];
-    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
-    rkey_name(kkey, sizeof kkey, r->vprefix, &k, "k", NULL);
-    rkey_name(kbud, sizeof kbud, r->vprefix, &k, "b", NULL);
-    rkey_name(kblk, sizeof kblk, r->vprefix, &k, "x:", client ? client->hex : "-");
-    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
-    rkey_name(kcl, sizeof kcl, r->vprefix, &k, "c:", client ? client->hex : "-");
-    rkey_name(kfly, sizeof kfly, r->vprefix, &k, "f:", client ? client->hex : "-");
-    rkey_name(karr, sizeof karr, r->vprefix, &k, "a", NULL);
-    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
+    char keys[CLAIM_KEYS + 3 * STATE_CLIENT_TIERS][STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX],
+        waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[48], cwin[24], crecheck[24], shold[24], scap[16],
+        sreads[16], sgrace[24], snf[16], snkeys[8];
+    rkey_name(keys[0], sizeof keys[0], r->vprefix, &k, "t:", id);
+    rkey_name(keys[1], sizeof keys[1], r->vprefix, &k, "k", NULL);
+    rkey_name(keys[2], sizeof keys[2], r->vprefix, &k, "b", NULL);
+    rkey_name(keys[3], sizeof keys[3], r->vprefix, &k, "n", NULL);
+    rkey_name(keys[4], sizeof keys[4], r->vprefix, &k, "w", NULL);
+    rkey_name(keys[5], sizeof keys[5], r->vprefix, &k, "a", NULL);
+    rkey_name(keys[6], sizeof keys[6], r->vprefix, &k, "r", NULL);
+    rkey_name(keys[7], sizeof keys[7], r->vprefix, &k, "g", NULL);
+    int nkeys = CLAIM_KEYS + client_keys(r, &k, client, keys + CLAIM_KEYS);
     rkey_name(ptx, sizeof ptx, r->vprefix, &k, "t:", NULL);
-    rkey_name(kgrace, sizeof kgrace, r->vprefix, &k, "g", NULL);
+    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
     snprintf(sgrace, sizeof sgrace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
@@ -442,20 +471,29 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     snprintf(sreads, sizeof sreads, "%d", plan->schedule_reads);
     waits_csv(s, waits, sizeof waits);
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
+    snprintf(snf, sizeof snf, "%d", rules_not_found_cap(budget > 0 ? budget : 1));
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_CLAIM], "10", ktx, kkey, kbud, kblk, kwait, kcl, kfly, karr, kres,
-                          kgrace, waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
-                          climit, cwin, crecheck, shold, sreads, count->member, r->channel, k.hex,
-                          count->lost ? "1" : "0", sgrace};
+    const char *args[CLAIM_ARGS] = {waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
+                                    climit, cwin, crecheck, shold, sreads, count->member, r->channel, k.hex,
+                                    count->lost ? "1" : "0", sgrace, snf};
+    const char *argv[3 + CLAIM_KEYS + 3 * STATE_CLIENT_TIERS + CLAIM_ARGS];
     size_t lens[sizeof argv / sizeof argv[0]];
-    for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
+    int argc = 0;
+    argv[argc++] = "EVALSHA";
+    argv[argc++] = r->sha[SCRIPT_CLAIM];
+    argv[argc++] = snkeys;
+    for (int i = 0; i < nkeys; i++)
+        argv[argc++] = keys[i];
+    for (int i = 0; i < CLAIM_ARGS; i++)
+        argv[argc++] = args[i];
+    for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
     struct state_redis_op *op = state_redis_op_new(r, OP_CLAIM);
     if (op == NULL)
         return NULL;
     op->fn = fn;
     op->data = data;
-    if (!state_redis_op_send(r->main, op, (int)(sizeof argv / sizeof argv[0]), argv, lens))
+    if (!state_redis_op_send(r->main, op, argc, argv, lens))
         return NULL;
     r->m.claims++;
     return op;
@@ -533,8 +571,8 @@ void state_redis_left(struct state_redis *r, const char *secret, const char *id,
  * client (shop and id non-NULL): 1 means its block started. */
 static void fire_for(struct state_redis *r, int argc, const char **argv, const char *shop, const char *id)
 {
-    size_t lens[32];
-    if (argc > 32)
+    size_t lens[48];
+    if (argc > 48)
         return;
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
@@ -686,6 +724,9 @@ void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, 
     free(ages);
 }
 
+#define FINISH_KEYS 5 /* before the client's */
+#define FINISH_ARGS 18
+
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
                         const struct state_redis_outcome *o)
 {
@@ -699,18 +740,19 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     struct state_redis_id k;
     if (!state_redis_name(secret, &k))
         return; /* as if Redis were down for this read: the others read it themselves */
-    char ktx[STATE_REDIS_KEY_MAX], kkey[STATE_REDIS_KEY_MAX], kcl[STATE_REDIS_KEY_MAX], kblk[STATE_REDIS_KEY_MAX],
-        kfly[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[16], cwin[24],
-        cblock[24];
+    char keys[FINISH_KEYS + 3 * STATE_CLIENT_TIERS][STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24],
+        rw[24], kw[24], climit[48], cwin[24], cblock[24], snkeys[8], cl[STATE_CLIENT_TIERS * 33 + 1] = "-";
     char waits[PACE_MAX_STEPS * 12];
-    const char *cl = o->has_client ? o->client.hex : "-";
-    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
-    rkey_name(kkey, sizeof kkey, r->vprefix, &k, "k", NULL);
-    rkey_name(kcl, sizeof kcl, r->vprefix, &k, "c:", cl);
-    rkey_name(kblk, sizeof kblk, r->vprefix, &k, "x:", cl);
-    rkey_name(kfly, sizeof kfly, r->vprefix, &k, "f:", cl);
-    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
+    rkey_name(keys[0], sizeof keys[0], r->vprefix, &k, "t:", id);
+    rkey_name(keys[1], sizeof keys[1], r->vprefix, &k, "k", NULL);
+    rkey_name(keys[2], sizeof keys[2], r->vprefix, &k, "w", NULL);
+    rkey_name(keys[3], sizeof keys[3], r->vprefix, &k, "r", NULL);
+    rkey_name(keys[4], sizeof keys[4], r->vprefix, &k, "n", NULL);
+    int nkeys = FINISH_KEYS + client_keys(r, &k, o->has_client ? &o->client : NULL, keys + FINISH_KEYS);
+    if (o->has_client) /* the tiers' names, for the blocks' messages */
+        for (int t = 0, n = 0; t < o->client.n && t < STATE_CLIENT_TIERS; t++)
+            n += snprintf(cl + n, sizeof cl - (size_t)n, "%s%s", t ? "," : "", o->client.tier[t].hex);
+    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
@@ -724,12 +766,20 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "7", ktx, kkey, kcl, kblk, kfly, kwait, kres, ser, sent,
-                          o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
-                          o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
-                          climit, cwin, cblock};
+    const char *args[FINISH_ARGS] = {ser, sent, o->word ? o->word : "", o->final ? "1" : "0", ttl,
+                                     o->not_found ? "1" : "0", nfttl, o->charge && o->has_client ? "1" : "0", rw,
+                                     kw, waits, id, r->channel, k.hex, cl, climit, cwin, cblock};
+    const char *argv[3 + FINISH_KEYS + 3 * STATE_CLIENT_TIERS + FINISH_ARGS];
+    int argc = 0;
+    argv[argc++] = "EVALSHA";
+    argv[argc++] = r->sha[SCRIPT_FINISH];
+    argv[argc++] = snkeys;
+    for (int i = 0; i < nkeys; i++)
+        argv[argc++] = keys[i];
+    for (int i = 0; i < FINISH_ARGS; i++)
+        argv[argc++] = args[i];
     bool charge = o->charge && o->has_client;
-    fire_for(r, ARGC(argv), argv, charge ? o->shop_id : NULL, charge ? id : NULL);
+    fire_for(r, argc, argv, charge ? o->shop_id : NULL, charge ? id : NULL);
 }
 
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,

@@ -21,8 +21,11 @@
  * request for it, each with its deadline), PREFIX{K}w (the key's waiting
  * transactions), PREFIX{K}r (their reservations), PREFIX{K}a (its
  * arrivals), PREFIX{K}k (the key's pause),
- * PREFIX{K}b (the key's budget), PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
- * (a client's 404s, its reads in flight and its block, per key), where K is
+ * PREFIX{K}b (the key's budget), PREFIX{K}n (its reads that ended 404 and
+ * its reads of ids never answered still under way: the 404 quarter),
+ * PREFIX{K}c:C, PREFIX{K}f:C and PREFIX{K}x:C
+ * (a client's 404s, its reads in flight and its block, per key; an IPv6
+ * address is a client at its /64, /56 and /48: three Cs), where K is
  * HMAC-SHA256 keyed by the shop's secret over a fixed label
  * (state_redis_name.h: a function of the secret alone, so every host
  * derives the same names for good and Redis holds nothing they depend on)
@@ -97,6 +100,14 @@ typedef void state_redis_blocked_fn(void *ctx, const char *shop_id, const char *
  * gone (rkey: that key). The callee answers with state_redis_seed(). */
 typedef void state_redis_seed_fn(void *ctx, const struct state_redis_id *rkey);
 
+/* A client (an address) as Redis knows it: as state_client_id() reads
+ * one, a client at each of its tiers: tier[0] the address (IPv4 whole,
+ * IPv6 by its /64), then for IPv6 its /56 and /48; n of them (1 or 3). */
+struct state_redis_client {
+    struct state_redis_id tier[STATE_CLIENT_TIERS];
+    int n;
+};
+
 /* Redis's answer to a claim. */
 enum state_redis_verdict {
     STATE_REDIS_GO,        /* the read is ours: make it, then state_redis_finish() with serial */
@@ -139,7 +150,7 @@ struct state_redis_outcome {
     bool not_found;           /* a 404 remembered for ttl_ms */
     bool charge;              /* a 404 for an id nobody knew: charge `client` */
     bool has_client;          /* the read was claimed for `client`: no longer in flight for it */
-    struct state_redis_id client;
+    struct state_redis_client client;
     int64_t retry_ms;         /* > 0: no read of this transaction for that long (Retry-After, a
                                * stated window, a rejected episode) */
     int64_t key_pause_ms;     /* > 0: no read with this key for that long (429, 401, a stated window) */
@@ -190,10 +201,11 @@ bool state_redis_joining(const struct state_redis *r);
 int state_redis_budget(const struct state_redis *r, int budget);
 
 /* The identity in Redis of a shop's secret, or of a client address (as
- * state_client_id() reads one): the same on every host, whether or not
- * Redis has been reached yet. false only when r is NULL (no Redis). */
+ * state_client_id() reads one, each of its tiers): the same on every host,
+ * whether or not Redis has been reached yet. false only when r is NULL (no
+ * Redis). */
 bool state_redis_key_id(const struct state_redis *r, const char *secret, struct state_redis_id *out);
-bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_id *out);
+bool state_redis_client_id(const struct state_redis *r, const char *addr, struct state_redis_client *out);
 
 /* The budget's plan (plan.h) in Redis, every host's: a transaction waits
  * while a host holds a request for it (state_redis_held, until
@@ -235,12 +247,17 @@ struct state_redis_count {
 
 /* Ask Redis for the read of (secret's key, id) that this process claimed in
  * its own state: under schedule s, `budget` reads per minute, a lease of
- * lease_ms; `client` (may be NULL) is who asked (a blocked client gets
- * STATE_REDIS_BLOCKED for an id nobody knows; one whose 404s and reads in
- * flight, every host's, make STATE_CLIENT_404S gets STATE_REDIS_WAIT,
- * WAIT_CLIENT, until its first lease ends, for at most
- * STATE_CLIENT_RECHECK_MS; a read granted for an unknown id is in flight
- * for it until state_redis_finish() or its lease ends); `plan` as above (a
+ * lease_ms; `client` (may be NULL) is who asked (a request one of whose
+ * tiers is blocked gets STATE_REDIS_BLOCKED for an id nobody knows; one
+ * with a tier whose 404s and reads in flight, every host's, make its
+ * allowance, STATE_CLIENT_404S_AT, gets STATE_REDIS_WAIT, WAIT_CLIENT,
+ * until its first lease ends, for at most STATE_CLIENT_RECHECK_MS; a read
+ * granted for an unknown id is in flight at each tier until
+ * state_redis_finish() or its lease ends); the 404 quarter (state.h, every
+ * host's: rules_not_found_cap of the key's reads in any 60 s ended 404 or
+ * are of ids never answered and under way) refuses an id never answered
+ * STATE_REDIS_WAIT, WAIT_BUDGET, until it frees up, but for its held
+ * request's last-chance read; `plan` as above (a
  * read the plan refuses gets STATE_REDIS_WAIT, WAIT_BUDGET, until what may
  * change it, plan_retry: at most RULES_PLAN_RECHECK_MS); `count` names the
  * read in the key's count (budget.h: while the count is being made whole,
@@ -249,7 +266,7 @@ struct state_redis_count {
  * (or out of memory): decide locally, fn is never called. */
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
-                                         const struct state_redis_id *client, const struct state_redis_plan *plan,
+                                         const struct state_redis_client *client, const struct state_redis_plan *plan,
                                          const struct state_redis_count *count, state_redis_claim_fn *fn, void *data);
 
 /* fn of a pending claim (or told status) will not be called. Can't fail. */

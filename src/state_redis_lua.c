@@ -164,37 +164,75 @@
     "  return ws\n"                                                                        \
     "end\n"
 
-/* KEYS: tx, key, budget, block, waiting, client's 404s, client's reads in
- * flight, arrivals, reservations. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client, 5
- * id, 6 '1' to plan the budget (plan.h; '0': first come, first served), 7
- * the tx keys' prefix (PREFIX{K}t:), 8 the waiting set's cap, 9 the
- * client's 404s that block (with its reads in flight), 10 their window
- * (ms), 11 the recheck (ms) of a client at its count, 12 a hold's length
- * (ms, rules_hold_ms), 13 a whole schedule's reads within a hold
+/* The 404 quarter {K}n: the key's reads that ended 404 (member: the
+ * read's name, scored by its start), and its reads of ids never answered
+ * under way ('p:' and the name, from the claim until the finish). At
+ * most `cap` of them in the span ending now (st_budget_nf_next):
+ * nf_spent(kn, cap, lease) is now while there is room, else when there
+ * may be (the cap-th newest leaves the span; sooner, PLAN_RECHECK, when a
+ * read under way is among them: it may end otherwise). A read under way
+ * counts until its lease ends (its process may have died). */
+#define LUA_NF_QUARTER                                                                     \
+    "local function nf_spent(kn, cap, lease)\n"                                            \
+    "  redis.call('ZREMRANGEBYSCORE', kn, '-inf', now - BUDGET_SPAN)\n"                    \
+    "  if redis.call('ZCARD', kn) < cap then return now end\n"                           \
+    "  local dead = {}\n" /* reads under way whose lease ended */                          \
+    "  local old = redis.call('ZRANGEBYSCORE', kn, '-inf', now - lease)\n"                 \
+    "  for i = 1, #old do if string.sub(old[i], 1, 2) == 'p:' then dead[#dead + 1] = old[i] end end\n" \
+    "  if #dead > 0 then redis.call('ZREM', kn, unpack(dead)) end\n"                       \
+    "  local top = redis.call('ZREVRANGE', kn, 0, cap - 1, 'WITHSCORES')\n"                \
+    "  if #top < 2 * cap then return now end\n"                                            \
+    "  local t = tonumber(top[2 * cap]) + BUDGET_SPAN + 1\n"                               \
+    "  for i = 1, #top - 2, 2 do\n" /* a newer one under way */                           \
+    "    if string.sub(top[i], 1, 2) == 'p:' then return math.max(math.min(t, now + PLAN_RECHECK), now) end\n" \
+    "  end\n"                                                                              \
+    "  return math.max(t, now)\n"                                                         \
+    "end\n"
+
+/* KEYS: 1 tx, 2 key, 3 budget, 4 the 404 quarter, 5 waiting, 6 arrivals, 7
+ * reservations, 8 the key's grace (budget.h); then for each of the
+ * client's tiers (none: no client; its address, then an IPv6 address's
+ * /56 and /48) its block, its 404s and its reads in flight. ARGV: 1 waits,
+ * 2 budget, 3 lease_ms, 4 has_client, 5 id, 6 '1' to plan the budget
+ * (plan.h; '0': first come, first served), 7 the tx keys' prefix
+ * (PREFIX{K}t:), 8 the waiting set's cap, 9 each tier's 404s that block
+ * (with its reads in flight: "5,10,20"), 10 their window (ms), 11 the
+ * recheck (ms) of a client at its count, 12 a hold's length (ms,
+ * rules_hold_ms), 13 a whole schedule's reads within a hold
  * (pace_reads_within), 14 the read's name in the key's count
  * (budget_member), 15 the channel, 16 the key's name (K), 17 '1' when a
  * count found gone was lost (budget_count_lost), 18 the grace (ms,
- * budget_grace_ms). KEYS[10]: the key's grace (budget.h). Returns {'go', serial, 'early'|'last'} or why not. */
+ * budget_grace_ms), 19 the 404 quarter (rules_not_found_cap). Returns
+ * {'go', serial, 'early'|'last'} or why not. */
 static const char lua_claim[] =
-    LUA_HEAD LUA_PLAN
+    LUA_HEAD LUA_PLAN LUA_NF_QUARTER
+    "local CLAIM_KEYS = 8\n" /* before the client's */
     "if s and fu > now then return {'final', fu - now, s} end\n"
     "if nf > now then return {'nf', nf - now} end\n"
     "if lu > now then return {'busy', lu - now} end\n"
-    /* an id nobody knows, for a client: blocked, or its 404s and reads in
-     * flight are already the count (each host hears of another's read's
-     * end only for its own ids: ask again soon) */
+    /* an id nobody knows, for a client (each tier: the address, an IPv6
+     * address's /56 and /48): blocked at any tier, or at one its 404s and
+     * reads in flight are already its allowance (each host hears of
+     * another's read's end only for its own ids: ask again soon) */
     "local fly = ARGV[4] == '1' and not s\n"
-    "if fly and redis.call('EXISTS', KEYS[4]) == 1 then\n"
-    "  return {'blocked', math.max(redis.call('PTTL', KEYS[4]), 1)}\n"
-    "end\n"
+    "local tiers = {}\n" /* tier i: KEYS[base], [base + 1], [base + 2]: block, 404s, in flight */
     "if fly then\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[10]))\n"
-    "  if redis.call('ZCARD', KEYS[6]) + redis.call('ZCARD', KEYS[7]) >= tonumber(ARGV[9]) then\n"
-    "    local o = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')\n"
-    "    local w = tonumber(ARGV[11])\n"
-    "    if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
-    "    return {'wait', w, 'client'}\n"
+    "  local lim = {}\n"
+    "  for a in string.gmatch(ARGV[9], '%d+') do lim[#lim + 1] = tonumber(a) end\n"
+    "  for base = CLAIM_KEYS + 1, #KEYS - 2, 3 do tiers[#tiers + 1] = {base = base, allow = lim[#tiers + 1]} end\n"
+    "  local bl = 0\n" /* blocked until the last of its tiers' blocks ends */
+    "  for _, t in ipairs(tiers) do bl = math.max(bl, redis.call('PTTL', KEYS[t.base])) end\n"
+    "  if bl > 0 then return {'blocked', bl} end\n"
+    "  for _, t in ipairs(tiers) do\n"
+    "    local kc, kf = KEYS[t.base + 1], KEYS[t.base + 2]\n"
+    "    redis.call('ZREMRANGEBYSCORE', kf, '-inf', now)\n"
+    "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - tonumber(ARGV[10]))\n"
+    "    if redis.call('ZCARD', kc) + redis.call('ZCARD', kf) >= t.allow then\n"
+    "      local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
+    "      local w = tonumber(ARGV[11])\n"
+    "      if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
+    "      return {'wait', w, 'client'}\n"
+    "    end\n"
     "  end\n"
     "end\n"
     "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
@@ -216,9 +254,9 @@ static const char lua_claim[] =
     "if not redis.call('ZSCORE', KEYS[3], '~') then\n"
     "  redis.call('ZADD', KEYS[3], '+inf', '~')\n"
     "  redis.call('PUBLISH', ARGV[15], 'S ' .. ARGV[16])\n"
-    "  if ARGV[17] == '1' then redis.call('SET', KEYS[10], '1', 'PX', ARGV[18]) end\n"
+    "  if ARGV[17] == '1' then redis.call('SET', KEYS[8], '1', 'PX', ARGV[18]) end\n"
     "end\n"
-    "local grace = redis.call('PTTL', KEYS[10])\n"
+    "local grace = redis.call('PTTL', KEYS[8])\n"
     "if grace > 0 then\n"
     "  redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
     "  return {'wait', grace, 'seed'}\n"
@@ -236,15 +274,15 @@ static const char lua_claim[] =
     "if n == 0 then er = 0 end\n"
     "if ARGV[6] == '1' then\n"
     "  local ws = schedule(ARGV[1])\n"
-    "  prune_waiting(KEYS[5], KEYS[9])\n"
+    "  prune_waiting(KEYS[5], KEYS[7])\n"
     "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[13]), demand = 0,\n"
     "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
     "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - PLAN_RATE_LONG)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - PLAN_RATE_LONG)\n"
     /* plan_arrivals() from counts (ZCOUNT), the arrivals not read */
     "  local function since(span)\n" /* the arrivals after now - span, the earliest of them */
-    "    local n = redis.call('ZCOUNT', KEYS[8], '(' .. (now - span), '+inf')\n"
-    "    local f = redis.call('ZRANGEBYSCORE', KEYS[8], '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
+    "    local n = redis.call('ZCOUNT', KEYS[6], '(' .. (now - span), '+inf')\n"
+    "    local f = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
     "    return n, f[2] and tonumber(f[2])\n"
     "  end\n"
     "  local n_short, first_short = since(PLAN_RATE)\n"
@@ -261,15 +299,15 @@ static const char lua_claim[] =
      * spans plan_busiest counts), demand this transaction's only. Each
      * only lowers plan_room() or the `plenty` sum, and eligible = 1 never
      * refuses: a 'no' here is the answer the whole gather gives. */
-    "  pk.recent = span_count(KEYS[3], KEYS[9], now - BUDGET_SPAN + 1, now + 1)\n"
-    "  pk.busiest = busiest_at_least(KEYS[3], KEYS[9], now, nil)\n"
-    "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[9], now, now - plan_late_span(pk))\n"
+    "  pk.recent = span_count(KEYS[3], KEYS[7], now - BUDGET_SPAN + 1, now + 1)\n"
+    "  pk.busiest = busiest_at_least(KEYS[3], KEYS[7], now, nil)\n"
+    "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[7], now, now - plan_late_span(pk))\n"
     "  if plan_may_read(pk, pt, now) == 'no' then\n"
     "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
     "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
-    "    return {'wait', plan_retry(pt, {first_event(KEYS[3], KEYS[9])}, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "    return {'wait', plan_retry(pt, {first_event(KEYS[3], KEYS[7])}, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
-    "  local ev = plan_events(KEYS[3], KEYS[9])\n"
+    "  local ev = plan_events(KEYS[3], KEYS[7])\n"
     "  pk.recent = 0\n"
     "  for i = 1, #ev do\n"
     "    if ev[i] <= now and ev[i] > now - BUDGET_SPAN then pk.recent = pk.recent + 1 end\n"
@@ -277,7 +315,7 @@ static const char lua_claim[] =
     "  pk.busiest = plan_busiest(ev, now, nil)\n"
     "  pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
     "  local mine = tx_waits(me) and redis.call('ZSCORE', KEYS[5], ARGV[5]) ~= false\n"
-    "  local walk, done = waiters(KEYS[5], KEYS[9], ARGV[7], tonumber(ARGV[8]), ARGV[5])\n"
+    "  local walk, done = waiters(KEYS[5], KEYS[7], ARGV[7], tonumber(ARGV[8]), ARGV[5])\n"
     /* The others' demand counts only in plan_may_read's `plenty` test
      * (recent + demand + arrivals * schedule_reads <= budget), and grows
      * with each: once the sum passes the budget no later one changes the
@@ -330,25 +368,45 @@ static const char lua_claim[] =
     "    local at = me.hu - PLAN_LEAD\n"
     "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, at, nil)) then rv = at end\n"
     "    if mine and rv ~= 0 then\n"
-    "      redis.call('ZADD', KEYS[9], rv, ARGV[5])\n"
-    "      keep_until(KEYS[9], me.hu + MARGIN)\n"
+    "      redis.call('ZADD', KEYS[7], rv, ARGV[5])\n"
+    "      keep_until(KEYS[7], me.hu + MARGIN)\n"
     "    else\n"
-    "      redis.call('ZREM', KEYS[9], ARGV[5])\n"
+    "      redis.call('ZREM', KEYS[7], ARGV[5])\n"
     "    end\n"
+    "  end\n"
+    "end\n"
+    /* the 404 quarter (state.c's compute): while the key's reads that
+     * ended 404, or are of ids never answered and under way, are
+     * ARGV[19] in the span ending now, an id never answered reads only
+     * with a held request's last-chance read (granted by the plan, or
+     * within PLAN_LEAD of its deadline) */
+    "if not s and kind ~= 'last' and not (me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD <= now) then\n"
+    "  local free = nf_spent(KEYS[4], tonumber(ARGV[19]), tonumber(ARGV[3]))\n"
+    "  if free > now then\n"
+    "    if me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD < free then free = me.hu - PLAN_LEAD end\n"
+    "    if me.rv > now and me.rv < free then free = me.rv end\n"
+    "    return {'wait', math.max(free - now, 1), 'budget'}\n"
     "  end\n"
     "end\n"
     "if kind ~= 'last' then er = er + 1 end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
-    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv)\n"
+    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[14], 'qt', now)\n"
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[14])\n" /* the read's name on its host (budget_member) */
     "redis.call('PUBLISH', ARGV[15], 'R ' .. ARGV[16] .. ' ' .. ARGV[14])\n" /* every host counts it too */
     "redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
-    "if fly then\n" /* in flight for the client until its lease ends */
-    "  redis.call('ZADD', KEYS[7], lu, ARGV[5])\n"
-    "  local px = redis.call('PTTL', KEYS[7])\n"
-    "  if px < 0 or now + px < lu + MARGIN then redis.call('PEXPIREAT', KEYS[7], lu + MARGIN) end\n"
+    "for _, t in ipairs(tiers) do\n" /* in flight for each tier until its lease ends */
+    "  local kf = KEYS[t.base + 2]\n"
+    "  redis.call('ZADD', kf, lu, ARGV[5])\n"
+    "  local px = redis.call('PTTL', kf)\n"
+    "  if px < 0 or now + px < lu + MARGIN then redis.call('PEXPIREAT', kf, lu + MARGIN) end\n"
+    "end\n"
+    /* an id never answered: counted in the 404 quarter until its read
+     * ends otherwise (finish) or its lease ends (nf_spent) */
+    "if not s then\n"
+    "  redis.call('ZADD', KEYS[4], now, 'p:' .. ARGV[14])\n"
+    "  redis.call('PEXPIREAT', KEYS[4], now + BUDGET_SPAN + MARGIN)\n"
     "end\n"
     "return {'go', ser, kind}\n";
 
@@ -446,17 +504,33 @@ static const char lua_left[] =
     "  end\n"                                                                              \
     "end\n"
 
-/* KEYS: tx, key, client's 404s, client's block, client's reads in flight,
- * waiting, reservations. ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl, 6 not_found, 7 nf ttl,
- *       8 charge, 9 retry_ms, 10 key_pause_ms, 11 waits, 12 id, 13 channel,
- *       14 rkey, 15 client ('-': none), 16 the 404s that block, 17 their
- *       window (ms), 18 the block (ms). */
+/* KEYS: 1 tx, 2 key, 3 waiting, 4 reservations, 5 the 404 quarter; then
+ * for each of the client's tiers (as the claim's) its block, its 404s and
+ * its reads in flight. ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl,
+ *       6 not_found, 7 nf ttl, 8 charge, 9 retry_ms, 10 key_pause_ms, 11
+ *       waits, 12 id, 13 channel, 14 rkey, 15 the client's tiers' names
+ *       ("C,C56,C48"; '-': none), 16 each tier's 404s that block
+ *       ("5,10,20"), 17 their window (ms), 18 the block (ms). Returns 1
+ *       when this started a block of any tier. */
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local known, current = s, false\n"
     /* the floor at Kasera counts from any read's end */
     "le = now\n"
     "redis.call('HSET', KEYS[1], 'le', le)\n"
+    /* the 404 quarter: this read no longer under way; counted on if it
+     * ended 404 (any id's, as st_budget_not_found) */
+    "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser then\n"
+    "  local q = redis.call('HMGET', KEYS[1], 'qn', 'qt')\n"
+    "  if q[1] then\n"
+    "    redis.call('ZREM', KEYS[5], 'p:' .. q[1])\n"
+    "    if ARGV[6] == '1' and tonumber(q[2]) > now - BUDGET_SPAN then\n"
+    "      redis.call('ZADD', KEYS[5], tonumber(q[2]), q[1])\n"
+    "      redis.call('PEXPIREAT', KEYS[5], tonumber(q[2]) + BUDGET_SPAN + MARGIN)\n"
+    "    end\n"
+    "    redis.call('HDEL', KEYS[1], 'qn', 'qt')\n"
+    "  end\n"
+    "end\n"
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
     "  current = lu > now\n" /* ended within its lease */
     "  if current then ls = ls + tonumber(ARGV[2]) end\n"
@@ -498,19 +572,25 @@ static const char lua_finish[] =
     "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
     "end\n"
     "local blocked = 0\n"
-    "if ARGV[15] ~= '-' then redis.call('ZREM', KEYS[5], ARGV[12]) end\n" /* no longer in flight */
-    "if ARGV[8] == '1' and not known then\n"
-    "  local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
-    "  redis.call('ZADD', KEYS[3], now, ARGV[12])\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - win)\n"
-    "  redis.call('PEXPIREAT', KEYS[3], now + win)\n"
-    "  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[16]) and redis.call('EXISTS', KEYS[4]) == 0 then\n"
-    "    redis.call('SET', KEYS[4], '1', 'PX', blk)\n"
-    "    blocked = 1\n"
-    "    redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. ARGV[15] .. ' ' .. blk)\n"
+    "local names, lim = {}, {}\n"
+    "for x in string.gmatch(ARGV[15], '%x+') do names[#names + 1] = x end\n"
+    "for x in string.gmatch(ARGV[16], '%d+') do lim[#lim + 1] = tonumber(x) end\n"
+    "for i = 1, math.floor((#KEYS - 5) / 3) do\n" /* each tier: block, 404s, in flight */
+    "  local kx, kc, kf = KEYS[3 * i + 3], KEYS[3 * i + 4], KEYS[3 * i + 5]\n"
+    "  redis.call('ZREM', kf, ARGV[12])\n" /* no longer in flight */
+    "  if ARGV[8] == '1' and not known then\n"
+    "    local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
+    "    redis.call('ZADD', kc, now, ARGV[12])\n"
+    "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - win)\n"
+    "    redis.call('PEXPIREAT', kc, now + win)\n"
+    "    if redis.call('ZCARD', kc) >= lim[i] and redis.call('EXISTS', kx) == 0 then\n"
+    "      redis.call('SET', kx, '1', 'PX', blk)\n"
+    "      blocked = 1\n"
+    "      redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. names[i] .. ' ' .. blk)\n"
+    "    end\n"
     "  end\n"
     "end\n"
-    "unwait(KEYS[6], KEYS[7], ARGV[12])\n"
+    "unwait(KEYS[3], KEYS[4], ARGV[12])\n"
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
     "return blocked\n";
 

@@ -64,10 +64,10 @@ def hold(c, sha, text, i, host="h1"):
 
 
 def claim(c, sha, text, i):
-    ks = [K + "t:%d" % i, K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r", K + "g"]
+    ks = [K + "t:%d" % i, K + "k", K + "b", K + "n", K + "w", K + "a", K + "r", K + "g"]  # no client
     return c.cmd("EVALSHA", sha, str(len(ks)), *ks, WAITS, str(BUDGET), "10000", "0", str(i), "1", K + "t:",
-                 str(CAP), "10", "60000", "250", str(HOLD_MS), str(SCHEDULE_READS), "h1:%d" % i, "bench:wake", "k",
-                 "0", "2000")
+                 str(CAP), "5,10,20", "600000", "250", str(HOLD_MS), str(SCHEDULE_READS), "h1:%d" % i, "bench:wake",
+                 "k", "0", "2000", str(max(BUDGET // 4, 1)))
 
 
 def usec(c, name):

@@ -5,7 +5,7 @@ per key and client, so a prober blocked on one shop is not blocked on
 another, and a buyer of that other shop behind the prober's address gets
 its answer. An IPv6 prefix counts at its /64, /56 and /48, and reads that
 end 404 take at most a quarter of a key's budget whatever the addresses.
-With state_dir alone, and with three hosts on one real Redis."""
+With state_dir alone, and with two or three hosts on one real Redis."""
 
 import random
 
@@ -185,6 +185,49 @@ def test_the_404_quarter_over_processes_sharing_state_dir(tmpdir):
     addrs = ["198.51.100.%d" % (i + 1) for i in range(64)]
     reads = spread(sb, ks, addrs, 2, seed=5)
     assert reads <= BUDGET // 4, "404s take at most a quarter of the budget: %d" % reads
+
+
+def redis_budget_hosts(tmpdir, n=2):
+    redis = harness.Redis(tmpdir)
+    sb, ks = kit.start_hosts(tmpdir, n, redis, shops=budget_shop, top={"redis": redis.unix_url()})
+    for k in ks:
+        k.wait_log(30, event="redis_joined")
+    return redis, sb, ks
+
+
+@harness.timeout(180)
+def test_redis_an_ipv6_60_cannot_spend_the_budget(tmpdir):
+    """The /60's 96 ids spread over two hosts on one Redis: the /56's 10
+    404s are every host's (Redis counts them); a paid buyer gets
+    succeeded."""
+    redis, sb, ks = redis_budget_hosts(tmpdir)
+    addrs = ["2001:db8:77:ab%x0::%x" % (i, i + 1) for i in range(16)]
+    reads = spread(sb, ks, addrs, 6, seed=61)
+    assert reads <= 10, "one /56 spends at most its 10 over every host: %d" % reads
+    paid_buyer_succeeds(sb, ks[-1])
+
+
+@harness.timeout(180)
+def test_redis_an_ipv6_48_cannot_spend_the_budget(tmpdir):
+    """96 /56s of one /48 over two hosts on one Redis: at most the 404
+    quarter's 15 (the /48's 20 after it); a paid buyer gets succeeded."""
+    redis, sb, ks = redis_budget_hosts(tmpdir)
+    addrs = ["2001:db8:48:%x00::1" % i for i in range(96)]
+    reads = spread(sb, ks, addrs, 1, seed=49)
+    assert reads <= BUDGET // 4, "a /48 spends at most the 404 quarter, every host's: %d" % reads
+    paid_buyer_succeeds(sb, ks[-1])
+
+
+@harness.timeout(180)
+def test_redis_the_404_quarter_holds_against_many_addresses(tmpdir):
+    """64 IPv4 addresses, 2 guesses each, over two hosts on one Redis: the
+    reads that end 404 take at most a quarter of the budget, every host's
+    together; a paid buyer is answered at its last-chance read."""
+    redis, sb, ks = redis_budget_hosts(tmpdir)
+    addrs = ["198.51.100.%d" % (i + 1) for i in range(64)]
+    reads = spread(sb, ks, addrs, 2, seed=6)
+    assert reads <= BUDGET // 4, "404s take at most a quarter of the budget, every host's: %d" % reads
+    paid_buyer_succeeds(sb, ks[-1])
 
 
 @harness.timeout(180)

@@ -30,7 +30,7 @@ CAP = 512
 def scripts(c):
     exe = os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
     sha = {}
-    for name in ("claim", "tell", "held", "left", "seed"):
+    for name in ("claim", "finish", "tell", "held", "left", "seed"):
         text = subprocess.run([exe, name], check=True, capture_output=True, text=True).stdout
         sha[name] = c.cmd("SCRIPT", "LOAD", text)
     return sha
@@ -52,11 +52,32 @@ def tell(c, sha, tx, word):
     return c.cmd("EVALSHA", sha["tell"], str(len(keys)), *keys, word, "1", "600000", WAITS, tx, "test:wake", "k")
 
 
-def claim(c, sha, tx, budget=BUDGET, lost=False, member=None):
-    keys = [K + "t:" + tx, K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r", K + "g"]
-    return c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), "10000", "0", tx, "1",
-                 K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7", member or "h1:" + tx, "test:wake",
-                 "k", "1" if lost else "0", "2000")
+LIMITS = "5,10,20"  # STATE_CLIENT_404S_AT: an address (an IPv6 /64), a /56, a /48
+LEASE_MS = 10000
+
+
+def client_keys(tiers):
+    return [K + w + t for t in tiers for w in ("x:", "c:", "f:")]
+
+
+def claim(c, sha, tx, budget=BUDGET, lost=False, member=None, tiers=(), quarter=None, plan=True):
+    """The claim of a read of tx; `tiers`: the client's names (its address,
+    then an IPv6 address's /56 and /48; none: no client); `quarter`: the
+    404 quarter's cap (rules_not_found_cap: budget / 4)."""
+    keys = [K + "t:" + tx, K + "k", K + "b", K + "n", K + "w", K + "a", K + "r", K + "g"] + client_keys(tiers)
+    return c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), str(LEASE_MS),
+                 "1" if tiers else "0", tx, "1" if plan else "0", K + "t:", str(CAP), LIMITS, "600000", "250",
+                 str(HOLD_MS), "7", member or "h1:" + tx, "test:wake", "k", "1" if lost else "0", "2000",
+                 str(quarter if quarter is not None else max(budget // 4, 1)))
+
+
+def finish(c, sha, tx, serial, word="", final=False, not_found=False, tiers=()):
+    """A read's outcome (the 404 charged to the client when nothing was
+    known of tx); returns 1 when it started a block."""
+    keys = [K + "t:" + tx, K + "k", K + "w", K + "r", K + "n"] + client_keys(tiers)
+    return c.cmd("EVALSHA", sha["finish"], str(len(keys)), *keys, str(serial), "0", word, "1" if final else "0",
+                 "600000", "1" if not_found else "0", "600000", "1" if not_found and tiers else "0", "0", "0",
+                 WAITS, tx, "test:wake", "k", ",".join(tiers) or "-", LIMITS, "600000", "600000")
 
 
 def seed(c, sha, reads, grace=2000):
@@ -182,10 +203,11 @@ def test_a_read_is_counted_once_however_often_it_is_sent(tmpdir):
         assert_eq((r[0], r[2]), ("wait", "seed"))
         assert 0 < r[1] <= 2000, r
         # the mark ('~', +inf) is never a read: a budget of 4 takes one more
+        # (the 404 quarter, whose 1 A fills, set aside)
         c.cmd("DEL", K + "g")
-        assert_eq(claim(c, sha, "C", budget=4)[0], "go")
+        assert_eq(claim(c, sha, "C", budget=4, quarter=4)[0], "go")
         assert_eq(counted(c), 4)
-        r = claim(c, sha, "D", budget=4)
+        r = claim(c, sha, "D", budget=4, quarter=4)
         assert_eq((r[0], r[2]), ("wait", "budget"))
 
 
@@ -230,10 +252,8 @@ def fair_share_case(c, sha, others):
     for j in range(budget - 3):  # room for 3
         c.cmd("ZADD", K + "b", str(now - 50000 + j * 1000), "r%d" % j)
     c.cmd("HSET", K + "t:A", "n", "1", "ls", str(now - 5000), "er", "1")
-    keys = [K + "t:A", K + "k", K + "b", K + "x:-", K + "w", K + "c:-", K + "f:-", K + "a", K + "r", K + "g"]
     c.cmd("CONFIG", "RESETSTAT")
-    r = c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), "10000", "0", "A", "1",
-              K + "t:", str(CAP), "10", "60000", "250", str(HOLD_MS), "7", "h1:A", "test:wake", "k", "0", "2000")
+    r = claim(c, sha, "A", budget=budget, member="h1:A")
     return r, calls(c, "hmget")
 
 
@@ -251,6 +271,115 @@ def test_the_fair_share_counts_the_others_only_as_far_as_it_needs(tmpdir):
             r, hmgets = fair_share_case(c, sha, others)
             assert_eq((r[0], r[2]), ("wait", "plan"))
             assert hmgets <= 2 + 3 + 1, "%d HMGETs with %d others" % (hmgets, others)
+
+
+def p64(i):
+    return "%032x" % (0x6400 + i)
+
+
+P56, P48 = "%032x" % 0x56, "%032x" % 0x48
+
+
+@harness.timeout(60)
+def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
+    """interface.md, "Ids nobody has paid for": a request is a client at
+    its /64, its /56 and its /48, each with its allowance (5, 10, 20 404s
+    with the reads in flight). Reads in flight from ten /64s of one /56
+    fill the /56's 10: an eleventh /64 waits ('client'); their 404s,
+    charged at each tier, block the /56 (one message, its name), and a
+    /64 of it never seen before is blocked; another /56 of the /48 still
+    reads, until the /48's 20."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c, redis.client() as sub:
+        sha = scripts(c)
+        sub.cmd("SUBSCRIBE", "test:wake")
+        serial = {}
+        for i in range(10):  # one read in flight each, under one /56
+            r = claim(c, sha, "g%d" % i, tiers=(p64(i), P56, P48), quarter=100)
+            assert_eq(r[0], "go")
+            serial["g%d" % i] = r[1]
+        r = claim(c, sha, "g10", tiers=(p64(10), P56, P48), quarter=100)
+        assert_eq((r[0], r[2]), ("wait", "client"), "the /56's reads in flight are its 10")
+        assert_eq(c.cmd("ZCARD", K + "f:" + P48), 10)
+        started = [finish(c, sha, tx, serial[tx], not_found=True, tiers=(p64(int(tx[1:])), P56, P48))
+                   for tx in sorted(serial, key=lambda t: int(t[1:]))]
+        assert_eq(started, [0] * 9 + [1], "the 10th 404 starts the /56's block")
+        assert_eq(c.cmd("PTTL", K + "x:" + p64(0)), -2, "a /64 with one 404 is not blocked")
+        assert c.cmd("PTTL", K + "x:" + P56) > 0
+        assert_eq(c.cmd("ZCARD", K + "c:" + P48), 10)
+        assert_eq(c.cmd("ZCARD", K + "f:" + P48), 0, "no longer in flight at any tier")
+        c.cmd("PUBLISH", "test:wake", "end")
+        msgs = []
+        while True:
+            m = sub.reply(timeout=5)[2]
+            if m == "end":
+                break
+            if m.startswith("B "):
+                msgs.append(m)
+        assert_eq(msgs, ["B k %s 600000" % P56])
+        r = claim(c, sha, "g11", tiers=(p64(11), P56, P48), quarter=100)
+        assert_eq(r[0], "blocked", "a new /64 of a blocked /56")
+        other56 = "%032x" % 0x5601
+        for i in range(10):  # the /48 has room for 10 more
+            assert_eq(claim(c, sha, "h%d" % i, tiers=(p64(100 + i), other56, P48), quarter=100)[0], "go")
+        r = claim(c, sha, "h10", tiers=(p64(110), "%032x" % 0x5602, P48), quarter=100)
+        assert_eq((r[0], r[2]), ("wait", "client"), "the /48's 20")
+        # an IPv4 address (one tier) is counted at its own 5 alone
+        for i in range(5):
+            assert_eq(claim(c, sha, "v%d" % i, tiers=(p64(200),), quarter=100)[0], "go")
+        assert_eq(claim(c, sha, "v5", tiers=(p64(200),), quarter=100)[2], "client")
+
+
+@harness.timeout(60)
+def test_the_404_quarter(tmpdir):
+    """Reads of ids never answered take at most the quarter (3 here) while
+    under way or once ended 404, every host's: a fourth waits ('budget')
+    until one frees up; a read that found a status leaves the quarter at
+    once, one that ended 404 stays for the span (the wait says when it
+    ends); an id answered before is not counted; a read under way past its
+    lease counts no more; a held request's last-chance read goes."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c:
+        sha = scripts(c)
+        ser = {}
+        for tx in ("A", "B", "C"):
+            r = claim(c, sha, tx, quarter=3, plan=False)
+            assert_eq(r[0], "go")
+            ser[tx] = r[1]
+        assert_eq(c.cmd("ZCARD", K + "n"), 3)
+        r = claim(c, sha, "D", quarter=3, plan=False)
+        assert_eq((r[0], r[2]), ("wait", "budget"), "the quarter is spent")
+        assert 0 < r[1] <= 250, "reads under way may end otherwise: look again soon (%d ms)" % r[1]
+        finish(c, sha, "A", ser["A"], word="pending")  # found: no longer counted
+        r = claim(c, sha, "D", quarter=3, plan=False)
+        assert_eq(r[0], "go")
+        for tx in ("B", "C"):
+            finish(c, sha, tx, ser[tx], not_found=True)
+        finish(c, sha, "D", r[1], not_found=True)
+        assert_eq(sorted(c.cmd("ZRANGE", K + "n", "0", "-1")), ["h1:B", "h1:C", "h1:D"])
+        r = claim(c, sha, "E", quarter=3, plan=False)
+        assert_eq((r[0], r[2]), ("wait", "budget"))
+        assert 59000 < r[1] <= 60001, "the oldest 404 leaves the span in ~60 s: %d ms" % r[1]
+        # an id answered before is not a probe
+        c.cmd("HSET", K + "t:P", "s", "pending")
+        assert_eq(claim(c, sha, "P", quarter=3, plan=False)[0], "go")
+        # a held request within PLAN_LEAD (1500 ms) of its deadline: its last-chance read
+        c.cmd("HSET", K + "t:L", "ho", "1", "hu", str(now_ms(c) + 1000))
+        r = claim(c, sha, "L", quarter=3, plan=False)
+        assert_eq(r[0], "go", "a held request's last-chance read")
+        finish(c, sha, "L", r[1], word="succeeded", final=True)
+        # held, its deadline farther: waits until its last chance at most
+        c.cmd("HSET", K + "t:M", "ho", "1", "hu", str(now_ms(c) + 5000))
+        r = claim(c, sha, "M", quarter=3, plan=False)
+        assert_eq((r[0], r[2]), ("wait", "budget"))
+        assert 3000 < r[1] <= 3500, "until its last chance: %d ms" % r[1]
+        # reads under way whose lease ended (their process died) count no more
+        c.cmd("DEL", K + "n")
+        now = now_ms(c)
+        for i in range(3):
+            c.cmd("ZADD", K + "n", str(now - LEASE_MS - 1000), "p:h9:%d" % i)
+        assert_eq(claim(c, sha, "N", quarter=3, plan=False)[0], "go")
+        assert_eq(c.cmd("ZRANGE", K + "n", "0", "-1"), ["p:h1:N"])
 
 
 if __name__ == "__main__":
