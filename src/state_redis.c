@@ -727,7 +727,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     const char *argv[] = {"EVALSHA", r->sha[SCRIPT_FINISH], "7", ktx, kkey, kcl, kblk, kfly, kwait, kres, ser, sent,
                           o->word ? o->word : "", o->final ? "1" : "0", ttl, o->not_found ? "1" : "0", nfttl,
                           o->charge && o->has_client ? "1" : "0", rw, kw, waits, id, r->channel, k.hex, cl,
-                          climit, cwin, cblock};
+                          climit, cwin, cblock, o->unpaced ? "1" : "0"};
     bool charge = o->charge && o->has_client;
     fire_for(r, ARGC(argv), argv, charge ? o->shop_id : NULL, charge ? id : NULL);
 }
