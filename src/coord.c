@@ -147,7 +147,6 @@ void coord_finish(struct state *st, struct state_redis *redis, struct coord_keys
     o.client = cr->rclient;
     o.retry_ms = fx->retry_ms;
     o.key_pause_ms = fx->key_pause_ms;
-    o.unpaced = fx->unpaced;
     state_redis_finish(redis, cr->shop->secret, cr->ticket.id, &o);
 }
 

@@ -94,7 +94,7 @@ int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int6
     if (w->hold_until <= now)
         return 1;
     int reads = pace_in_episode(w->reads, w->last_start, now) ? w->reads : 0;
-    int64_t t = reads > 0 && !w->unpaced ? w->last_start + wait_at(s, reads) : now;
+    int64_t t = reads > 0 ? w->last_start + wait_at(s, reads) : now;
     if (t < now)
         t = now;
     int n = 0;
@@ -109,7 +109,7 @@ bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int6
 {
     if (w->busy_until > now || w->not_before > now)
         return false;
-    return !pace_in_episode(w->reads, w->last_start, now) || w->unpaced || w->last_start + wait_at(s, w->reads) <= now;
+    return !pace_in_episode(w->reads, w->last_start, now) || w->last_start + wait_at(s, w->reads) <= now;
 }
 
 int64_t plan_next_gap(const struct pace_schedule *s, int reads)
@@ -241,7 +241,7 @@ int plan_lua(char *buf, size_t len)
         "  local reads = 0\n"
         "  if plan_in_episode(w.reads, w.last_start, now) then reads = w.reads end\n"
         "  local t = now\n"
-        "  if reads > 0 and not w.unpaced then t = w.last_start + plan_wait_at(ws, reads) end\n"
+        "  if reads > 0 then t = w.last_start + plan_wait_at(ws, reads) end\n"
         "  if t < now then t = now end\n"
         "  local n = 0\n"
         "  while t <= w.hold_until and n < PLAN_DEMAND_MAX do\n"
@@ -252,8 +252,7 @@ int plan_lua(char *buf, size_t len)
         "end\n"
         "local function plan_ready(ws, w, now)\n"
         "  if w.busy_until > now or w.not_before > now then return false end\n"
-        "  return not plan_in_episode(w.reads, w.last_start, now) or w.unpaced or\n"
-        "         w.last_start + plan_wait_at(ws, w.reads) <= now\n"
+        "  return not plan_in_episode(w.reads, w.last_start, now) or w.last_start + plan_wait_at(ws, w.reads) <= now\n"
         "end\n"
         "local function plan_next_gap(ws, reads)\n"
         "  return plan_wait_at(ws, reads + 1)\n"

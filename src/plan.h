@@ -122,7 +122,6 @@ struct plan_waiter {
     int64_t hold_until; /* its held requests' latest deadline (0: none holds it) */
     int64_t busy_until; /* a read of it is in flight until then */
     int64_t not_before; /* no read before then: Retry-After, the floor, another host's word */
-    bool unpaced;       /* its last read was refused by the window: paces nothing (rules_pace_next) */
 };
 
 /* Reads the schedule s still wants for w from `now` to its deadline, at

@@ -55,11 +55,6 @@ void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, in
         break;
     case OUT_TX_LIMITED:
         out->retry_ms = oc->retry_after_ms > 0 ? oc->retry_after_ms : RULES_RETRY_DEFAULT_MS;
-        /* another read (another layout's pace, another key holder) holds
-         * Kasera's window: pacing the next read from this one would put it
-         * right behind that one's next again (lockstep); its Retry-After
-         * ends the window, and opened none of its own */
-        out->unpaced = true;
         break;
     case OUT_KEY_LIMITED:
         out->key_pause_ms = RULES_KEY_PAUSE_MS + clamp_jitter(key_jitter, RULES_KEY_PAUSE_MS);
@@ -136,14 +131,6 @@ int64_t rules_hold_ms(const struct pace_schedule *s)
 int64_t rules_floor(int64_t last_end)
 {
     return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;
-}
-
-int64_t rules_pace_next(const struct pace_schedule *s, int reads, int64_t last_start, int64_t last_end,
-                        bool unpaced, int64_t now)
-{
-    int64_t next = unpaced ? now : pace_next_read(s, reads, last_start, now);
-    int64_t floor = rules_floor(last_end);
-    return floor > next ? floor : next;
 }
 
 int rules_not_found_cap(int budget)

@@ -51,10 +51,6 @@ struct rules_effect {
     int64_t host_pause_ms;    /* no read with any key before now + this (0: none) */
     bool unauthorized;        /* the key got a 401 (the host remembers the shop) */
     bool rejected;            /* no further read in this episode (retry_ms says until when) */
-    bool unpaced;             /* Kasera refused it by the per-transaction window (another's
-                               * read holds it): it counts as a read of the schedule, but its
-                               * start and end pace nothing; the next read waits for retry_ms
-                               * alone (rules_pace_next), which moves it away from the other's */
     bool key_accepted;        /* Kasera took the key (only an authenticated read gets this answer) */
     bool auth_failed;         /* counted as a failed authentication at Kasera (a 401, or the
                                * failed-authentication 429): held against the host's
@@ -108,18 +104,6 @@ int64_t rules_hold_ms(const struct pace_schedule *s);
  * after the previous read's answer came back (`last_end`, 0: none). Can't
  * fail. */
 int64_t rules_floor(int64_t last_end);
-
-/* The earliest start of a transaction's next read by its own pace: the
- * schedule's next wait after `reads` reads of the episode, the last
- * started at `last_start` (pace_next_read), and the floor at Kasera after
- * the last answer (`last_end`, rules_floor). `unpaced`: the last read
- * started was refused by the per-transaction window (rules_effect.unpaced):
- * its start paces nothing (its Retry-After, kept apart, says when the
- * window it met ends; the stores do not move `last_end` for it), so two
- * paces that met at Kasera do not meet again at their next step. Can't
- * fail. */
-int64_t rules_pace_next(const struct pace_schedule *s, int reads, int64_t last_start, int64_t last_end,
-                        bool unpaced, int64_t now);
 
 /* The 404 quarter (interface.md, "Ids nobody has paid for"): how many
  * reads that end in 404 (or, still under way, are of ids never answered)

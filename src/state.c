@@ -86,8 +86,8 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             f->in_flight = true;
             f->in_flight_until = inflight;
         }
-        raise_to(&f->next_read, &f->wait, rules_pace_next(sched, e->reads, e->last_start, e->last_end, e->unpaced, now),
-                 WAIT_PACE);
+        raise_to(&f->next_read, &f->wait, pace_next_read(sched, e->reads, e->last_start, now), WAIT_PACE);
+        raise_to(&f->next_read, &f->wait, rules_floor(e->last_end), WAIT_PACE);
         raise_to(&f->next_read, &f->wait, e->not_before, WAIT_RETRY);
         raise_to(&f->next_read, &f->wait, e->remote_not_before, (enum state_wait)e->remote_why);
     }
@@ -226,8 +226,6 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     ticket->undo.early_reads = e->early_reads;
     ticket->undo.resv_at = e->resv_at;
     ticket->undo.last_chance = kind == PLAN_LAST_CHANCE;
-    ticket->undo.unpaced = e->unpaced != 0;
-    e->unpaced = 0; /* this read paces the next, unless Kasera refuses it too */
     if (!pace_in_episode(e->reads, e->last_start, now))
         e->reads = e->early_reads = 0;
     e->reads++;
@@ -373,11 +371,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     struct rules_effect *fx = &report->effect;
     rules_outcome(oc, pace_start, now, util_jitter(rules_jitter_max(STATE_KEY_PAUSE_MS)),
                   util_jitter(rules_jitter_max(STATE_HOST_PAUSE_MS)), fx);
-    if (e != NULL && !fx->unpaced && now > e->last_end)
-        e->last_end = now; /* the floor at Kasera counts from here, whatever the read found (but a
-                            * refusal by the window: it opened none) */
-    if (e != NULL && fx->unpaced && e->inflight_serial == t->serial)
-        e->unpaced = 1; /* no read started since: the next waits for the Retry-After alone */
+    if (e != NULL && now > e->last_end)
+        e->last_end = now; /* the floor at Kasera counts from here, whatever the read found */
     if (fx->has_status && e != NULL) {
         if (read_may_record(e, t, current, false, oc->status, now)) {
             status_record(e, oc->status, oc->status_word, now);
@@ -452,7 +447,6 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
         e->last_start = t->undo.last_start;
         e->reads = t->undo.reads;
         e->early_reads = t->undo.early_reads;
-        e->unpaced = t->undo.unpaced;
         if (e->resv_at == t->undo.resv_left) /* no hold changed it since */
             e->resv_at = t->undo.resv_at;
         if (t->undo.last_chance && st->h->last_chance_reads > 0)

@@ -133,7 +133,6 @@ struct state_ticket {
         int64_t resv_at;     /* its reservation before it ... */
         int64_t resv_left;   /* ... and after it */
         bool last_chance;    /* it was a last-chance read (plan.h) */
-        bool unpaced;        /* the read before it was refused (st_tx.unpaced) */
     } undo;
 };
 

@@ -199,7 +199,7 @@ void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t 
 /* e as the plan counts a waiting transaction (plan.h). */
 static struct plan_waiter tx_waiter(const struct st_tx *e)
 {
-    struct plan_waiter w = {.reads = e->reads, .last_start = e->last_start, .unpaced = e->unpaced != 0};
+    struct plan_waiter w = {.reads = e->reads, .last_start = e->last_start};
     w.hold_until = e->holders > 0 ? e->hold_until : 0;
     w.busy_until = e->inflight_until > e->remote_until ? e->inflight_until : e->remote_until;
     w.not_before = e->not_before > e->remote_not_before ? e->not_before : e->remote_not_before;

@@ -86,7 +86,7 @@ static void tx_check_entry(struct state *st, struct st_tx *e, int64_t now, long 
     if (e->used == 0)
         return;
     if (e->used != 1 || !ids_valid_id(e->id) || e->status > TXS_UNKNOWN ||
-        !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 || e->unpaced > 1 ||
+        !nul_within(e->status_word, sizeof e->status_word) || e->not_found > 1 || e->unknown_seen > 1 ||
         e->reads < 0 || e->early_reads < 0 || e->holders < 0 || e->withheld < 0 || e->withheld > 1 ||
         e->remote_why > WAIT_BUDGET || (e->remote_why == WAIT_NONE && e->remote_not_before > 0)) {
         int32_t next = e->next;

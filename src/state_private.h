@@ -44,13 +44,12 @@
 #include "state.h"
 
 #define ST_MAGIC 0x696c61626d656bULL /* "kembali" */
-#define ST_VERSION 15 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
+#define ST_VERSION 14 /* 6: the per-key quota (tx_per_key, quota_full, ntx); 7: a client's reads in flight; 8: last_end;
                        * 9: hold_stamp; 10: the change log (chg_head, chg); 11: ring_kind, ring_who;
                        * 12: the key table last, growing in place (geom), ring_nf;
                        * 13: a key's ring of its entries (knext, kprev, kcursor), auth_until,
                        *     auth_serial, accepted;
-                       * 14: a client's tier (IPv6 /56, /48) and its larger arrays, ring_nf 2;
-                       * 15: st_tx.unpaced (a read refused by the per-transaction window) */
+                       * 14: a client's tier (IPv6 /56, /48) and its larger arrays, ring_nf 2 */
 #define ST_WAITING_MAX STATE_WAITING_MAX
 #define ST_ARRIVALS STATE_ARRIVALS
 #define ST_PLAN_RETRY_MS RULES_PLAN_RECHECK_MS  /* a read withheld for fairness looks again after this */
@@ -64,8 +63,6 @@ struct st_tx {
     uint8_t not_found;      /* known_until is a 404's memory */
     uint8_t unknown_seen;
     uint8_t remote_why;     /* enum state_wait of remote_not_before */
-    uint8_t unpaced;        /* the last read started was refused by the per-transaction window:
-                             * it paces nothing (rules_pace_next) */
     int32_t reads;          /* reads started in the current episode */
     struct state_key key;
     char id[STATE_ID_MAX + 1];

@@ -725,7 +725,7 @@ void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, 
 }
 
 #define FINISH_KEYS 5 /* before the client's */
-#define FINISH_ARGS 19
+#define FINISH_ARGS 18
 
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
                         const struct state_redis_outcome *o)
@@ -768,8 +768,7 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     const char *args[FINISH_ARGS] = {ser, sent, o->word ? o->word : "", o->final ? "1" : "0", ttl,
                                      o->not_found ? "1" : "0", nfttl, o->charge && o->has_client ? "1" : "0", rw,
-                                     kw, waits, id, r->channel, k.hex, cl, climit, cwin, cblock,
-                                     o->unpaced ? "1" : "0"};
+                                     kw, waits, id, r->channel, k.hex, cl, climit, cwin, cblock};
     const char *argv[3 + FINISH_KEYS + 3 * STATE_CLIENT_TIERS + FINISH_ARGS];
     int argc = 0;
     argv[argc++] = "EVALSHA";

@@ -154,7 +154,6 @@ struct state_redis_outcome {
     int64_t retry_ms;         /* > 0: no read of this transaction for that long (Retry-After, a
                                * stated window, a rejected episode) */
     int64_t key_pause_ms;     /* > 0: no read with this key for that long (429, 401, a stated window) */
-    bool unpaced;             /* refused by the per-transaction window: paces nothing (rules.h) */
 };
 
 struct state_redis_metrics {

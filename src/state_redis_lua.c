@@ -14,12 +14,11 @@
 #define LUA_HEAD                                                                           \
     "local t = redis.call('TIME')\n"                                                       \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
-    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le', 'up')\n" \
+    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le')\n" \
     "local s = h[1]\n"                                                                     \
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
     "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
-    "local up = h[10] == '1'\n" /* the last read was refused by the window: paces nothing */ \
     "local function wait_for(waits, reads)\n"                                              \
     "  local ws = {}\n"                                                                    \
     "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
@@ -44,7 +43,7 @@
     "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
     "  else\n"                                                                             \
     "    local nx = now\n"                                                                 \
-    "    if n > 0 and now - ls <= EPISODE and not up then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
+    "    if n > 0 and now - ls <= EPISODE then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
     "    if le > 0 then nx = math.max(nx, le + FLOOR) end\n"                                \
     "    nx = math.max(nx, ra, kp)\n"                                                      \
     "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
@@ -72,9 +71,9 @@
  * one HMGET per waiting transaction. */
 #define LUA_PLAN                                                                           \
     "local function tx_fields(k)\n"                                                        \
-    "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh', 'up')\n" \
+    "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh')\n" \
     "  local x = {s = f[1]}\n"                                                              \
-    "  local names = {'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh', 'up'}\n" \
+    "  local names = {'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh'}\n" \
     "  for i = 1, #names do x[names[i]] = tonumber(f[i + 1]) or 0 end\n"                   \
     "  return x\n"                                                                         \
     "end\n"                                                                                \
@@ -86,7 +85,7 @@
     "  if f.le > 0 and f.le + FLOOR > nb then nb = f.le + FLOOR end\n"                     \
     "  local hu = 0\n"                                                                     \
     "  if f.ho > 0 then hu = f.hu end\n"                                                   \
-    "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb, unpaced = f.up == 1}\n" \
+    "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb}\n" \
     "end\n"                                                                                \
     "local function keep_until(k, t)\n" /* k (if it exists) lives at least until t */      \
     "  local px = redis.call('PTTL', k)\n"                                                 \
@@ -242,7 +241,7 @@ static const char lua_claim[] =
     "local me = tx_fields(KEYS[1])\n" /* before the episode's reads are reset below */
     "if n > 0 and now - ls <= EPISODE then\n"
     "  local nx = ls + wait_for(ARGV[1], n)\n"
-    "  if nx > now and not up then return {'wait', nx - now, 'pace'} end\n"
+    "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
     "else\n"
     "  n = 0\n"
     "end\n"
@@ -392,8 +391,7 @@ static const char lua_claim[] =
     "if kind ~= 'last' then er = er + 1 end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
-    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'up', 0, 'qn', ARGV[14],\n"
-    "           'qt', now)\n"
+    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[14], 'qt', now)\n"
     "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
     "redis.call('ZADD', KEYS[3], now, ARGV[14])\n" /* the read's name on its host (budget_member) */
     "redis.call('PUBLISH', ARGV[15], 'R ' .. ARGV[16] .. ' ' .. ARGV[14])\n" /* every host counts it too */
@@ -512,21 +510,14 @@ static const char lua_left[] =
  *       6 not_found, 7 nf ttl, 8 charge, 9 retry_ms, 10 key_pause_ms, 11
  *       waits, 12 id, 13 channel, 14 rkey, 15 the client's tiers' names
  *       ("C,C56,C48"; '-': none), 16 each tier's 404s that block
- *       ("5,10,20"), 17 their window (ms), 18 the block (ms), 19 '1' when
- *       the read paces nothing (rules_effect.unpaced). Returns 1 when this
- *       started a block of any tier. */
+ *       ("5,10,20"), 17 their window (ms), 18 the block (ms). Returns 1
+ *       when this started a block of any tier. */
 static const char lua_finish[] =
     LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local known, current = s, false\n"
-    /* the floor at Kasera counts from any read's end but a refusal by the
-     * window (rules_effect.unpaced: it opened none, and paces nothing when
-     * no read started since) */
-    "if ARGV[19] == '1' then\n"
-    "  if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser then up = true; redis.call('HSET', KEYS[1], 'up', 1) end\n"
-    "else\n"
-    "  le = now\n"
-    "  redis.call('HSET', KEYS[1], 'le', le)\n"
-    "end\n"
+    /* the floor at Kasera counts from any read's end */
+    "le = now\n"
+    "redis.call('HSET', KEYS[1], 'le', le)\n"
     /* the 404 quarter: this read no longer under way; counted on if it
      * ended 404 (any id's, as st_budget_not_found) */
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser then\n"

@@ -34,7 +34,6 @@ for i = 2, #ARGV do
   elseif name == 'ws' then
     for x in string.gmatch(val, '-?%d+') do ws[#ws + 1] = tonumber(x) end
   elseif name == 'withheld' then withheld = val == '1'
-  elseif name == 'unpaced' then w.unpaced = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name == 'starved' then k.starved = val == '1'
   elseif name == 'reserved' or name == 'drifted' then t[name] = val == '1'

@@ -139,17 +139,6 @@ def ep_retry_date(sb, ks, id):
     return [status(get(ks[0], "id=%s" % id, timeout=60))]
 
 
-def ep_refused_second(sb, ks, id):
-    """The second read refused by the per-transaction window (another
-    pace's read holds it, Retry-After: 1): it counts as the schedule's
-    second read, but paces nothing; the third comes when the Retry-After
-    ends (not 3 s after the refused read), the fourth 3 s after the third."""
-    sb.put_tx(id, "pending", responses=[pending(id),
-                                        {"http": 429, "headers": {"Retry-After": "1"},
-                                         "body": err("rate_limited", "at most one read per second per transaction")}])
-    return [status(get(ks[0], "id=%s" % id, timeout=60))]
-
-
 def ep_unverified(sb, ks, id):
     sb.put_tx(id, "pending", responses=[{"http": 429, "body": err("unverified_count_cap", "verify the account")}])
     out = [status(get(ks[0], "id=%s" % id, timeout=60))]
@@ -545,18 +534,6 @@ RETRY_DATE_TABLE = [
 @harness.timeout(240)
 def test_retry_after_date_alike_in_both_stores(tmpdir):
     differ(tmpdir, RETRY_DATE_TABLE, RETRY_DATE_SCHEDULE)
-
-
-REFUSED_TABLE = [
-    # a hold of 5.6 s: the refusal's successor at 2.1 s, the next 3 s later
-    # (5.1 s); paced from the refused read it would be 4.1 s, and no more
-    ("refused", ep_refused_second, [0, 1.1, 2.1, [5.1]], ["checking"], SLACK),
-]
-
-
-@harness.timeout(240)
-def test_refused_read_paces_nothing_alike_in_both_stores(tmpdir):
-    differ(tmpdir, REFUSED_TABLE, RETRY_DATE_SCHEDULE)
 
 
 @harness.timeout(240)

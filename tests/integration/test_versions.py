@@ -94,6 +94,8 @@ def test_two_layouts_on_one_state_dir(tmpdir):
     assert_eq(len(sb.reads("c2")), 1, "the new one's own file kept its cache across the restart")
 
 
+@harness.pytest.mark.xfail(strict=True, reason="lockstep: a 429'd read counts as a pace step, so the refused side's "
+                           "next read lands 1 s after the other's again (state.c state_finish; see the report)")
 @harness.timeout(120)
 def test_one_layout_tx_limited_moves_away(tmpdir):
     """Two layouts read one transaction on two separate paces started
@@ -111,7 +113,7 @@ def test_one_layout_tx_limited_moves_away(tmpdir):
     reads = sb.reads("p2")
     print("# two paces on one transaction: %r" % [(round(r["t_ms"]), r["http"]) for r in reads])
     for k in (a, b):
-        ok = [l for l in k.find_log(event="read", id="p2") if l.get("http") == "200"]
+        ok = [l for l in k.find_log(event="read", id="p2") if l.get("http") == 200]
         assert ok, "%s read p2 with a 200 at least once: %r" % (k.name, k.find_log(event="read", id="p2"))
 
 

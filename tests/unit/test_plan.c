@@ -529,7 +529,6 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"reads", &v->w.reads, NULL, NULL},           {"last_start", NULL, &v->w.last_start, NULL},
         {"hold_until", NULL, &v->w.hold_until, NULL}, {"busy_until", NULL, &v->w.busy_until, NULL},
         {"not_before", NULL, &v->w.not_before, NULL}, {"withheld", NULL, NULL, &v->withheld},
-        {"unpaced", NULL, NULL, &v->w.unpaced},
         {"thins", NULL, &v->thins, NULL},             {"recheck", NULL, &v->recheck, NULL},
         {"first_short", NULL, &v->first_short, NULL}, {"first_long", NULL, &v->first_long, NULL},
     };

@@ -69,7 +69,6 @@ static void test_waits_and_pauses(void **unused)
     o.retry_after_ms = -1; /* unreadable: a second */
     rules_outcome(&o, T0, T0 + 100, 0, 0, &fx);
     assert_int_equal(fx.retry_ms, RULES_RETRY_DEFAULT_MS);
-    assert_true(fx.unpaced); /* refused by the window: paces nothing (rules_pace_next) */
 
     /* the key's 429: 60 s plus the caller's jitter, clamped to a tenth */
     o = oc_kind(OUT_KEY_LIMITED);
@@ -151,14 +150,6 @@ static void test_hold_and_floor(void **unused)
     assert_int_equal(rules_hold_ms(&s), 38100 + PACE_GRACE_MS);
     assert_int_equal(rules_floor(0), 0);
     assert_int_equal(rules_floor(T0), T0 + 1100);
-    /* the pace: the schedule's wait from the last start, the floor from its end */
-    assert_int_equal(rules_pace_next(&s, 2, T0, T0 + 50, false, T0 + 100), T0 + 12000);
-    assert_int_equal(rules_pace_next(&s, 1, T0, T0 + 500, false, T0 + 600), T0 + 1600);
-    assert_int_equal(rules_pace_next(&s, 0, 0, 0, false, T0), T0);
-    /* the last read refused by the window: only the floor of the read
-     * before it (its Retry-After is the transaction's own wait) */
-    assert_int_equal(rules_pace_next(&s, 2, T0, T0 - 5000, true, T0 + 100), T0 + 100);
-    assert_int_equal(rules_pace_next(&s, 2, T0, T0 - 500, true, T0 + 100), T0 + 600);
 }
 
 /* The prelude carries the C numbers and the same table. */

@@ -263,9 +263,7 @@ static void test_default_schedule_exact(void **unused)
 }
 
 /* Whatever `now` values callers bring, two claims of one transaction never
- * start less than 1100 ms apart (1500 with the default schedule), but
- * after a read Kasera's window refused (it paces nothing: the next waits
- * for its Retry-After alone, rules_pace_next). */
+ * start less than 1100 ms apart (1500 with the default schedule). */
 static void test_min_gap_random(void **unused)
 {
     (void)unused;
@@ -282,13 +280,10 @@ static void test_min_gap_random(void **unused)
         struct state_key keys[2] = {key_of(st, "sk_a"), key_of(st, "sk_b")};
         const char *ids[3] = {"T1", "T2", "T3"};
         int64_t last_claim[6];
-        uint64_t last_serial[6] = {0};
-        int64_t refused_until[6] = {0}; /* the last claim was refused: the next not before */
-        long nclaims[6] = {0}, nrefused = 0;
+        long nclaims[6] = {0};
         struct {
             struct state_ticket t;
             int64_t at;
-            int s;
             bool used;
         } out[16];
         memset(out, 0, sizeof out);
@@ -327,8 +322,6 @@ static void test_min_gap_random(void **unused)
                     o.rl.reset_ms = RND() % 2000;
                 }
                 finish(st, &out[i].t, "toko", o, now);
-                if (o.kind == OUT_TX_LIMITED && out[i].t.serial == last_serial[out[i].s])
-                    refused_until[out[i].s] = now + (o.retry_after_ms > 0 ? o.retry_after_ms : RULES_RETRY_DEFAULT_MS);
             }
             int s = (int)(RND() % 6);
             struct state_ticket t;
@@ -337,18 +330,13 @@ static void test_min_gap_random(void **unused)
                 assert_true(f.final || f.not_found || f.in_flight || f.next_read > now || f.wait == WAIT_FULL);
                 continue;
             }
-            if (refused_until[s] > 0) {
-                assert_true(now >= refused_until[s]);
-                nrefused++;
-            } else if (nclaims[s] > 0) {
+            if (nclaims[s] > 0) {
                 if (now - last_claim[s] < min_gap[si])
                     print_error("schedule %d stream %d: claims at %lld and %lld\n", si, s,
                                 (long long)last_claim[s], (long long)now);
                 assert_true(now - last_claim[s] >= min_gap[si]);
             }
             last_claim[s] = now;
-            last_serial[s] = t.serial;
-            refused_until[s] = 0;
             nclaims[s]++;
             if (RND() % 10 == 0)
                 continue; /* a read never reported: its lease must expire */
@@ -356,7 +344,6 @@ static void test_min_gap_random(void **unused)
                 if (!out[i].used) {
                     out[i].used = true;
                     out[i].t = t;
-                    out[i].s = s;
                     out[i].at = now + 50 + RND() % 7000;
                     break;
                 }
@@ -364,7 +351,6 @@ static void test_min_gap_random(void **unused)
         }
         for (int s = 0; s < 6; s++)
             assert_true(nclaims[s] > 100); /* the loop really exercised claims */
-        assert_true(nrefused > 10);          /* and claims after a refusal */
         state_free(st);
     }
 #undef RND
@@ -504,61 +490,6 @@ static void test_tx_limited(void **unused)
     assert_true(claim(st, &k, "T1", done + 3000, &t, NULL));
     /* it is about that transaction only */
     assert_true(claim(st, &k, "T2", done + 1, &t, NULL));
-    state_free(st);
-}
-
-/* Two paces of one transaction at Kasera (two layouts side by side): the
- * other's read holds the window, this one's is refused with Retry-After.
- * Its next read comes when the Retry-After ends, not a schedule step (or
- * the floor) after the refused read, which would land right behind the
- * other's next read again (lockstep); the refused read still counts as a
- * read of the schedule. */
-static void test_tx_limited_moves_away(void **unused)
-{
-    (void)unused;
-    struct state *st = mk(64);
-    struct state_key k = key_of(st, "sk_test_a");
-    struct state_ticket t;
-    struct state_fact f;
-    struct outcome busy = oc_kind(OUT_TX_LIMITED);
-    busy.retry_after_ms = 1000;
-    /* the first read of the episode refused: the next at its Retry-After */
-    assert_true(claim(st, &k, "T1", T0, &t, NULL));
-    finish(st, &t, "toko-a", busy, T0 + 2);
-    f = lookup(st, &k, "T1", T0 + 2);
-    assert_int_equal(f.next_read, T0 + 2 + 1000); /* not T0 + 1500 (the pace), nor T0 + 1102 (the floor) */
-    assert_int_equal(f.wait, WAIT_RETRY);
-    assert_false(claim(st, &k, "T1", T0 + 1001, &t, NULL));
-    assert_true(claim(st, &k, "T1", T0 + 1002, &t, NULL));
-    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 1003);
-    /* it was the second read of the schedule: the third 2 s after it */
-    f = lookup(st, &k, "T1", T0 + 1003);
-    assert_int_equal(f.next_read, T0 + 1002 + 2000);
-    assert_int_equal(f.wait, WAIT_PACE);
-    /* a later read refused: 1 s after its answer, not 3 s after its start */
-    assert_true(claim(st, &k, "T1", T0 + 3002, &t, NULL));
-    finish(st, &t, "toko-a", busy, T0 + 3004);
-    f = lookup(st, &k, "T1", T0 + 3004);
-    assert_int_equal(f.next_read, T0 + 4004);
-    /* a claim given back restores it: still waiting for the Retry-After alone */
-    assert_true(claim(st, &k, "T1", T0 + 4004, &t, NULL));
-    state_unclaim(st, &t, T0 + 4005);
-    assert_int_equal(lookup(st, &k, "T1", T0 + 4005).next_read, T0 + 4005);
-    /* a read that was made paces again: the fifth 5 s after the fourth */
-    assert_true(claim(st, &k, "T1", T0 + 4006, &t, NULL));
-    finish(st, &t, "toko-a", oc_status(TXS_PENDING, NULL), T0 + 4010);
-    assert_int_equal(lookup(st, &k, "T1", T0 + 4010).next_read, T0 + 4006 + 5000);
-    /* a refusal that is no longer the last read (another started since)
-     * leaves that one's pace alone */
-    struct state_ticket t1, t2;
-    assert_true(claim(st, &k, "T2", T0, &t1, NULL));
-    assert_true(claim(st, &k, "T2", T0 + LEASE, &t2, NULL));
-    finish(st, &t1, "toko-a", busy, T0 + LEASE + 1);
-    f = lookup(st, &k, "T2", T0 + LEASE + 1);
-    assert_int_equal(f.next_read, T0 + LEASE + 2000); /* the pace of the read in flight */
-    finish(st, &t2, "toko-a", oc_status(TXS_PENDING, NULL), T0 + LEASE + 2);
-    f = lookup(st, &k, "T2", T0 + LEASE + 2);
-    assert_int_equal(f.next_read, T0 + LEASE + 2000);
     state_free(st);
 }
 
@@ -3223,7 +3154,6 @@ int main(void)
         cmocka_unit_test(test_learn_not_found),
         cmocka_unit_test(test_key_usage),
         cmocka_unit_test(test_client_block),
-        cmocka_unit_test(test_tx_limited_moves_away),
         cmocka_unit_test(test_reserve_mirrors_another_store),
         cmocka_unit_test(test_holds_and_leaves_are_stamped_in_order),
     };
