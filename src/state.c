@@ -96,17 +96,15 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
         raise_to(&f->next_read, &f->wait, st_budget_next(k, budget, now), WAIT_BUDGET);
     }
     raise_to(&f->next_read, &f->wait, st->h->host_paused_until, WAIT_HOST_PAUSE);
-    if (!st->all_accepted && (k == NULL || !k->accepted)) { /* a key Kasera has not taken: one read at a time,
-                                                             * within the allowance */
-        raise_to(&f->next_read, &f->wait,
-                 rules_auth_next(st->h->auth_until, STATE_AUTH_FAILS_MAX, atomic_load(&st->auth_allowance), now),
-                 WAIT_AUTH);
-        /* its one read in flight ends long before its lease: look again
-         * soon (its end bumps the generation too), so that a short hold is
-         * not answered at once for a lease it will not need */
-        if (k != NULL && k->probe_until > now && !(e != NULL && f->in_flight))
-            raise_to(&f->next_read, &f->wait,
-                     k->probe_until < now + ST_PLAN_RETRY_MS ? k->probe_until : now + ST_PLAN_RETRY_MS, WAIT_AUTH);
+    if (!st->all_accepted && (k == NULL || !k->accepted)) { /* a key Kasera has not taken: within the allowance */
+        int64_t at = rules_auth_next(st->h->auth_until, STATE_AUTH_FAILS_MAX, atomic_load(&st->auth_allowance), now);
+        /* a place held by a read still under way is back when it lands
+         * (most do, at once: its end bumps the generation): look again
+         * soon rather than when it would count as a 401 */
+        for (int i = 0; at > now + ST_PLAN_RETRY_MS && i < STATE_AUTH_FAILS_MAX; i++)
+            if (st->h->auth_serial[i] != 0 && st->h->auth_until[i] > now)
+                at = now + ST_PLAN_RETRY_MS;
+        raise_to(&f->next_read, &f->wait, at, WAIT_AUTH);
     }
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
@@ -242,8 +240,6 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     k->last_used = now;
     if (!k->accepted && !st->all_accepted) { /* counted against the allowance until it says otherwise (auth_land) */
         auth_take(st, e->inflight_serial, e->inflight_until + STATE_AUTH_SPAN_MS, now);
-        k->probe_until = e->inflight_until;
-        k->probe_serial = e->inflight_serial;
     }
     ticket->budget_prev = k->ring_n > 0 ? k->ring[(k->ring_head - 1 + STATE_BUDGET_MAX) % STATE_BUDGET_MAX] : 0;
     ticket->budget_at = st_budget_push(k, now);
@@ -415,8 +411,6 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     if (fx->unauthorized)
         util_copy(st->h->last_401_shop, sizeof st->h->last_401_shop, shop_id);
     auth_land(st, t->serial, fx, now);
-    if (k != NULL && k->probe_serial == t->serial)
-        k->probe_until = 0;
     if (fx->key_accepted && k != NULL)
         k->accepted = 1;
     if (fx->host_pause_ms > 0) {
@@ -438,9 +432,6 @@ void state_unclaim(struct state *st, const struct state_ticket *t, int64_t now)
     bool landed = !st_client_none(&t->client) && st_client_land(st, &t->client, st_tx_what(st, &t->key, t->id), now);
     bool undone = e != NULL && e->inflight_serial == t->serial;
     auth_land(st, t->serial, NULL, now); /* never made: it failed nothing */
-    struct st_keyent *pk = st_key_find(st, &t->key);
-    if (pk != NULL && pk->probe_serial == t->serial)
-        pk->probe_until = 0;
     if (undone) {
         e->inflight_until = 0;
         e->inflight_serial = t->undo.serial; /* the claim before is the last one again */

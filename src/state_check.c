@@ -182,7 +182,6 @@ static void key_check_entry(struct st_keyent *k, int64_t now, long *dmg)
     }
     clamp_time(&k->paused_until, now, SPAN_KEY_PAUSE, dmg);
     clamp_time(&k->last_used, now, 0, dmg);
-    clamp_time(&k->probe_until, now, SPAN_LEASE, dmg);
     if (k->accepted > 1) { /* not a flag: not accepted (its reads count until one is) */
         k->accepted = 0;
         dmg[DMG_KEY_ENTRY]++;

@@ -93,8 +93,6 @@ struct st_keyent {
     int32_t ntx;                        /* transaction entries of this key (st_tx_get) */
     int32_t kcursor;                    /* its entries' ring: where the next look starts (-1: none) */
     uint8_t accepted;                   /* Kasera took the key since this entry was made (state_auth_allowance) */
-    int64_t probe_until;                /* not accepted: the lease of its one read in flight (0: none) */
-    uint64_t probe_serial;              /* that read's claim */
     int64_t paused_until;
     int64_t last_used;
     int32_t ring_head, ring_n;          /* the last STATE_BUDGET_MAX read starts */

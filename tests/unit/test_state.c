@@ -2448,7 +2448,7 @@ static void test_auth_allowance_spares_accepted_keys(void **unused)
             claimed++;
         } else {
             assert_int_equal(f.wait, WAIT_AUTH);
-            assert_int_equal(f.next_read, now + LEASE + STATE_AUTH_SPAN_MS); /* the first read's lease, + 60 s */
+            assert_int_equal(f.next_read, now + i + RULES_PLAN_RECHECK_MS); /* its places under way: soon */
         }
     }
     assert_int_equal(claimed, 5);
@@ -2483,33 +2483,32 @@ static void test_auth_allowance_spares_accepted_keys(void **unused)
     state_free(st);
 }
 
-/* A key not accepted yet makes one read at a time (its others wait for
- * it, a read's lease at most); once Kasera answers it, it reads freely.
- * A read never made (unclaimed) gives its count back, and so does one
- * that was answered. */
-static void test_auth_unaccepted_key_reads_one_at_a_time(void **unused)
+/* A key not accepted yet reads within the host's allowance: each of its
+ * reads in flight holds a place of it (a burst cannot overshoot), given
+ * back when it is never made or Kasera answers it otherwise than 401; once
+ * Kasera answers it, it reads freely. */
+static void test_auth_unaccepted_key_reads_within_the_allowance(void **unused)
 {
     (void)unused;
     struct state *st = mk_fresh(64);
     state_auth_allowance(st, 2);
-    struct state_key k = key_of(st, "sk_test_new"), other = key_of(st, "sk_test_other");
+    struct state_key k = key_of(st, "sk_test_new"), other = key_of(st, "sk_test_other"),
+                     more = key_of(st, "sk_test_more");
     struct state_ticket t1, t2, t3;
     struct state_fact f;
     struct state_metrics m;
     assert_true(claim(st, &k, "T1", T0, &t1, &f));
-    assert_false(claim(st, &k, "T2", T0 + 10, &t2, &f));
+    assert_true(claim(st, &more, "M1", T0 + 10, &t2, &f)); /* the allowance's second place */
+    assert_false(claim(st, &other, "O1", T0 + 11, NULL, &f)); /* both held by reads in flight */
     assert_int_equal(f.wait, WAIT_AUTH);
-    assert_int_equal(f.next_read, T0 + 10 + RULES_PLAN_RECHECK_MS); /* looks again soon (at most its lease) */
     /* unclaimed (another host's authority refused it): nothing counts */
-    state_unclaim(st, &t1, T0 + 20);
+    state_unclaim(st, &t2, T0 + 20);
     state_metrics(st, &m);
-    assert_int_equal(m.auth_failures, 0);
-    assert_true(claim(st, &k, "T2", T0 + 30, &t2, &f));
-    assert_true(claim(st, &other, "O1", T0 + 40, &t3, &f)); /* the second of two */
-    assert_false(claim(st, &other, "O2", T0 + 41, NULL, &f)); /* its own first read is in flight */
-    assert_int_equal(f.wait, WAIT_AUTH);
+    assert_int_equal(m.auth_failures, 1); /* T1's place, still under way */
+    assert_true(claim(st, &other, "O1", T0 + 40, &t3, &f));
+    t2 = t1;
     finish(st, &t3, "other", oc_kind(OUT_UNAUTHORIZED), T0 + 50); /* a failed authentication: counts from now */
-    /* answered: accepted; its count is given back, and it reads at once */
+    /* answered: accepted; its place is given back, and it reads at once */
     finish(st, &t2, "new", oc_kind(OUT_NOT_FOUND), T0 + 60);
     state_metrics(st, &m);
     assert_int_equal(m.auth_failures, 1);
@@ -3138,7 +3137,7 @@ int main(void)
         cmocka_unit_test(test_quota_after_key_eviction),
         cmocka_unit_test(test_quota_refusal_looks_at_few),
         cmocka_unit_test(test_auth_allowance_spares_accepted_keys),
-        cmocka_unit_test(test_auth_unaccepted_key_reads_one_at_a_time),
+        cmocka_unit_test(test_auth_unaccepted_key_reads_within_the_allowance),
         cmocka_unit_test(test_key_id),
         cmocka_unit_test(test_siphash_vectors),
         cmocka_unit_test(test_defaults_and_metrics),
