@@ -177,7 +177,7 @@ long fdstore_take(struct fdstore_got *g, struct front *f, struct serve *s)
 struct saving {
     struct dynbuf desc;
     uint32_t next;
-    uint8_t rec[HANDOVER_FIXED + 4 * HANDOVER_STR_MAX + FRONT_HANDOVER_OUT_MAX];
+    uint8_t rec[HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX];
 };
 
 static int emit_store(void *ctx, int fd, const struct handover_rec *rec)

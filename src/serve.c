@@ -887,6 +887,10 @@ static int on_save(void *ctx, struct front_req *fr, void *user, struct handover_
     rec->deadline = r->rw.h.deadline;
     rec->painted = r->sc.painted;
     rec->last_sent = r->sc.last_sent;
+    /* for a successor of another layout, which has another state file */
+    rec->layout = state_layout_of(s->app->state);
+    rec->has_snap = true;
+    state_snapshot(s->app->state, &r->shop->key, r->id, util_mono_ms(), &rec->snap);
     if (r->parked)
         unpark(r);
     else
@@ -957,6 +961,10 @@ int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec
     for (int i = 0; rec->origin[0] && i < tmp.shop->norigins; i++)
         if (strcmp(rec->origin, tmp.shop->origins[i]) == 0)
             tmp.origin = tmp.shop->origins[i];
+    /* a sender of another layout kept the pace, pauses and cache in its
+     * own file: take in what this request needs (same layout: one file) */
+    if (rec->has_snap && rec->layout != state_layout_of(s->app->state))
+        state_import(s->app->state, &tmp.shop->key, tmp.id, &rec->snap, util_mono_ms());
     state_client_id(s->app->state, &tmp.shop->key, tmp.addr, &tmp.client);
     tmp.has_rclient = state_redis_client_id(s->app->redis, tmp.addr, &tmp.rclient);
     struct serve_req *r = malloc(sizeof *r);

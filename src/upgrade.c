@@ -21,7 +21,7 @@
 
 extern char **environ;
 
-#define UPGRADE_MSG_MAX (HANDOVER_FIXED + 4 * HANDOVER_STR_MAX + FRONT_HANDOVER_OUT_MAX + 1)
+#define UPGRADE_MSG_MAX (HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX + 1)
 #define UPGRADE_SNDBUF (4 << 20)
 
 enum upgrade_state {
