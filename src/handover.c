@@ -149,7 +149,8 @@ int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char 
         return -1;
     }
     r->kind = (uint8_t)get_u(&d, 1);
-    if (!d.bad && r->kind != HANDOVER_IDLE && r->kind != HANDOVER_HELD) {
+    if (!d.bad && r->kind != HANDOVER_IDLE && r->kind != HANDOVER_HELD &&
+        !(r->kind == HANDOVER_FACT && format >= 2)) {
         snprintf(why, whylen, "a record of unknown kind %u", r->kind);
         return -1;
     }

@@ -45,6 +45,8 @@
 enum handover_kind {
     HANDOVER_IDLE = 1,   /* a kept connection between requests */
     HANDOVER_HELD = 2,   /* a connection with a request held */
+    HANDOVER_FACT = 3,   /* no connection: a final status the sender's state has cached (shop, id,
+                          * layout and snapshot: for a successor of another layout) */
 };
 
 struct handover_rec {

@@ -1003,6 +1003,49 @@ int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec
     return 0;
 }
 
+long serve_facts(struct serve *s, int (*emit)(void *ctx, const struct handover_rec *rec), void *ctx)
+{
+    struct state_final *v;
+    size_t n = state_finals(s->app->state, util_mono_ms(), &v);
+    struct config *cfg = app_config(s->app);
+    long sent = 0;
+    struct handover_rec *rec = malloc(sizeof *rec);
+    for (size_t i = 0; rec != NULL && i < n; i++) {
+        const struct shop *shop = NULL;
+        for (int j = 0; j < cfg->nshops && shop == NULL; j++)
+            if (memcmp(&cfg->shops[j].key, &v[i].key, sizeof v[i].key) == 0)
+                shop = &cfg->shops[j];
+        if (shop == NULL)
+            continue;
+        memset(rec, 0, sizeof *rec);
+        rec->kind = HANDOVER_FACT;
+        util_copy(rec->shop, sizeof rec->shop, shop->id);
+        util_copy(rec->id, sizeof rec->id, v[i].id);
+        rec->layout = state_layout_of(s->app->state);
+        rec->has_snap = true;
+        rec->snap = v[i].snap;
+        if (emit(ctx, rec) != 0)
+            break;
+        sent++;
+    }
+    free(rec);
+    free(v);
+    config_unref(cfg);
+    return sent;
+}
+
+bool serve_take_fact(struct serve *s, const struct handover_rec *rec)
+{
+    if (rec->kind != HANDOVER_FACT || !rec->has_snap || rec->layout == state_layout_of(s->app->state) ||
+        !ids_valid_id(rec->id))
+        return false;
+    struct config *cfg = app_config(s->app);
+    const struct shop *shop = config_pick_shop(cfg, rec->shop, NULL);
+    bool taken = shop != NULL && state_import(s->app->state, &shop->key, rec->id, &rec->snap, util_mono_ms());
+    config_unref(cfg);
+    return taken;
+}
+
 struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)
 {
     struct serve *s = calloc(1, sizeof *s);

@@ -239,6 +239,19 @@ struct state_snap {
 void state_snapshot(struct state *st, const struct state_key *key, const char *id, int64_t now,
                     struct state_snap *out);
 
+/* A cached final status of the table (state_finals). */
+struct state_final {
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+    struct state_snap snap;
+};
+
+/* Every transaction whose final status is cached at `now`, with its
+ * snapshot (as state_snapshot), into *out (allocated; the caller frees
+ * it). Returns how many; 0 with *out NULL when none (or no memory). Looks
+ * at the whole table once, under the lock: for a handover, not a request. */
+size_t state_finals(struct state *st, int64_t now, struct state_final **out);
+
 /* Take in what a process of another layout knew of (key, id) (its
  * state_snapshot at handing over) without moving anything backwards: the
  * pace only when the snapshot's last read is newer than the one recorded

@@ -3,6 +3,7 @@
  * at a handover (docs/handover.md). */
 #include "state_private.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "util.h"
@@ -44,6 +45,47 @@ static int64_t within(int64_t t, int64_t now, int64_t span)
 static bool cached_final(enum tx_status s, bool not_found, int64_t known_until, int64_t now)
 {
     return !not_found && known_until > now && tx_status_final(s);
+}
+
+size_t state_finals(struct state *st, int64_t now, struct state_final **out)
+{
+    *out = NULL;
+    size_t n = 0, cap = 0;
+    struct state_final *v = NULL;
+    st_lock(st, now);
+    for (int32_t i = 0; i < st->txn; i++) {
+        const struct st_tx *e = &st->txs[i];
+        if (!e->used || !cached_final((enum tx_status)e->status, e->not_found, e->known_until, now) ||
+            strnlen(e->id, sizeof e->id) > STATE_ID_MAX)
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            struct state_final *nv = realloc(v, nc * sizeof *nv);
+            if (nv == NULL)
+                break;
+            v = nv;
+            cap = nc;
+        }
+        struct state_final *f = &v[n++];
+        memset(f, 0, sizeof *f);
+        f->key = e->key;
+        memcpy(f->id, e->id, sizeof f->id);
+        f->id[STATE_ID_MAX] = '\0';
+        f->snap.has_tx = true;
+        f->snap.status = (enum tx_status)e->status;
+        util_copy(f->snap.status_word, sizeof f->snap.status_word, e->status_word);
+        f->snap.known_until = e->known_until;
+        f->snap.last_start = e->last_start;
+        f->snap.last_end = e->last_end;
+        f->snap.reads = e->reads;
+        f->snap.not_before = e->not_before;
+    }
+    st_unlock(st);
+    if (n == 0)
+        free(v);
+    else
+        *out = v;
+    return n;
 }
 
 /* The snapshot's facts of the transaction into e (under the lock);

@@ -42,6 +42,7 @@ struct upgrade {
     struct loop *loop;
     struct front *front;
     struct serve *serve;
+    long facts;               /* successor: cached finals taken in (HANDOVER_FACT) */
     const char *prog;
     char *const *argv;
     int listen_fd;
@@ -267,6 +268,17 @@ static int emit(void *ctx, int fd, const struct handover_rec *rec)
     return msg_send(u->chan, u->buf, n + 1, fd, u->began + UPGRADE_EXIT_MS);
 }
 
+/* serve_facts' emit: one 'K' message, no connection. */
+static int emit_fact(void *ctx, const struct handover_rec *rec)
+{
+    struct upgrade *u = ctx;
+    u->buf[0] = 'K';
+    size_t n = handover_encode(rec, u->buf + 1, sizeof u->buf - 1);
+    if (n == 0)
+        return -1;
+    return msg_send(u->chan, u->buf, n + 1, -1, u->began + UPGRADE_ACK_MS);
+}
+
 /* One batch: everything that can go now, then 'E', then the successor's
  * 'A'. Returns the connections handed over (0: none could go), or -1
  * when the successor did not take them (they are ours again). */
@@ -308,6 +320,9 @@ static void handover_begin(struct upgrade *u)
     u->began = util_mono_ms();
     front_pause_accepting(u->front); /* the successor accepts on the same socket */
     serve_handing(u->serve, true);   /* no read starts here from now on */
+    /* the cached finals, for a successor of another layout (its own state
+     * file): facts, taken as they come, whatever becomes of the batch */
+    long facts = serve_facts(u->serve, emit_fact, u);
     char why[256];
     long n = batch(u, why, sizeof why);
     if (n < 0) {
@@ -327,6 +342,7 @@ static void handover_begin(struct upgrade *u)
     log_begin(&l, "info", "upgrade");
     log_int(&l, "new_pid", u->child);
     log_int(&l, "handed", n);
+    log_int(&l, "facts", facts);
     log_int(&l, "ms", (long long)(util_mono_ms() - u->began));
     log_str(&l, "msg", "handed over to the new process; this one exits once its reads have ended");
     log_end(&l);
@@ -551,6 +567,8 @@ static void successor_adopt(struct upgrade *u, uint32_t count)
     log_int(&l, "from", u->from);
     log_int(&l, "connections", (long long)n);
     log_int(&l, "held", held);
+    if (u->facts > 0)
+        log_int(&l, "facts", u->facts);
     if (failed > 0)
         log_int(&l, "failed", failed);
     log_int(&l, "ms", (long long)(util_mono_ms() - t0));
@@ -578,7 +596,13 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
         }
         char why[128];
         struct handover_rec rec;
-        if (u->buf[0] != 'H' || fd < 0 || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0) {
+        if (u->buf[0] == 'K' && fd < 0 && handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) == 0 &&
+            rec.kind == HANDOVER_FACT) {
+            u->facts += serve_take_fact(u->serve, &rec);
+            continue;
+        }
+        if (u->buf[0] != 'H' || fd < 0 || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0 ||
+            rec.kind == HANDOVER_FACT) {
             if (fd >= 0)
                 close(fd);
             log_msg("error", "upgrade", "a record from the old process could not be read; its batch is refused");

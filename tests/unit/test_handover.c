@@ -146,6 +146,16 @@ static void test_snapshot(void **unused)
     buf[snap_at] = 2;
     assert_int_equal(handover_decode(buf, n, &back, why, sizeof why), -1);
     assert_non_null(strstr(why, "snapshot"));
+    /* a fact: no connection, only what the state held */
+    struct handover_rec fact = with_snap();
+    fact.kind = HANDOVER_FACT;
+    fact.out = NULL;
+    fact.out_len = 0;
+    n = handover_encode(&fact, buf, sizeof buf);
+    assert_int_not_equal(n, 0);
+    assert_int_equal(handover_decode(buf, n, &back, why, sizeof why), 0);
+    assert_int_equal(back.kind, HANDOVER_FACT);
+    assert_int_equal(back.snap.known_until, 40000);
     /* a word too long for a status */
     r.snap.status_word[0] = '\0';
     r.has_snap = true;
@@ -175,6 +185,10 @@ static void test_format_1(void **unused)
     assert_string_equal(back.origin, "https://toko-a.test");
     assert_memory_equal(back.out, r.out, r.out_len);
     assert_int_equal(handover_decode(v1, n1 + 1, &back, why, sizeof why), -1); /* a snapshot byte is not format 1's */
+    v1[1] = HANDOVER_FACT; /* format 2's kind */
+    assert_int_equal(handover_decode(v1, n1, &back, why, sizeof why), -1);
+    assert_non_null(strstr(why, "kind"));
+    v1[1] = HANDOVER_HELD;
     for (unsigned f = 0; f < 256; f++) {
         if (f == 1 || f == 2)
             continue;
