@@ -19,7 +19,9 @@ enum { /* the snapshot's flags */
     S_NOT_FOUND = 1 << 2,
 };
 
-size_t handover_size(const struct handover_rec *r)
+/* The bytes of r in `format` (1 or 2); SIZE_MAX when it cannot be
+ * encoded so (format 1 has no facts, no layout, no snapshot). */
+static size_t size_as(const struct handover_rec *r, int format)
 {
     const char *s[4] = {r->shop, r->id, r->addr, r->origin};
     size_t n = HANDOVER_FIXED;
@@ -31,6 +33,8 @@ size_t handover_size(const struct handover_rec *r)
     }
     if (r->out_len > HANDOVER_OUT_MAX)
         return SIZE_MAX;
+    if (format == 1)
+        return r->kind == HANDOVER_FACT ? SIZE_MAX : n - 3 + r->out_len;
     if (r->has_snap) {
         size_t l = strnlen(r->snap.status_word, sizeof r->snap.status_word);
         if (l > HANDOVER_STR_MAX || l >= sizeof r->snap.status_word)
@@ -38,6 +42,11 @@ size_t handover_size(const struct handover_rec *r)
         n += HANDOVER_SNAP_FIXED + l;
     }
     return n + r->out_len;
+}
+
+size_t handover_size(const struct handover_rec *r)
+{
+    return size_as(r, HANDOVER_FORMAT);
 }
 
 static uint8_t *put_u(uint8_t *p, uint64_t v, int bytes)
@@ -57,17 +66,25 @@ static uint8_t *put_str(uint8_t *p, const char *s)
 
 size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap)
 {
-    size_t n = handover_size(r);
+    return handover_encode_as(r, HANDOVER_FORMAT, out, cap);
+}
+
+size_t handover_encode_as(const struct handover_rec *r, int format, uint8_t *out, size_t cap)
+{
+    if (format != 1 && format != HANDOVER_FORMAT)
+        return 0;
+    size_t n = size_as(r, format);
     if (n == SIZE_MAX || n > cap)
         return 0;
     uint8_t *p = out;
-    *p++ = HANDOVER_FORMAT;
+    *p++ = (uint8_t)format;
     *p++ = r->kind;
     p = put_u(p, r->fcgi_id, 2);
     *p++ = (uint8_t)((r->keep_conn ? F_KEEP : 0) | (r->json ? F_JSON : 0) | (r->head ? F_HEAD : 0) |
                      (r->stream ? F_STREAM : 0) | (r->undecided ? F_UNDECIDED : 0) |
                      (r->wants_read ? F_WANTS_READ : 0));
-    p = put_u(p, (uint64_t)(r->layout > 0 && r->layout <= UINT16_MAX ? r->layout : 0), 2);
+    if (format >= 2)
+        p = put_u(p, (uint64_t)(r->layout > 0 && r->layout <= UINT16_MAX ? r->layout : 0), 2);
     const int64_t t[6] = {r->idle_since, r->out_since, r->arrived, r->deadline, r->painted, r->last_sent};
     for (int i = 0; i < 6; i++)
         p = put_u(p, (uint64_t)t[i], 8);
@@ -79,6 +96,8 @@ size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap)
     if (r->out_len > 0)
         memcpy(p, r->out, r->out_len);
     p += r->out_len;
+    if (format == 1)
+        return n;
     *p++ = r->has_snap ? 1 : 0;
     if (r->has_snap) {
         const struct state_snap *sn = &r->snap;

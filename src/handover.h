@@ -84,6 +84,11 @@ size_t handover_size(const struct handover_rec *r);
  * small or r cannot be encoded. */
 size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap);
 
+/* The same in an older `format` (1 or HANDOVER_FORMAT), for a reader that
+ * reads no newer one: format 1 leaves out the layout and the snapshot and
+ * has no HANDOVER_FACT (0 then). */
+size_t handover_encode_as(const struct handover_rec *r, int format, uint8_t *out, size_t cap);
+
 /* Decode one record from in[0..len) into *r (r->out points into in).
  * Returns 0, or -1 with a reason in why: an unknown format or kind, a
  * length past the end, bytes left over, a string holding a NUL. */

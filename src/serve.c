@@ -1034,6 +1034,11 @@ long serve_facts(struct serve *s, int (*emit)(void *ctx, const struct handover_r
     return sent;
 }
 
+int serve_layout(const struct serve *s)
+{
+    return state_layout_of(s->app->state);
+}
+
 bool serve_take_fact(struct serve *s, const struct handover_rec *rec)
 {
     if (rec->kind != HANDOVER_FACT || !rec->has_snap || rec->layout == state_layout_of(s->app->state) ||

@@ -58,6 +58,10 @@ long serve_facts(struct serve *s, int (*emit)(void *ctx, const struct handover_r
  * Returns true when taken. */
 bool serve_take_fact(struct serve *s, const struct handover_rec *rec);
 
+/* The layout of this process's state file (state_layout_of), which a
+ * successor tells the process handing over. Can't fail. */
+int serve_layout(const struct serve *s);
+
 /* This process's reads in flight right now. */
 size_t serve_reading(const struct serve *s);
 

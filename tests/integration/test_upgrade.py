@@ -237,6 +237,9 @@ def test_sigusr2_to_another_layout_keeps_the_pace_and_cache(tmpdir):
         after = [l for l in lines[took[0]:] if l.get("event") == "read" and l.get("id") == "t-held"]
         assert_eq(len(after), 2, "reads of t-held by the new process")
         assert os.path.exists(os.path.join(tmpdir, "state", "kembali-v%d.state" % mine)), "the new one's own file"
+        up = [l for l in k.find_log(event="upgrade") if "handed" in l]
+        assert_eq([l.get("facts") for l in up], ["1"], "the cached finals sent (t-cached): %r" % up)
+        assert_eq(lines[took[0]].get("facts"), "1", "and taken in")
         # the old process's cached succeeded, answered by the new one with no read
         assert_eq(k.get("id=t-cached").header("kembali-status"), "succeeded")
         assert_eq(len(sb.reads("t-cached")), 1, "no read for a final the old process had cached")

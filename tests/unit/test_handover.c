@@ -178,6 +178,14 @@ static void test_format_1(void **unused)
     memcpy(v1 + 1, v2 + 1, 4);
     memcpy(v1 + 5, v2 + 7, n - 7 - 1);
     size_t n1 = n - 3;
+    /* ... as handover_encode_as writes it for an older reader, a snapshot or not */
+    uint8_t as1[512];
+    struct handover_rec rs = with_snap();
+    assert_int_equal(handover_encode_as(&rs, 1, as1, sizeof as1), n1);
+    assert_memory_equal(as1, v1, n1);
+    rs.kind = HANDOVER_FACT;
+    assert_int_equal(handover_encode_as(&rs, 1, as1, sizeof as1), 0);
+    assert_int_equal(handover_encode_as(&rs, 3, as1, sizeof as1), 0);
     assert_int_equal(handover_decode(v1, n1, &back, why, sizeof why), 0);
     assert_int_equal(back.layout, 0);
     assert_false(back.has_snap);
