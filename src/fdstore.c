@@ -125,7 +125,12 @@ long fdstore_take(struct fdstore_got *g, struct front *f, struct serve *s)
     while (buf != NULL && handover_next(buf, len, &off, &idx, &rec, &rl) == 1) {
         struct handover_rec r;
         char why[128], err[128];
-        if (idx >= g->nconns || g->conns[idx] < 0 || handover_decode(rec, rl, &r, why, sizeof why) != 0) {
+        if (idx == FDSTORE_FACT && handover_decode(rec, rl, &r, why, sizeof why) == 0 && r.kind == HANDOVER_FACT) {
+            serve_take_fact(s, &r);
+            continue;
+        }
+        if (idx >= g->nconns || g->conns[idx] < 0 || handover_decode(rec, rl, &r, why, sizeof why) != 0 ||
+            r.kind == HANDOVER_FACT) {
             bad++;
             continue;
         }
@@ -177,8 +182,21 @@ long fdstore_take(struct fdstore_got *g, struct front *f, struct serve *s)
 struct saving {
     struct dynbuf desc;
     uint32_t next;
-    uint8_t rec[HANDOVER_FIXED + 4 * HANDOVER_STR_MAX + FRONT_HANDOVER_OUT_MAX];
+    uint8_t rec[HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX];
 };
+
+/* serve_facts' emit: a record with no connection (FDSTORE_FACT). */
+static int emit_fact(void *ctx, const struct handover_rec *rec)
+{
+    struct saving *sv = ctx;
+    size_t n = handover_encode(rec, sv->rec, sizeof sv->rec);
+    uint8_t hdr[8];
+    handover_frame(hdr, FDSTORE_FACT, (uint32_t)n);
+    if (n == 0 || dynbuf_add(&sv->desc, hdr, sizeof hdr) != DYNBUF_OK ||
+        dynbuf_add(&sv->desc, sv->rec, n) != DYNBUF_OK)
+        return -1;
+    return 0;
+}
 
 static int emit_store(void *ctx, int fd, const struct handover_rec *rec)
 {
@@ -236,6 +254,8 @@ long fdstore_save(struct front *f, struct serve *s, char *err, size_t errlen)
     front_pause_accepting(f);
     serve_handing(s, true);
     long n = front_handover(f, emit_store, sv);
+    if (n > 0) /* the cached finals, for a successor of another layout (its own state file) */
+        serve_facts(s, emit_fact, sv);
     int dfd = n > 0 ? desc_file(dynbuf_ptr(&sv->desc), dynbuf_len(&sv->desc)) : -1;
     if (n > 0 && (dfd < 0 || sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" FDSTORE_DESC_NAME, &dfd, 1) <= 0)) {
         /* the connections went without their description: the next process

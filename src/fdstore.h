@@ -16,12 +16,14 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "front.h"
 #include "serve.h"
 
 #define FDSTORE_DESC_NAME "kembali-handover"
 #define FDSTORE_CONN_PREFIX "kc-"
+#define FDSTORE_FACT UINT32_MAX /* the fd index of a record without a connection (HANDOVER_FACT) */
 
 /* What systemd passed at start (LISTEN_FDS): the listening socket, the
  * stored description and connections. */

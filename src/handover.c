@@ -13,7 +13,15 @@ enum {
     F_WANTS_READ = 1 << 5,
 };
 
-size_t handover_size(const struct handover_rec *r)
+enum { /* the snapshot's flags */
+    S_HAS_TX = 1 << 0,
+    S_UNPACED = 1 << 1,
+    S_NOT_FOUND = 1 << 2,
+};
+
+/* The bytes of r in `format` (1 or 2); SIZE_MAX when it cannot be
+ * encoded so (format 1 has no facts, no layout, no snapshot). */
+static size_t size_as(const struct handover_rec *r, int format)
 {
     const char *s[4] = {r->shop, r->id, r->addr, r->origin};
     size_t n = HANDOVER_FIXED;
@@ -25,7 +33,20 @@ size_t handover_size(const struct handover_rec *r)
     }
     if (r->out_len > HANDOVER_OUT_MAX)
         return SIZE_MAX;
+    if (format == 1)
+        return r->kind == HANDOVER_FACT ? SIZE_MAX : n - 3 + r->out_len;
+    if (r->has_snap) {
+        size_t l = strnlen(r->snap.status_word, sizeof r->snap.status_word);
+        if (l > HANDOVER_STR_MAX || l >= sizeof r->snap.status_word)
+            return SIZE_MAX;
+        n += HANDOVER_SNAP_FIXED + l;
+    }
     return n + r->out_len;
+}
+
+size_t handover_size(const struct handover_rec *r)
+{
+    return size_as(r, HANDOVER_FORMAT);
 }
 
 static uint8_t *put_u(uint8_t *p, uint64_t v, int bytes)
@@ -45,16 +66,25 @@ static uint8_t *put_str(uint8_t *p, const char *s)
 
 size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap)
 {
-    size_t n = handover_size(r);
+    return handover_encode_as(r, HANDOVER_FORMAT, out, cap);
+}
+
+size_t handover_encode_as(const struct handover_rec *r, int format, uint8_t *out, size_t cap)
+{
+    if (format != 1 && format != HANDOVER_FORMAT)
+        return 0;
+    size_t n = size_as(r, format);
     if (n == SIZE_MAX || n > cap)
         return 0;
     uint8_t *p = out;
-    *p++ = HANDOVER_FORMAT;
+    *p++ = (uint8_t)format;
     *p++ = r->kind;
     p = put_u(p, r->fcgi_id, 2);
     *p++ = (uint8_t)((r->keep_conn ? F_KEEP : 0) | (r->json ? F_JSON : 0) | (r->head ? F_HEAD : 0) |
                      (r->stream ? F_STREAM : 0) | (r->undecided ? F_UNDECIDED : 0) |
                      (r->wants_read ? F_WANTS_READ : 0));
+    if (format >= 2)
+        p = put_u(p, (uint64_t)(r->layout > 0 && r->layout <= UINT16_MAX ? r->layout : 0), 2);
     const int64_t t[6] = {r->idle_since, r->out_since, r->arrived, r->deadline, r->painted, r->last_sent};
     for (int i = 0; i < 6; i++)
         p = put_u(p, (uint64_t)t[i], 8);
@@ -65,6 +95,22 @@ size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap)
     p = put_u(p, r->out_len, 4);
     if (r->out_len > 0)
         memcpy(p, r->out, r->out_len);
+    p += r->out_len;
+    if (format == 1)
+        return n;
+    *p++ = r->has_snap ? 1 : 0;
+    if (r->has_snap) {
+        const struct state_snap *sn = &r->snap;
+        *p++ = (uint8_t)sn->status;
+        *p++ = (uint8_t)((sn->has_tx ? S_HAS_TX : 0) | (sn->unpaced ? S_UNPACED : 0) |
+                         (sn->not_found ? S_NOT_FOUND : 0));
+        p = put_u(p, (uint64_t)(uint32_t)sn->reads, 4);
+        const int64_t st[7] = {sn->last_start,  sn->last_end,         sn->inflight_until,   sn->not_before,
+                               sn->known_until, sn->key_paused_until, sn->host_paused_until};
+        for (int i = 0; i < 7; i++)
+            p = put_u(p, (uint64_t)st[i], 8);
+        p = put_str(p, sn->status_word);
+    }
     return n;
 }
 
@@ -117,12 +163,13 @@ int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char 
     struct rd d = {.p = in, .left = len};
     memset(r, 0, sizeof *r);
     unsigned format = (unsigned)get_u(&d, 1);
-    if (!d.bad && format != HANDOVER_FORMAT) {
-        snprintf(why, whylen, "a record of format %u (this version reads %d)", format, HANDOVER_FORMAT);
+    if (!d.bad && format != 1 && format != HANDOVER_FORMAT) {
+        snprintf(why, whylen, "a record of format %u (this version reads 1 to %d)", format, HANDOVER_FORMAT);
         return -1;
     }
     r->kind = (uint8_t)get_u(&d, 1);
-    if (!d.bad && r->kind != HANDOVER_IDLE && r->kind != HANDOVER_HELD) {
+    if (!d.bad && r->kind != HANDOVER_IDLE && r->kind != HANDOVER_HELD &&
+        !(r->kind == HANDOVER_FACT && format >= 2)) {
         snprintf(why, whylen, "a record of unknown kind %u", r->kind);
         return -1;
     }
@@ -134,6 +181,8 @@ int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char 
     r->stream = f & F_STREAM;
     r->undecided = f & F_UNDECIDED;
     r->wants_read = f & F_WANTS_READ;
+    if (format >= 2)
+        r->layout = (int)get_u(&d, 2);
     int64_t *t[6] = {&r->idle_since, &r->out_since, &r->arrived, &r->deadline, &r->painted, &r->last_sent};
     for (int i = 0; i < 6; i++)
         *t[i] = (int64_t)get_u(&d, 8);
@@ -152,6 +201,36 @@ int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char 
     r->out_len = r->out != NULL ? (size_t)ol : 0;
     if (r->out_len == 0)
         r->out = NULL;
+    unsigned has = format >= 2 ? (unsigned)get_u(&d, 1) : 0;
+    if (!d.bad && has > 1) {
+        snprintf(why, whylen, "a snapshot marked %u", has);
+        return -1;
+    }
+    if (has == 1) {
+        struct state_snap *sn = &r->snap;
+        r->has_snap = true;
+        unsigned status = (unsigned)get_u(&d, 1);
+        unsigned sf = (unsigned)get_u(&d, 1);
+        if (!d.bad && status > TXS_UNKNOWN) {
+            snprintf(why, whylen, "a snapshot of unknown status %u", status);
+            return -1;
+        }
+        sn->status = (enum tx_status)status;
+        sn->has_tx = sf & S_HAS_TX;
+        sn->unpaced = sf & S_UNPACED;
+        sn->not_found = sf & S_NOT_FOUND;
+        sn->reads = (int32_t)(uint32_t)get_u(&d, 4);
+        int64_t *st[7] = {&sn->last_start,  &sn->last_end,         &sn->inflight_until,   &sn->not_before,
+                          &sn->known_until, &sn->key_paused_until, &sn->host_paused_until};
+        for (int i = 0; i < 7; i++)
+            *st[i] = (int64_t)get_u(&d, 8);
+        char word[HANDOVER_STR_MAX + 1];
+        if (!get_str(&d, word) || strlen(word) >= sizeof sn->status_word) {
+            snprintf(why, whylen, "a snapshot's status word holds a NUL byte or is too long");
+            return -1;
+        }
+        memcpy(sn->status_word, word, strlen(word) + 1);
+    }
     if (d.bad) {
         snprintf(why, whylen, "the record is cut short (%zu bytes)", len);
         return -1;

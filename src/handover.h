@@ -10,13 +10,19 @@
  * record and its bytes, as plain code: no I/O, no clock. Times are
  * CLOCK_MONOTONIC milliseconds, which every process of a host shares.
  *
- * The bytes (HANDOVER_FORMAT 1), all integers little-endian:
+ * The bytes (HANDOVER_FORMAT 2), all integers little-endian:
  *   u8 format, u8 kind, u16 fcgi_id, u8 flags (bit 0 keep_conn, 1 json,
- *   2 head, 3 stream, 4 undecided, 5 wants_read), then i64 idle_since,
- *   out_since, arrived, deadline, painted, last_sent; then four strings
- *   (u8 length, bytes): shop, id, addr, origin; then u32 out_len and the
- *   out bytes. A reader refuses a format it does not know: a new format
- *   number comes with any change here.
+ *   2 head, 3 stream, 4 undecided, 5 wants_read), u16 layout (the
+ *   sender's state layout), then i64 idle_since, out_since, arrived,
+ *   deadline, painted, last_sent; then four strings (u8 length, bytes):
+ *   shop, id, addr, origin; then u32 out_len and the out bytes; then u8
+ *   snap (0: none), and with one: u8 status, u8 flags (bit 0 has_tx, 1
+ *   unpaced, 2 not_found), i32 reads, i64 last_start, last_end,
+ *   inflight_until, not_before, known_until, key_paused_until,
+ *   host_paused_until, and the status word as a string.
+ * Format 1 is format 2 without the layout and the snapshot (a reader takes
+ * it as layout 0: unknown, nothing to import). A reader refuses a format
+ * it does not know: a new format number comes with any change here.
  * A description holding several records (the fd store's memfd) frames
  * each as u32 fd index, u32 length, the record. */
 #ifndef KEMBALI_HANDOVER_H
@@ -26,14 +32,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define HANDOVER_FORMAT 1
+#include "state.h"
+
+#define HANDOVER_FORMAT 2
 #define HANDOVER_STR_MAX 255          /* each string's bytes */
 #define HANDOVER_OUT_MAX (4u << 20)   /* queued bytes of one connection (the front keeps less) */
-#define HANDOVER_FIXED 61             /* the bytes of a record besides its strings and out */
+#define HANDOVER_FIXED 64             /* the bytes of a record besides its strings, out and snapshot */
+#define HANDOVER_SNAP_FIXED 63        /* the bytes of a snapshot besides its status word */
+/* the most bytes a record takes besides out */
+#define HANDOVER_REC_MAX (HANDOVER_FIXED + HANDOVER_SNAP_FIXED + 5 * HANDOVER_STR_MAX)
 
 enum handover_kind {
     HANDOVER_IDLE = 1,   /* a kept connection between requests */
     HANDOVER_HELD = 2,   /* a connection with a request held */
+    HANDOVER_FACT = 3,   /* no connection: a final status the sender's state has cached (shop, id,
+                          * layout and snapshot: for a successor of another layout) */
 };
 
 struct handover_rec {
@@ -55,6 +68,10 @@ struct handover_rec {
     bool wants_read;          /* JSON: a read started for it (hold.h) */
     int64_t arrived, deadline;
     int64_t painted, last_sent; /* the streamed page's clock (0: not yet) */
+    /* across layouts (HELD): what the sender's state held of the transaction */
+    int layout;               /* the sender's state layout (0: unknown, a format 1 record) */
+    bool has_snap;
+    struct state_snap snap;
 };
 
 /* The bytes handover_encode() writes for r; SIZE_MAX when r cannot be
@@ -66,6 +83,11 @@ size_t handover_size(const struct handover_rec *r);
  * (handover_size(r)), or 0 with nothing useful in out when cap is too
  * small or r cannot be encoded. */
 size_t handover_encode(const struct handover_rec *r, uint8_t *out, size_t cap);
+
+/* The same in an older `format` (1 or HANDOVER_FORMAT), for a reader that
+ * reads no newer one: format 1 leaves out the layout and the snapshot and
+ * has no HANDOVER_FACT (0 then). */
+size_t handover_encode_as(const struct handover_rec *r, int format, uint8_t *out, size_t cap);
 
 /* Decode one record from in[0..len) into *r (r->out points into in).
  * Returns 0, or -1 with a reason in why: an unknown format or kind, a

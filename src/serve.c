@@ -887,6 +887,10 @@ static int on_save(void *ctx, struct front_req *fr, void *user, struct handover_
     rec->deadline = r->rw.h.deadline;
     rec->painted = r->sc.painted;
     rec->last_sent = r->sc.last_sent;
+    /* for a successor of another layout, which has another state file */
+    rec->layout = state_layout_of(s->app->state);
+    rec->has_snap = true;
+    state_snapshot(s->app->state, &r->shop->key, r->id, util_mono_ms(), &rec->snap);
     if (r->parked)
         unpark(r);
     else
@@ -957,6 +961,10 @@ int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec
     for (int i = 0; rec->origin[0] && i < tmp.shop->norigins; i++)
         if (strcmp(rec->origin, tmp.shop->origins[i]) == 0)
             tmp.origin = tmp.shop->origins[i];
+    /* a sender of another layout kept the pace, pauses and cache in its
+     * own file: take in what this request needs (same layout: one file) */
+    if (rec->has_snap && rec->layout != state_layout_of(s->app->state))
+        state_import(s->app->state, &tmp.shop->key, tmp.id, &rec->snap, util_mono_ms());
     state_client_id(s->app->state, &tmp.shop->key, tmp.addr, &tmp.client);
     tmp.has_rclient = state_redis_client_id(s->app->redis, tmp.addr, &tmp.rclient);
     struct serve_req *r = malloc(sizeof *r);
@@ -993,6 +1001,54 @@ int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec
     else
         hold_go(r);
     return 0;
+}
+
+long serve_facts(struct serve *s, int (*emit)(void *ctx, const struct handover_rec *rec), void *ctx)
+{
+    struct state_final *v;
+    size_t n = state_finals(s->app->state, util_mono_ms(), &v);
+    struct config *cfg = app_config(s->app);
+    long sent = 0;
+    struct handover_rec *rec = malloc(sizeof *rec);
+    for (size_t i = 0; rec != NULL && i < n; i++) {
+        const struct shop *shop = NULL;
+        for (int j = 0; j < cfg->nshops && shop == NULL; j++)
+            if (memcmp(&cfg->shops[j].key, &v[i].key, sizeof v[i].key) == 0)
+                shop = &cfg->shops[j];
+        if (shop == NULL)
+            continue;
+        memset(rec, 0, sizeof *rec);
+        rec->kind = HANDOVER_FACT;
+        util_copy(rec->shop, sizeof rec->shop, shop->id);
+        util_copy(rec->id, sizeof rec->id, v[i].id);
+        rec->layout = state_layout_of(s->app->state);
+        rec->has_snap = true;
+        rec->snap = v[i].snap;
+        if (emit(ctx, rec) != 0)
+            break;
+        sent++;
+    }
+    free(rec);
+    free(v);
+    config_unref(cfg);
+    return sent;
+}
+
+int serve_layout(const struct serve *s)
+{
+    return state_layout_of(s->app->state);
+}
+
+bool serve_take_fact(struct serve *s, const struct handover_rec *rec)
+{
+    if (rec->kind != HANDOVER_FACT || !rec->has_snap || rec->layout == state_layout_of(s->app->state) ||
+        !ids_valid_id(rec->id))
+        return false;
+    struct config *cfg = app_config(s->app);
+    const struct shop *shop = config_pick_shop(cfg, rec->shop, NULL);
+    bool taken = shop != NULL && state_import(s->app->state, &shop->key, rec->id, &rec->snap, util_mono_ms());
+    config_unref(cfg);
+    return taken;
 }
 
 struct serve *serve_new(struct app *a, struct loop *l, char *err, size_t errlen)

@@ -46,6 +46,22 @@ void serve_handing(struct serve *s, bool on);
  * configured. Returns 0 when held, -1 when answered. */
 int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec *rec);
 
+/* The final statuses cached in this process's state, for a successor of
+ * another layout (which opens another state file): one HANDOVER_FACT
+ * record per transaction of a configured shop's key, given to emit.
+ * Returns how many emit took; stops at the first it refuses (-1). */
+long serve_facts(struct serve *s, int (*emit)(void *ctx, const struct handover_rec *rec), void *ctx);
+
+/* A HANDOVER_FACT record from the process handing over: taken into the
+ * state (state_import) when it comes from another layout and names a
+ * configured shop; ignored otherwise (the same layout shares the file).
+ * Returns true when taken. */
+bool serve_take_fact(struct serve *s, const struct handover_rec *rec);
+
+/* The layout of this process's state file (state_layout_of), which a
+ * successor tells the process handing over. Can't fail. */
+int serve_layout(const struct serve *s);
+
 /* This process's reads in flight right now. */
 size_t serve_reading(const struct serve *s);
 

@@ -214,9 +214,64 @@ int state_per_key_default(int tx_slots);
  * a reason into err on failure (allocation, mutex). */
 struct state *state_new(const struct state_opts *opts, char *err, size_t errlen);
 
+/* What the state holds for one transaction in hand, as a handover to a
+ * process of another layout carries it (handover.h, docs/handover.md):
+ * times are CLOCK_MONOTONIC milliseconds, which every process of a host
+ * shares, 0 when none. */
+struct state_snap {
+    bool has_tx;              /* the transaction had an entry (else only the pauses mean something) */
+    int32_t reads;            /* reads started in the current episode */
+    int64_t last_start, last_end; /* the pace: the last read's start and end */
+    int64_t inflight_until;   /* a read in flight until then (its lease) */
+    int64_t not_before;       /* Retry-After, a stated reset, a rejected episode */
+    bool unpaced;             /* the last read was refused by the per-transaction window */
+    enum tx_status status;    /* the last status read (TXS_NONE: none) */
+    char status_word[STATUS_WORD_MAX + 1];
+    int64_t known_until;      /* its cache, or the 404's memory */
+    bool not_found;           /* known_until is a remembered 404 */
+    int64_t key_paused_until; /* the key's pause */
+    int64_t host_paused_until; /* the host's pause */
+};
+
+/* What st holds at `now` for (key, id), into *out (state_snap). This
+ * function can't fail: an untracked transaction gives has_tx false. */
+void state_snapshot(struct state *st, const struct state_key *key, const char *id, int64_t now,
+                    struct state_snap *out);
+
+/* A cached final status of the table (state_finals). */
+struct state_final {
+    struct state_key key;
+    char id[STATE_ID_MAX + 1];
+    struct state_snap snap;
+};
+
+/* Every transaction whose final status is cached at `now`, with its
+ * snapshot (as state_snapshot), into *out (allocated; the caller frees
+ * it). Returns how many; 0 with *out NULL when none (or no memory). Looks
+ * at the whole table once, under the lock: for a handover, not a request. */
+size_t state_finals(struct state *st, int64_t now, struct state_final **out);
+
+/* Take in what a process of another layout knew of (key, id) (its
+ * state_snapshot at handing over) without moving anything backwards: the
+ * pace only when the snapshot's last read is newer than the one recorded
+ * here (reads, last_start, last_end, unpaced together), a read in flight
+ * and Retry-After only lengthened, a status only as a read's answer would
+ * replace it (rules_may_replace; a non-final one only where none is known,
+ * a final one only while its cache runs, with the cache it has left), a
+ * 404 only where nothing final is cached, pauses only extended. Logs a
+ * change of the transaction (and of the key or host when their pause grew)
+ * so that waits look again. Returns false when the transaction found no
+ * room here (the pauses are taken in all the same) or id is invalid. */
+bool state_import(struct state *st, const struct state_key *key, const char *id, const struct state_snap *snap,
+                  int64_t now);
+
 /* The layout version of this build's state file (ST_VERSION): its name is
  * kembali-vN.state. */
 int state_layout(void);
+
+/* The layout version st's file is named by: state_layout(), or the one a
+ * test asked for (state_opts.layout). This function can't fail. */
+int state_layout_of(const struct state *st);
 
 /* Open the state shared by every process started with the same `dir`:
  * the file dir/kembali-vN.state, N its layout version (created 0600,

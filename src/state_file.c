@@ -538,6 +538,7 @@ struct state *state_new(const struct state_opts *opts, char *err, size_t errlen)
     attach(st, base);
     st->greedy = opts->greedy;
     st->users_fd = -1;
+    st->layout = opts->layout > 0 ? opts->layout : ST_VERSION;
     return st;
 }
 
@@ -748,6 +749,11 @@ int state_layout(void)
     return ST_VERSION;
 }
 
+int state_layout_of(const struct state *st)
+{
+    return st->layout;
+}
+
 /* dir/kembali-vN.EXT, or the names of the releases before layouts were
  * named (layout 0): dir/kembali.EXT. -1 when it does not fit. */
 static int layout_path(char *out, size_t cap, const char *dir, int layout, const char *ext)
@@ -934,6 +940,7 @@ struct state *state_open(const char *dir, const struct state_opts *opts, char *e
                 st->fd = fd; /* kept: a growth makes it longer and maps it anew */
                 st->greedy = opts->greedy;
                 st->users_fd = users;
+                st->layout = mine;
                 on.other_size = st->txn != l.txn;
                 int rc = on.alone ? region_reset(st, now, &on, err, errlen)
                                   : region_check_locked(st, now, err, errlen);

@@ -208,6 +208,7 @@ struct state {
     struct st_client *clients;
     struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
     long looked;              /* entries st_tx_get looked at to make room, in this process (tests) */
+    int layout;               /* the layout its file is named by (state_layout_of) */
 };
 
 /* The longest a time can honestly lie ahead of `now`: anything later was

@@ -21,7 +21,7 @@
 
 extern char **environ;
 
-#define UPGRADE_MSG_MAX (HANDOVER_FIXED + 4 * HANDOVER_STR_MAX + FRONT_HANDOVER_OUT_MAX + 1)
+#define UPGRADE_MSG_MAX (HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX + 1)
 #define UPGRADE_SNDBUF (4 << 20)
 
 enum upgrade_state {
@@ -42,6 +42,9 @@ struct upgrade {
     struct loop *loop;
     struct front *front;
     struct serve *serve;
+    long facts;               /* successor: cached finals taken in (HANDOVER_FACT) */
+    int peer_format;          /* the successor's newest record format ('R'; 1: a release before it said) */
+    int peer_layout;          /* its state layout (0: not said) */
     const char *prog;
     char *const *argv;
     int listen_fd;
@@ -261,10 +264,21 @@ static int emit(void *ctx, int fd, const struct handover_rec *rec)
 {
     struct upgrade *u = ctx;
     u->buf[0] = 'H';
-    size_t n = handover_encode(rec, u->buf + 1, sizeof u->buf - 1);
+    size_t n = handover_encode_as(rec, u->peer_format, u->buf + 1, sizeof u->buf - 1);
     if (n == 0)
         return -1;
     return msg_send(u->chan, u->buf, n + 1, fd, u->began + UPGRADE_EXIT_MS);
+}
+
+/* serve_facts' emit: one 'K' message, no connection. */
+static int emit_fact(void *ctx, const struct handover_rec *rec)
+{
+    struct upgrade *u = ctx;
+    u->buf[0] = 'K';
+    size_t n = handover_encode_as(rec, u->peer_format, u->buf + 1, sizeof u->buf - 1);
+    if (n == 0)
+        return -1;
+    return msg_send(u->chan, u->buf, n + 1, -1, u->began + UPGRADE_ACK_MS);
 }
 
 /* One batch: everything that can go now, then 'E', then the successor's
@@ -308,6 +322,10 @@ static void handover_begin(struct upgrade *u)
     u->began = util_mono_ms();
     front_pause_accepting(u->front); /* the successor accepts on the same socket */
     serve_handing(u->serve, true);   /* no read starts here from now on */
+    /* the cached finals, for a successor of another layout (its own state
+     * file): facts, taken as they come, whatever becomes of the batch */
+    long facts = u->peer_format >= 2 && u->peer_layout != serve_layout(u->serve) ? serve_facts(u->serve, emit_fact, u)
+                                                                                 : 0;
     char why[256];
     long n = batch(u, why, sizeof why);
     if (n < 0) {
@@ -327,6 +345,7 @@ static void handover_begin(struct upgrade *u)
     log_begin(&l, "info", "upgrade");
     log_int(&l, "new_pid", u->child);
     log_int(&l, "handed", n);
+    log_int(&l, "facts", facts);
     log_int(&l, "ms", (long long)(util_mono_ms() - u->began));
     log_str(&l, "msg", "handed over to the new process; this one exits once its reads have ended");
     log_end(&l);
@@ -344,6 +363,9 @@ static void on_chan_starting(struct loop *l, struct loop_io *io, uint32_t events
     if (r < 0 && errno == EAGAIN)
         return;
     if (r >= 5 && u->buf[0] == 'R') {
+        /* since format 2: u8 its newest record format, u16 its state layout */
+        u->peer_format = r >= 8 && u->buf[5] >= HANDOVER_FORMAT ? HANDOVER_FORMAT : 1;
+        u->peer_layout = r >= 8 ? (int)(u->buf[6] | (unsigned)u->buf[7] << 8) : 0;
         loop_io_set(u->loop, &u->chan_io, 0); /* from here on, read in turn with what we send */
         loop_timer_stop(u->loop, &u->timer);
         handover_begin(u);
@@ -551,6 +573,8 @@ static void successor_adopt(struct upgrade *u, uint32_t count)
     log_int(&l, "from", u->from);
     log_int(&l, "connections", (long long)n);
     log_int(&l, "held", held);
+    if (u->facts > 0)
+        log_int(&l, "facts", u->facts);
     if (failed > 0)
         log_int(&l, "failed", failed);
     log_int(&l, "ms", (long long)(util_mono_ms() - t0));
@@ -578,7 +602,13 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
         }
         char why[128];
         struct handover_rec rec;
-        if (u->buf[0] != 'H' || fd < 0 || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0) {
+        if (u->buf[0] == 'K' && fd < 0 && handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) == 0 &&
+            rec.kind == HANDOVER_FACT) {
+            u->facts += serve_take_fact(u->serve, &rec);
+            continue;
+        }
+        if (u->buf[0] != 'H' || fd < 0 || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0 ||
+            rec.kind == HANDOVER_FACT) {
             if (fd >= 0)
                 close(fd);
             log_msg("error", "upgrade", "a record from the old process could not be read; its batch is refused");
@@ -616,8 +646,12 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
 
 int upgrade_successor(struct upgrade *u, const struct upgrade_env *e, char *err, size_t errlen)
 {
-    uint8_t ready[5] = {'R'};
+    uint8_t ready[8] = {'R'};
     put_u32(ready + 1, (uint32_t)getpid());
+    ready[5] = HANDOVER_FORMAT;
+    int layout = serve_layout(u->serve);
+    ready[6] = (uint8_t)layout;
+    ready[7] = (uint8_t)(layout >> 8);
     u->chan = e->chan;
     u->from = e->from;
     u->st = UP_SUCCESSOR;

@@ -180,6 +180,78 @@ def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
         stop_pid(int(new["pid"]))
 
 
+@harness.timeout(120)
+def test_sigusr2_to_another_layout_keeps_the_pace_and_cache(tmpdir):
+    """An upgrade to a build whose state layout differs: the new process
+    opens another state file (kembali-vN.state), so what the requests in
+    hand need comes with them in the handover (format 2's snapshot). The
+    old process is kembali-testing told the layout before this build's,
+    started as a program file that the "package upgrade" then replaces
+    with this build, as a package manager replaces /usr/sbin/kembali (SIGUSR2
+    starts the path the process was started as)."""
+    mine = harness.state_layout()
+    prog = os.path.join(tmpdir, "bin", "kembali")
+    os.makedirs(os.path.dirname(prog))
+    os.symlink(harness.kembali_testing_bin(), prog)
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+
+    def config(k):
+        return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=prog,
+                        env={"KEMBALI_TEST_LAYOUT": str(mine - 1)}).start()
+    old = k.pid
+    sb.put_tx("t-cached", "succeeded")
+    assert_eq(k.get("id=t-cached").header("kembali-status"), "succeeded")
+    assert_eq(len(sb.reads("t-cached")), 1)
+    sb.put_tx("t-held", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    results = [None] * 4
+
+    def ask(i):
+        results[i] = k.get("id=t-held", timeout=30).header("kembali-status")
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    # read twice by the old process, its second read over: the next is due 1.1 s after it
+    harness.wait_for(lambda: len(k.find_log(event="read", id="t-held")) >= 2, 10, msg="two reads of t-held")
+    os.replace(_symlink_to(harness.kembali_bin(), prog + ".new"), prog)  # the package upgrade
+    k.signal(signal.SIGUSR2)
+    new = successor(k, old)
+    new_pid = int(new["pid"])
+    try:
+        assert_eq(k.wait(6), 0, "the old process's exit code")
+        for t in threads:
+            t.join(30)
+        assert_eq(results, ["succeeded"] * len(results), "the held requests, answered by the new process")
+        reads = sb.reads("t-held")
+        assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429: one pace across the layouts")
+        # no read sooner than the schedule allows: each start waits its wait after the previous send
+        starts, sends = kit.read_starts([k], "t-held"), kit.read_sends([k], "t-held")
+        assert_eq(len(starts), 4, "reads of t-held started at %r" % starts)
+        waits = [w / 1000 for w in kit.FAST[1:]]
+        for i, (a, b) in enumerate(zip(sends, starts[1:])):
+            assert b - a >= waits[i] - 0.003, "read %d of t-held too soon: sends %r, starts %r" % (i + 2, sends, starts)
+        lines = k.log_lines()
+        took = [i for i, l in enumerate(lines) if l.get("event") == "handover" and l.get("from") == str(old)]
+        assert_eq(len(took), 1, "the new process's handover line")
+        after = [l for l in lines[took[0]:] if l.get("event") == "read" and l.get("id") == "t-held"]
+        assert_eq(len(after), 2, "reads of t-held by the new process")
+        assert os.path.exists(os.path.join(tmpdir, "state", "kembali-v%d.state" % mine)), "the new one's own file"
+        up = [l for l in k.find_log(event="upgrade") if "handed" in l]
+        assert_eq([l.get("facts") for l in up], ["1"], "the cached finals sent (t-cached): %r" % up)
+        assert_eq(lines[took[0]].get("facts"), "1", "and taken in")
+        # the old process's cached succeeded, answered by the new one with no read
+        assert_eq(k.get("id=t-cached").header("kembali-status"), "succeeded")
+        assert_eq(len(sb.reads("t-cached")), 1, "no read for a final the old process had cached")
+    finally:
+        stop_pid(new_pid)
+
+
+def _symlink_to(target, path):
+    os.symlink(target, path)
+    return path
+
+
 class FakeSystemd:
     """The notify socket of a Type=notify service (NOTIFY_SOCKET): a Unix
     datagram socket whose messages, with the descriptors they carry
