@@ -15,7 +15,7 @@ enum {
 
 enum { /* the snapshot's flags */
     S_HAS_TX = 1 << 0,
-    S_UNPACED = 1 << 1,
+    S_RESERVED = 1 << 1, /* unused (0) */
     S_NOT_FOUND = 1 << 2,
 };
 
@@ -102,7 +102,7 @@ size_t handover_encode_as(const struct handover_rec *r, int format, uint8_t *out
     if (r->has_snap) {
         const struct state_snap *sn = &r->snap;
         *p++ = (uint8_t)sn->status;
-        *p++ = (uint8_t)((sn->has_tx ? S_HAS_TX : 0) | (sn->unpaced ? S_UNPACED : 0) |
+        *p++ = (uint8_t)((sn->has_tx ? S_HAS_TX : 0) |
                          (sn->not_found ? S_NOT_FOUND : 0));
         p = put_u(p, (uint64_t)(uint32_t)sn->reads, 4);
         const int64_t st[7] = {sn->last_start,  sn->last_end,         sn->inflight_until,   sn->not_before,
@@ -217,7 +217,6 @@ int handover_decode(const uint8_t *in, size_t len, struct handover_rec *r, char 
         }
         sn->status = (enum tx_status)status;
         sn->has_tx = sf & S_HAS_TX;
-        sn->unpaced = sf & S_UNPACED;
         sn->not_found = sf & S_NOT_FOUND;
         sn->reads = (int32_t)(uint32_t)get_u(&d, 4);
         int64_t *st[7] = {&sn->last_start,  &sn->last_end,         &sn->inflight_until,   &sn->not_before,

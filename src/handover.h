@@ -17,7 +17,7 @@
  *   deadline, painted, last_sent; then four strings (u8 length, bytes):
  *   shop, id, addr, origin; then u32 out_len and the out bytes; then u8
  *   snap (0: none), and with one: u8 status, u8 flags (bit 0 has_tx, 1
- *   unpaced, 2 not_found), i32 reads, i64 last_start, last_end,
+ *   reserved, 2 not_found), i32 reads, i64 last_start, last_end,
  *   inflight_until, not_before, known_until, key_paused_until,
  *   host_paused_until, and the status word as a string.
  * Format 1 is format 2 without the layout and the snapshot (a reader takes

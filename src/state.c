@@ -694,8 +694,13 @@ void state_plan_elsewhere(struct state *st, bool elsewhere)
 
 void state_metrics(struct state *st, struct state_metrics *out)
 {
+    state_metrics_at(st, out, util_mono_ms());
+}
+
+void state_metrics_at(struct state *st, struct state_metrics *out, int64_t now)
+{
     memset(out, 0, sizeof *out);
-    st_lock(st, util_mono_ms());
+    st_lock(st, now);
     out->tx_used = st->h->tx_used;
     out->tx_slots = st->txn;
     out->evictions = st->h->evictions;
@@ -711,7 +716,6 @@ void state_metrics(struct state *st, struct state_metrics *out)
     out->client_slots = st->cln;
     out->client_blocks = st->h->client_blocks;
     out->client_full = st->h->client_full;
-    int64_t now = util_mono_ms();
     for (int32_t i = 0; i < st->cln; i++) /* bounded: client_slots */
         out->clients_blocked += st->clients[i].used && st->clients[i].blocked_until > now;
     out->host_paused = st->h->host_paused_until > now;

@@ -224,7 +224,6 @@ struct state_snap {
     int64_t last_start, last_end; /* the pace: the last read's start and end */
     int64_t inflight_until;   /* a read in flight until then (its lease) */
     int64_t not_before;       /* Retry-After, a stated reset, a rejected episode */
-    bool unpaced;             /* the last read was refused by the per-transaction window */
     enum tx_status status;    /* the last status read (TXS_NONE: none) */
     char status_word[STATUS_WORD_MAX + 1];
     int64_t known_until;      /* its cache, or the 404's memory */
@@ -254,7 +253,7 @@ size_t state_finals(struct state *st, int64_t now, struct state_final **out);
 /* Take in what a process of another layout knew of (key, id) (its
  * state_snapshot at handing over) without moving anything backwards: the
  * pace only when the snapshot's last read is newer than the one recorded
- * here (reads, last_start, last_end, unpaced together), a read in flight
+ * here (reads, last_start, last_end together), a read in flight
  * and Retry-After only lengthened, a status only as a read's answer would
  * replace it (rules_may_replace; a non-final one only where none is known,
  * a final one only while its cache runs, with the cache it has left), a
@@ -696,6 +695,10 @@ void state_plan_elsewhere(struct state *st, bool elsewhere);
 /* Counters and gauges for the metrics page (clients_blocked counts the
  * client table: bounded by client_slots). This function can't fail. */
 void state_metrics(struct state *st, struct state_metrics *out);
+
+/* state_metrics() as seen at `now` (what counts "in the last minute"):
+ * for tests on a fake clock. Can't fail. */
+void state_metrics_at(struct state *st, struct state_metrics *out, int64_t now);
 
 /* What the state knows of `key` at `now`, for the metrics page: the reads
  * started with it within the budget's span (the last 60 s, as

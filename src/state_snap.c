@@ -22,7 +22,6 @@ void state_snapshot(struct state *st, const struct state_key *key, const char *i
         out->last_end = e->last_end;
         out->inflight_until = e->inflight_until;
         out->not_before = e->not_before;
-        out->unpaced = e->unpaced;
         out->status = (enum tx_status)e->status;
         util_copy(out->status_word, sizeof out->status_word, e->status != TXS_NONE ? e->status_word : "");
         out->known_until = e->known_until;
@@ -96,7 +95,6 @@ static bool import_tx(struct st_tx *e, const struct state_snap *sn, int64_t now)
     if (sn->last_start > e->last_start) { /* its last read is newer than any recorded here */
         e->reads = sn->reads;
         e->last_start = sn->last_start;
-        e->unpaced = sn->unpaced ? 1 : 0;
         changed = true;
     }
     if (sn->last_end > e->last_end) {

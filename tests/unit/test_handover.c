@@ -101,7 +101,7 @@ static struct handover_rec with_snap(void)
     r.layout = 14;
     r.has_snap = true;
     r.snap = (struct state_snap){.has_tx = true, .reads = 3, .last_start = 9000, .last_end = 9100,
-                                 .inflight_until = 12000, .not_before = 15000, .unpaced = true,
+                                 .inflight_until = 12000, .not_before = 15000,
                                  .status = TXS_SUCCEEDED, .known_until = 40000, .not_found = false,
                                  .key_paused_until = 20000, .host_paused_until = 21000};
     strcpy(r.snap.status_word, "succeeded");
@@ -121,7 +121,7 @@ static void test_snapshot(void **unused)
     assert_int_equal(handover_decode(buf, n, &back, why, sizeof why), 0);
     assert_int_equal(back.layout, 14);
     assert_true(back.has_snap);
-    assert_true(back.snap.has_tx && back.snap.unpaced);
+    assert_true(back.snap.has_tx);
     assert_false(back.snap.not_found);
     assert_int_equal(back.snap.reads, 3);
     assert_int_equal(back.snap.last_start, 9000);

@@ -2570,7 +2570,7 @@ static void test_auth_allowance_spares_accepted_keys(void **unused)
         }
     }
     assert_int_equal(claimed, 5);
-    state_metrics(st, &m);
+    state_metrics_at(st, &m, T0 + 100 + 10);
     assert_int_equal(m.auth_failures, 5);
     assert_int_equal(m.auth_allowance, 5);
     for (int i = 0; i < 5; i++) {
@@ -2621,14 +2621,14 @@ static void test_auth_unaccepted_key_reads_within_the_allowance(void **unused)
     assert_int_equal(f.wait, WAIT_AUTH);
     /* unclaimed (another host's authority refused it): nothing counts */
     state_unclaim(st, &t2, T0 + 20);
-    state_metrics(st, &m);
+    state_metrics_at(st, &m, T0 + 20);
     assert_int_equal(m.auth_failures, 1); /* T1's place, still under way */
     assert_true(claim(st, &other, "O1", T0 + 40, &t3, &f));
     t2 = t1;
     finish(st, &t3, "other", oc_kind(OUT_UNAUTHORIZED), T0 + 50); /* a failed authentication: counts from now */
     /* answered: accepted; its place is given back, and it reads at once */
     finish(st, &t2, "new", oc_kind(OUT_NOT_FOUND), T0 + 60);
-    state_metrics(st, &m);
+    state_metrics_at(st, &m, T0 + 60);
     assert_int_equal(m.auth_failures, 1);
     for (int i = 0; i < 4; i++) {
         char id[8];
@@ -2639,7 +2639,7 @@ static void test_auth_unaccepted_key_reads_within_the_allowance(void **unused)
     struct state_ticket t4;
     assert_true(claim(st, &k, "V", T0 + 200, &t4, NULL));
     finish(st, &t4, "new", oc_kind(OUT_UNAUTHORIZED), T0 + 210);
-    state_metrics(st, &m);
+    state_metrics_at(st, &m, T0 + 210);
     assert_int_equal(m.auth_failures, 2);
     struct state_key third = key_of(st, "sk_test_third");
     assert_false(claim(st, &third, "W", T0 + 300, NULL, &f));
@@ -2648,7 +2648,7 @@ static void test_auth_unaccepted_key_reads_within_the_allowance(void **unused)
     /* a read with no answer (a timeout) is not the key's fault: given back */
     assert_true(claim(st, &third, "W", T0 + 50 + STATE_AUTH_SPAN_MS, &t3, &f));
     finish(st, &t3, "third", oc_kind(OUT_NO_ANSWER), T0 + 60 + STATE_AUTH_SPAN_MS);
-    state_metrics(st, &m);
+    state_metrics_at(st, &m, T0 + 60 + STATE_AUTH_SPAN_MS);
     assert_int_equal(m.auth_failures, 1); /* the accepted key's 401 alone */
     state_free(st);
 }
