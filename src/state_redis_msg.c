@@ -38,8 +38,10 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
         return true;
     }
     if (f[0][0] == 'R') { /* a read granted: its name, 16 hex digits ':' its time */
+        if (n != 3)
+            return false; /* before f[2] is looked at: it is set only with 3 fields */
         size_t nl = strlen(f[2]);
-        if (n != 3 || !ids_unhex(f[1], strlen(f[1]), k, 16) || nl < 18 || nl > 16 + 1 + 20 || f[2][16] != ':' ||
+        if (!ids_unhex(f[1], strlen(f[1]), k, 16) || nl < 18 || nl > 16 + 1 + 20 || f[2][16] != ':' ||
             !ids_unhex(f[2], 16, k, 8) || strspn(f[2] + 17, "0123456789") != nl - 17)
             return false;
         m->kind = STATE_REDIS_MSG_READ;

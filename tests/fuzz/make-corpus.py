@@ -165,7 +165,7 @@ for i, v in enumerate(["1", "0", "120", "3600", "86400", " 5 ", "Wed, 21 Oct 202
 K = "0123456789abcdef0123456789abcdef"
 for i, v in enumerate(["F %s tx_1 3600000 succeeded" % K, "P %s T-2 1500 pending" % K, "W %s t3 0" % K,
                        "N %s t4 30000" % K, "B %s %s 600000" % (K, K[::-1]), "F %s t 86400000 expired" % K,
-                       "P %s t5 1100 processing_3ds" % K, "W %s t3  0" % K, "S %s" % K]):
+                       "P %s t5 1100 processing_3ds" % K, "W %s t3  0" % K, "S %s" % K, "R %s" % K]):
     put("redis_msg", "m%02d" % i, v)
 
 # ---- RateLimit headers: limit, remaining, reset, RateLimit, RateLimit-Policy ----
