@@ -51,7 +51,11 @@ static char *normalize_host(const char *hv, bool *oom)
             ok = inet_pton(AF_INET6, inner, &a) == 1;
         }
     } else {
-        ok = n > 0 && strpbrk(lc, ":/ \t[]@") == NULL;
+        ok = n > 0 && strpbrk(lc, ":/[]@") == NULL;
+        /* printable ASCII only (an international name in its punycode
+         * form): the host registry keeps hosts one word a line */
+        for (const unsigned char *c = (const unsigned char *)lc; ok && *c; c++)
+            ok = *c > 0x20 && *c < 0x7f;
     }
     if (!ok) {
         free(lc);

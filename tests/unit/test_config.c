@@ -494,7 +494,11 @@ static void test_hosts_urls_origins(void **unused)
 {
     (void)unused;
     char shop[512];
-    const char *bad_hosts[] = {"[\"toko.example:8080\"]", "[\"https://toko.example\"]", "[\"\"]", "[5]", "\"toko.example\""};
+    /* a control byte, a space or raw UTF-8 would make the host registry
+     * unreadable for every tenant (one word a line, printable ASCII) */
+    const char *bad_hosts[] = {"[\"toko.example:8080\"]", "[\"https://toko.example\"]", "[\"\"]", "[5]", "\"toko.example\"",
+                               "[\"toko\\nexample\"]", "[\"toko example\"]", "[\"t\u00f6ko.example\"]",
+                               "[\"toko\\u0001.example\"]"};
     for (size_t i = 0; i < sizeof bad_hosts / sizeof bad_hosts[0]; i++) {
         snprintf(shop, sizeof shop, "\"secret_key_file\": \"%s/key_a\", \"hosts\": %s", g_dir, bad_hosts[i]);
         expect_error(load_one_shop(shop), g_cfg, "shops[0].hosts", NULL);
