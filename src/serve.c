@@ -927,8 +927,13 @@ static void on_release(void *ctx, struct front_req *fr, void *user)
 
 void serve_handing(struct serve *s, bool on)
 {
+    serve_handing_quiet(s, on, on);
+}
+
+void serve_handing_quiet(struct serve *s, bool on, bool quiet)
+{
     s->handing = on;
-    resolver_quiet(s->rs, on);
+    resolver_quiet(s->rs, quiet);
     if (on)
         return;
     while (s->parked != NULL) { /* requests parked meanwhile go to the resolver after all */

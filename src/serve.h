@@ -40,6 +40,12 @@ void serve_stop(struct serve *s);
  * after all. Can't fail. */
 void serve_handing(struct serve *s, bool on);
 
+/* serve_handing(), with reads started here or not (quiet) set apart: a
+ * successor that did not take a later batch serves on, so those kept
+ * aside are held here and answered with what is known, and no read starts
+ * here (on false, quiet true). Can't fail. */
+void serve_handing_quiet(struct serve *s, bool on, bool quiet);
+
 /* Take over request fr of a connection handed over (front_adopt) as rec
  * describes it: held here as it was there (its deadline, its streamed
  * page's clock), or answered at once when its shop is no longer

@@ -291,10 +291,12 @@ static long batch(struct upgrade *u, char *why, size_t whylen)
         return 0;
     uint8_t end[5] = {'E'};
     put_u32(end + 1, (uint32_t)(n < 0 ? 0 : n));
-    int fd;
+    int fd = -1;
     ssize_t r = -1;
     if (n > 0 && msg_send(u->chan, end, sizeof end, -1, util_mono_ms() + UPGRADE_ACK_MS) == 0)
         r = msg_wait(u->chan, u->buf, sizeof u->buf, &fd, util_mono_ms() + UPGRADE_ACK_MS);
+    if (fd >= 0) /* the successor's answer carries none: never keep one */
+        close(fd);
     if (n > 0 && r == 5 && u->buf[0] == 'A' && get_u32(u->buf + 1) == (uint32_t)n) {
         front_handover_commit(u->front);
         return n;
@@ -509,7 +511,7 @@ bool upgrade_tick(struct upgrade *u)
             u->handed += n;
         } else if (n < 0) {
             /* those stay here, answered with what is known (no read starts here) */
-            serve_handing(u->serve, false);
+            serve_handing_quiet(u->serve, false, true); /* the successor reads; this one never again */
             u->gave_up = true;
             upgrade_log("error", u, "the new process did not take a later batch; answering those here", why);
         }
