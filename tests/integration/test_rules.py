@@ -472,11 +472,15 @@ def required_reads(want):
     return len(want) - opt, opt
 
 
-def reads_fit(reads, want, tol):
+def reads_fit(reads, want, tol, early=0.003):
+    """early: how much sooner than the table a read may be seen (the
+    measure's own error: an episode's times counted from its first
+    request's arrival as logged, 3 ms; more where that origin is one
+    process's log line and the read another's, on a loaded machine)."""
     short, extra = required_reads(want)
     times = [w[0] if isinstance(w, list) else w for w in want]
     return (short <= len(reads) <= short + extra and
-            all(w - 0.003 <= g <= w + tol for g, w in zip(reads, times)))
+            all(w - early <= g <= w + tol for g, w in zip(reads, times)))
 
 
 def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
@@ -509,7 +513,7 @@ def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
                 bad.append("%s %s: answers %r, interface.md says %r" % (kind, name, answers, want_answers))
             for i, one_reads in enumerate(reads if together else [reads]):
                 want = want_reads[i] if together and want_reads is not None else want_reads
-                if want is not None and (not reads_fit(one_reads, want, tol)):
+                if want is not None and (not reads_fit(one_reads, want, tol, 0.05 if together else 0.003)):
                     bad.append("%s %s: reads %r, interface.md says %r" % (kind, name, one_reads, want))
         if f[1] != r[1]:
             bad.append("%s: answers differ: file %r, redis %r" % (name, f[1], r[1]))
