@@ -2,8 +2,8 @@
  * (state_redis_msg_parse): anybody who can reach the Redis can publish.
  *
  * Input: one message's bytes. Checked: an accepted line has a 32-hex key,
- * an id (or for B a 32-hex client), a span within bounds and, for F and P,
- * a status word; printing it back in the canonical form parses to the
+ * an id (or for B a 32-hex client, for R a read's name, for S nothing), a
+ * span within bounds and, for F and P, a status word; printing it back in the canonical form parses to the
  * same message. */
 #include <stdio.h>
 
@@ -19,8 +19,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t k[16];
     FUZZ_CHECK(ids_unhex(m.key.hex, strlen(m.key.hex), k, 16));
     FUZZ_CHECK(m.ms >= 0 && m.ms <= STATE_REDIS_MSG_MAX_MS);
-    static const char kinds[] = "FPWNB";
-    FUZZ_CHECK(m.kind >= STATE_REDIS_MSG_FINAL && m.kind <= STATE_REDIS_MSG_BLOCK);
+    static const char kinds[] = "FPWNBSR";
+    FUZZ_CHECK(m.kind >= STATE_REDIS_MSG_FINAL && m.kind <= STATE_REDIS_MSG_READ);
+    if (m.kind == STATE_REDIS_MSG_SEED || m.kind == STATE_REDIS_MSG_READ) {
+        /* S KEY; R KEY NAME (16 hex digits, ':', its time) */
+        char line[256];
+        int n = m.kind == STATE_REDIS_MSG_SEED ? snprintf(line, sizeof line, "S %s", m.key.hex)
+                                               : snprintf(line, sizeof line, "R %s %s", m.key.hex, m.id);
+        if (m.kind == STATE_REDIS_MSG_READ)
+            FUZZ_CHECK(strlen(m.id) >= 18 && m.id[16] == ':' && ids_unhex(m.id, 16, k, 8));
+        else
+            FUZZ_CHECK(m.id[0] == '\0' && m.ms == 0);
+        struct state_redis_msg again;
+        FUZZ_CHECK(n > 0 && (size_t)n < sizeof line && state_redis_msg_parse(line, (size_t)n, &again));
+        FUZZ_CHECK(again.kind == m.kind && strcmp(again.key.hex, m.key.hex) == 0 && strcmp(again.id, m.id) == 0);
+        return 0;
+    }
     bool worded = m.kind == STATE_REDIS_MSG_FINAL || m.kind == STATE_REDIS_MSG_STATUS;
     if (m.kind == STATE_REDIS_MSG_BLOCK)
         FUZZ_CHECK(ids_unhex(m.id, strlen(m.id), k, 16));
