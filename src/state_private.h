@@ -207,7 +207,7 @@ struct state {
     struct st_keyent *keys;
     struct st_client *clients;
     struct st_notice notice;  /* written only under the lock; logged by st_unlock() */
-    long looked;              /* entries st_tx_get looked at to make room, in this process (tests) */
+    long looked;              /* entries st_tx_get looked at to make room, or a new key's adoption scanned (tests) */
     int layout;               /* the layout its file is named by (state_layout_of) */
 };
 

@@ -2532,6 +2532,27 @@ static void test_quota_refusal_looks_at_few(void **unused)
     state_free(st);
 }
 
+/* A new key's entry adopts the table's entries of its key only when such
+ * orphans may exist (a key entry forgotten, or none free when an entry was
+ * made): a box that makes a key entry per shop looks at no transaction
+ * slot for it; once a key entry was forgotten, a key made again finds
+ * its entries (its quota counts them). */
+static void test_new_key_scans_only_after_orphans(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_quota(16384, 4);
+    struct pace_schedule s = sched_default();
+    long before = state_test_looked(st);
+    for (int i = 0; i < 50; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "sk_test_shop_%d", i);
+        struct state_key k = key_of(st, name);
+        assert_true(state_hold(st, &k, "t1", &s, BUDGET, T0 + 34000, T0 + i, NULL));
+    }
+    assert_int_equal(state_test_looked(st) - before, 0);
+    state_free(st);
+}
+
 /* ---- rejected keys (auth_failures_per_minute) ---- */
 
 /* A state whose keys start unaccepted, as kembali's do. */
@@ -3256,6 +3277,7 @@ int main(void)
         cmocka_unit_test(test_tell_finds_room_in_a_busy_table),
         cmocka_unit_test(test_quota_after_key_eviction),
         cmocka_unit_test(test_quota_refusal_looks_at_few),
+        cmocka_unit_test(test_new_key_scans_only_after_orphans),
         cmocka_unit_test(test_auth_allowance_spares_accepted_keys),
         cmocka_unit_test(test_auth_unaccepted_key_reads_within_the_allowance),
         cmocka_unit_test(test_key_id),
