@@ -229,6 +229,16 @@ def read_starts(logs, id):
     return [round(t - starts[0], 3) for t in starts] if starts else []
 
 
+def read_ends(logs, id):
+    """When each of kembali's reads of id ended (its answer came back or it
+    gave up), in read_starts' order and on its clock (s, relative to the
+    first read's start). The floor (a wait after the previous read's
+    answer) counts from these."""
+    reads = sorted((began(l), log_time(l)) for l in _lines(logs)
+                   if l.get("event") == "read" and l.get("id") == id)
+    return [round(e - reads[0][0], 3) for _, e in reads] if reads else []
+
+
 def read_sends(logs, id):
     """When each of kembali's reads of id went out (s, relative to the first
     read's start): its start plus the log line's sent_ms (the connect), or
