@@ -33,6 +33,7 @@
 #include "app.h"
 #include "config.h"
 #include "fdstore.h"
+#include "sdjob.h"
 #include "front.h"
 #include "hostreg.h"
 #include "log.h"
@@ -54,6 +55,7 @@
 
 #define STOP_FLUSH_MS 500 /* at SIGTERM: the most we wait for answers to be taken */
 #define CHECK_REDIS_MS 1000 /* --check-config: the most we wait for the Redis */
+#define SDJOB_ASK_MS 500 /* at SIGTERM under systemd: the most each question to systemd waits */
 #define ERRBUF 8192
 #define SOCKET_MODE_DEFAULT 0660 /* --socket-mode: the web server's group may connect, nobody else */
 #define SOCKET_BACKLOG 1024
@@ -529,6 +531,25 @@ struct signal_ctx {
 /* The signalfd: SIGHUP reopens the log and reloads, SIGUSR1 reopens the
  * log (logrotate), SIGUSR2 starts an upgrade, SIGTERM and SIGINT stop the
  * loop. */
+
+/* Under systemd, is a next process coming to take what the store holds?
+ * Asked of systemd (sdjob.h) at SIGTERM: a restart, or not known (no bus:
+ * store, as a restart needs); a stop, or a SIGTERM sent by hand, has no
+ * successor, and what the store held would be closed unanswered. */
+static bool successor_expected(void)
+{
+    char err[256];
+    enum sdjob j = sdjob_current(SDJOB_ASK_MS, err, sizeof err);
+    struct log_line ll;
+    log_begin(&ll, "info", "stop");
+    log_str(&ll, "systemd_job", sdjob_name(j));
+    if (err[0] != '\0')
+        log_str(&ll, "why", err);
+    log_str(&ll, "msg", j == SDJOB_STOP || j == SDJOB_NONE ? "no next process: answering the requests in hand here"
+                                                            : "a next process is coming: storing the requests in hand");
+    log_end(&ll);
+    return j != SDJOB_STOP && j != SDJOB_NONE;
+}
 static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct signal_ctx *sc = io->data;
@@ -552,8 +573,9 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
              * under systemd with its fd store, handed to the next process */
             sc->stop = true;
             char err[256];
-            long n = si.ssi_signo == SIGTERM && fdstore_usable() ? fdstore_save(sc->front, sc->serve, err, sizeof err)
-                                                                  : 0;
+            long n = si.ssi_signo == SIGTERM && fdstore_usable() && successor_expected()
+                         ? fdstore_save(sc->front, sc->serve, err, sizeof err)
+                         : 0;
             if (n != 0) {
                 struct log_line ll;
                 log_begin(&ll, n > 0 ? "info" : "error", "stop");

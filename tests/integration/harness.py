@@ -28,6 +28,7 @@ from testenv.nginx import *  # noqa: F401,F403
 from testenv.procs import *  # noqa: F401,F403
 from testenv.redis import *  # noqa: F401,F403
 from testenv.sandbox import *  # noqa: F401,F403
+from testenv.sdbus import *  # noqa: F401,F403
 # what tests/soak and the self-test reach behind the names
 from testenv.env import _LazyTail, _merge_env, _tail  # noqa: F401
 from testenv.fcgi import _addr_str  # noqa: F401

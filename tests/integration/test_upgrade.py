@@ -299,9 +299,13 @@ class FakeSystemd:
                     st.pop(fields.get("FDNAME"), None)
         return st
 
-    def start(self, name, cfg, fds, names):
+    def start(self, name, cfg, fds, names, bus=None):
+        """`bus`: the SystemdBus kembali asks at SIGTERM whether a restart
+        or a stop runs; without one, a bus nobody listens on (not known)."""
         log = open(os.path.join(self.tmpdir, name + ".log"), "ab")
-        env = dict(os.environ, NOTIFY_SOCKET=self.path, LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
+        env = dict(os.environ, NOTIFY_SOCKET=self.path, LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names),
+                   DBUS_SYSTEM_BUS_ADDRESS=bus.address() if bus is not None
+                   else "unix:path=" + os.path.join(self.tmpdir, "no-bus.sock"))
         env.pop("LISTEN_PID", None)
 
         def place():
@@ -322,7 +326,8 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     cfg = os.path.join(tmpdir, "sd.json")
     harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
     sd = FakeSystemd(tmpdir)
-    a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"])
+    bus = harness.SystemdBus(tmpdir, "restart")
+    a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"], bus=bus)
     sd.wait(READY="1")
     sb.put_tx("t-plain", [(0, "pending"), (PAID_AT_MS, "succeeded")])
     sb.put_tx("t-stream", [(0, "pending"), (PAID_AT_MS, "succeeded")])
@@ -345,6 +350,7 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     time.sleep(0.2)  # the streamed tops are out (not a race: a top not yet sent goes over as not sent)
     a.send_signal(signal.SIGTERM)  # systemctl restart: the stop
     assert_eq(a.wait(10), 0, "the old process's exit code")
+    assert_eq(bus.asked(), [a.pid], "systemd asked which job runs on the stopping process's unit")
     stored = sd.store()
     conns = sorted(n for n in stored if n.startswith("kc-"))
     assert_eq(len(conns), 6, "connections in the store: %r" % stored)
@@ -378,3 +384,55 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     finally:
         b.send_signal(signal.SIGTERM)
         assert_eq(b.wait(15), 0, "the new process's exit code")
+
+
+@harness.pytest.mark.parametrize("job", ["stop", None, "unknown-bus"])
+@harness.timeout(60)
+def test_systemd_stop_answers_the_held(tmpdir, job):
+    """systemctl stop (job "stop") or a SIGTERM sent by hand (no job): no
+    next process will take what the store holds, and systemd closes it once
+    the unit is down, so the stopping process answers its held buyers
+    itself (checking) and stores nothing. When the bus cannot say
+    ("unknown-bus": none listens), it stores, as a restart needs."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = harness.socket_path(tmpdir, "kembali.sock")
+    lsock = harness.unix_listen_socket(sock_path)
+    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    cfg = os.path.join(tmpdir, "sd.json")
+    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
+    sd = FakeSystemd(tmpdir)
+    bus = harness.SystemdBus(tmpdir, job) if job != "unknown-bus" else None
+    a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"], bus=bus)
+    sd.wait(READY="1")
+    sb.put_tx("t-held", "pending")
+    results = {}
+
+    def ask(i):
+        try:
+            results[i] = harness.get(sock_path, "id=t-held", timeout=30).header("kembali-status")
+        except Exception as e:  # noqa: BLE001 - compared below
+            results[i] = repr(e)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    harness.wait_for(lambda: harness.parse_metrics(harness.get(sock_path, "format=metrics", extra={"KEMBALI_ADMIN": "1"})
+                                                   .text).get("kembali_held_requests") == 3, 10, msg="three held")
+    a.send_signal(signal.SIGTERM)
+    assert_eq(a.wait(10), 0, "the stopping process's exit code")
+    with open(os.path.join(tmpdir, "a.log")) as f:
+        text = f.read()
+    said = harness.find_lines(text, event="stop", systemd_job=(job or "none") if bus is not None else "unknown")
+    assert said, text
+    stored = sorted(n for n in sd.store() if n.startswith("kc-"))
+    if bus is None:
+        assert_eq(len(stored), 3, "not known: stored for a next process")
+        for fd in sd.store().values():
+            os.close(fd)  # systemd's closing of the store: the held buyers see their connection end
+        for t in threads:
+            t.join(15)
+        return
+    for t in threads:
+        t.join(15)
+    assert_eq(stored, [], "nothing stored for a next process that is not coming")
+    assert_eq([results.get(i) for i in range(3)], ["checking"] * 3, "each held buyer answered by the stopping process")
+    assert_eq(bus.asked(), [a.pid], "systemd asked about the stopping process's unit")

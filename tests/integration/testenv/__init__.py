@@ -12,6 +12,8 @@ re-exports them all; conftest.py loads fixtures.py):
 - kembali: ``Kembali``, the program under test, its files and log;
 - nginx: ``Nginx`` in front of a FastCGI socket, ``http_get``;
 - redis: ``Redis``, ``Sentinel`` and a small RESP client;
+- sdbus: ``SystemdBus``, a private system bus with a stand-in for systemd's
+  manager (the job on a unit: a restart or a stop);
 - chromium: headless Chromium's DOM dumps and screenshots; cdp: Chromium
   driven over its DevTools protocol (cdp.py re-exports it);
 - fixtures: pytest's hooks and fixtures (a folder per test, processes
