@@ -801,6 +801,10 @@ int main(int argc, char **argv)
     serve_attach(serve, front);
     if (!cgi && have_prog)
         up = upgrade_new(loop, front, serve, prog, argv, app.listen_fd);
+#ifdef KEMBALI_TESTING
+    if (up != NULL && getenv("KEMBALI_TEST_UPGRADE_LATE_ACK") != NULL)
+        upgrade_test_late_ack(up);
+#endif
     struct signal_ctx sc = {.app = &app, .config_path = config_path, .log_path = log_path, .fd = sfd,
                             .serve = serve, .up = up, .front = front};
     loop_io_init(&sig_io, sfd, on_signal, &sc);

@@ -23,6 +23,7 @@ extern char **environ;
 
 #define UPGRADE_MSG_MAX (HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX + 1)
 #define UPGRADE_SNDBUF (4 << 20)
+#define UPGRADE_CAP_COMMIT 0x01 /* 'R' byte 8: this successor takes a batch only on 'C' */
 
 enum upgrade_state {
     UP_IDLE,        /* serving; no successor */
@@ -45,6 +46,9 @@ struct upgrade {
     long facts;               /* successor: cached finals taken in (HANDOVER_FACT) */
     int peer_format;          /* the successor's newest record format ('R'; 1: a release before it said) */
     int peer_layout;          /* its state layout (0: not said) */
+    bool peer_commit;         /* it waits for 'C' before it touches a batch (UPGRADE_CAP_COMMIT) */
+    bool await_commit;        /* successor: a batch confirmed ('A'), waiting for the old one's 'C' */
+    bool late_ack;            /* tests: a later batch's 'A' taken as come too late (upgrade_test_late_ack) */
     const char *prog;
     char *const *argv;
     int listen_fd;
@@ -289,20 +293,32 @@ static long batch(struct upgrade *u, char *why, size_t whylen)
     long n = front_handover(u->front, emit, u);
     if (n == 0)
         return 0;
-    uint8_t end[5] = {'E'};
+    /* 'E', u32 count; with a sixth byte (1) to a successor that waits
+     * for 'C': the batch is its only once this process has seen its 'A'
+     * and said so, so a late 'A' never leaves a connection with both */
+    uint8_t end[6] = {'E', 0, 0, 0, 0, 1};
     put_u32(end + 1, (uint32_t)(n < 0 ? 0 : n));
     int fd = -1;
     ssize_t r = -1;
-    if (n > 0 && msg_send(u->chan, end, sizeof end, -1, util_mono_ms() + UPGRADE_ACK_MS) == 0)
+    if (n > 0 && msg_send(u->chan, end, u->peer_commit ? 6 : 5, -1, util_mono_ms() + UPGRADE_ACK_MS) == 0)
         r = msg_wait(u->chan, u->buf, sizeof u->buf, &fd, util_mono_ms() + UPGRADE_ACK_MS);
     if (fd >= 0) /* the successor's answer carries none: never keep one */
         close(fd);
-    if (n > 0 && r == 5 && u->buf[0] == 'A' && get_u32(u->buf + 1) == (uint32_t)n) {
+    bool acked = n > 0 && r == 5 && u->buf[0] == 'A' && get_u32(u->buf + 1) == (uint32_t)n;
+    if (acked && u->late_ack && u->st == UP_DRAINING) { /* tests: a later batch's, as if just after the wait */
+        acked = false;
+        r = -1;
+        errno = ETIMEDOUT;
+    }
+    uint8_t commit = 'C';
+    if (acked && (!u->peer_commit || msg_send(u->chan, &commit, 1, -1, util_mono_ms() + UPGRADE_ACK_MS) == 0)) {
         front_handover_commit(u->front);
         return n;
     }
-    bool closed = r == 0 || (r < 0 && (errno == EPIPE || errno == ECONNRESET));
+    bool closed = r == 0 || (r < 0 && (errno == EPIPE || errno == ECONNRESET)) ||
+                  (acked && (errno == EPIPE || errno == ECONNRESET));
     snprintf(why, whylen, "%s", n < 0 ? "a connection could not be sent"
+                                : acked ? "the new process's confirmation could not be answered"
                                 : r == 0 ? "the new process closed its end"
                                 : r < 0 ? strerror(errno) : "the new process answered something else");
     /* It must not take them after we do: a new process that has nothing
@@ -368,6 +384,7 @@ static void on_chan_starting(struct loop *l, struct loop_io *io, uint32_t events
         /* since format 2: u8 its newest record format, u16 its state layout */
         u->peer_format = r >= 8 && u->buf[5] >= HANDOVER_FORMAT ? HANDOVER_FORMAT : 1;
         u->peer_layout = r >= 8 ? (int)(u->buf[6] | (unsigned)u->buf[7] << 8) : 0;
+        u->peer_commit = r >= 9 && (u->buf[8] & UPGRADE_CAP_COMMIT); /* a release before waits for no 'C' */
         loop_io_set(u->loop, &u->chan_io, 0); /* from here on, read in turn with what we send */
         loop_timer_stop(u->loop, &u->timer);
         handover_begin(u);
@@ -541,21 +558,32 @@ static void successor_end(struct upgrade *u)
     loop_io_set(u->loop, &u->chan_io, 0);
     close(u->chan);
     u->chan = -1;
+    if (u->await_commit)
+        log_msg("error", "upgrade", "the old process did not say a confirmed batch is ours; it keeps those requests");
+    u->await_commit = false;
     pending_clear(u, true);
 }
 
-/* A batch ended: confirm it, then take each connection. */
-static void successor_adopt(struct upgrade *u, uint32_t count)
+/* A batch ended: confirm it ('A'). Returns 0, or -1 when it cannot be
+ * (the channel is ended). */
+static int successor_confirm(struct upgrade *u, uint32_t count)
 {
-    int64_t t0 = util_mono_ms();
     uint8_t ack[5] = {'A'};
     put_u32(ack + 1, (uint32_t)u->npend);
     if (count != u->npend || msg_send(u->chan, ack, sizeof ack, -1, util_mono_ms() + UPGRADE_ACK_MS) != 0) {
         log_msg("error", "upgrade", "a batch from the old process was incomplete or could not be confirmed; "
                                     "it keeps those requests");
         successor_end(u);
-        return;
+        return -1;
     }
+    return 0;
+}
+
+/* A confirmed batch is ours (the old one's 'C', or an old one of a
+ * release before, which sends none): take each connection. */
+static void successor_adopt(struct upgrade *u)
+{
+    int64_t t0 = util_mono_ms();
     long held = 0, failed = 0;
     for (size_t i = 0; i < u->npend; i++) {
         struct pending *p = &u->pend[i];
@@ -598,8 +626,18 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
             successor_end(u);
             return;
         }
-        if (u->buf[0] == 'E' && r == 5 && fd < 0) {
-            successor_adopt(u, get_u32(u->buf + 1));
+        if (u->buf[0] == 'E' && (r == 5 || (r == 6 && u->buf[5] == 1)) && fd < 0 && !u->await_commit) {
+            if (successor_confirm(u, get_u32(u->buf + 1)) != 0)
+                return;
+            if (r == 6) /* touched only once the old process says so */
+                u->await_commit = true;
+            else
+                successor_adopt(u);
+            continue;
+        }
+        if (u->buf[0] == 'C' && r == 1 && fd < 0 && u->await_commit) {
+            u->await_commit = false;
+            successor_adopt(u);
             continue;
         }
         char why[128];
@@ -609,7 +647,7 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
             u->facts += serve_take_fact(u->serve, &rec);
             continue;
         }
-        if (u->buf[0] != 'H' || fd < 0 || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0 ||
+        if (u->buf[0] != 'H' || fd < 0 || u->await_commit || handover_decode(u->buf + 1, (size_t)r - 1, &rec, why, sizeof why) != 0 ||
             rec.kind == HANDOVER_FACT) {
             if (fd >= 0)
                 close(fd);
@@ -648,12 +686,13 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
 
 int upgrade_successor(struct upgrade *u, const struct upgrade_env *e, char *err, size_t errlen)
 {
-    uint8_t ready[8] = {'R'};
+    uint8_t ready[9] = {'R'};
     put_u32(ready + 1, (uint32_t)getpid());
     ready[5] = HANDOVER_FORMAT;
     int layout = serve_layout(u->serve);
     ready[6] = (uint8_t)layout;
     ready[7] = (uint8_t)(layout >> 8);
+    ready[8] = UPGRADE_CAP_COMMIT;
     u->chan = e->chan;
     u->from = e->from;
     u->st = UP_SUCCESSOR;
@@ -686,6 +725,11 @@ struct upgrade *upgrade_new(struct loop *l, struct front *f, struct serve *s, co
     u->chan = -1;
     loop_timer_init(&u->timer, on_ready_timeout, u);
     return u;
+}
+
+void upgrade_test_late_ack(struct upgrade *u)
+{
+    u->late_ack = true;
 }
 
 void upgrade_free(struct upgrade *u)

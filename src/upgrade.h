@@ -9,17 +9,22 @@
  * and says it is ready (or says why it refuses, and exits). Then the old
  * one stops accepting and starting reads, and hands over each connection
  * it can (front_handover) with its record (handover.h) in a batch; the new
- * one confirms the batch before it touches any of them, and only then does
- * the old one let go of them. Connections whose request was still arriving
+ * one confirms the batch, the old one lets go of them and says so, and only
+ * then does the new one touch any of them (so a confirmation that comes
+ * too late leaves each connection with one process only). Connections whose request was still arriving
  * follow in later batches; the old process exits once it has nothing left
  * (its reads in flight ended and recorded) and within UPGRADE_EXIT_MS.
  * A new process that refuses, dies or does not answer in time is killed
  * and the old one keeps serving everything. docs/handover.md has the
  * whole exchange.
  *
- * The messages: new -> old 'R' (ready; u32 pid), 'F' (refused; the
- * reason), 'A' (a batch taken; u32 count); old -> new 'H' (a record, its
- * connection attached with SCM_RIGHTS), 'E' (end of a batch; u32 count). */
+ * The messages: new -> old 'R' (ready; u32 pid, u8 record format, u16
+ * state layout, u8 flags: 1, it waits for 'C'), 'F' (refused; the
+ * reason), 'A' (a batch confirmed; u32 count); old -> new 'H' (a record,
+ * its connection attached with SCM_RIGHTS), 'K' (a cached final), 'E' (end
+ * of a batch; u32 count, u8 1 when a 'C' follows its 'A'), 'C' (the
+ * confirmed batch is the new one's). A release before sends and expects
+ * neither the flag nor 'C': the new one then takes a batch at its 'A'. */
 #ifndef KEMBALI_UPGRADE_H
 #define KEMBALI_UPGRADE_H
 
@@ -77,6 +82,12 @@ bool upgrade_tick(struct upgrade *u);
 
 /* The successor's pid once a handover happened (else 0). */
 pid_t upgrade_successor_pid(const struct upgrade *u);
+
+/* Tests only (kembali-testing's KEMBALI_TEST_UPGRADE_LATE_ACK): take the
+ * confirmation of every batch after the first as come too late, as a slow
+ * successor's would; the successor must then touch none of it. This
+ * function can't fail. */
+void upgrade_test_late_ack(struct upgrade *u);
 
 /* Stopping (SIGTERM): a successor still starting is killed. Free u. */
 void upgrade_free(struct upgrade *u);

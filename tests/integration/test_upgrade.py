@@ -181,6 +181,51 @@ def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
 
 
 @harness.timeout(120)
+@harness.timeout(60)
+def test_sigusr2_late_confirmation_leaves_each_request_one_process(tmpdir):
+    """A later batch's confirmation ('A') comes too late for the old process
+    (kembali-testing's KEMBALI_TEST_UPGRADE_LATE_ACK makes it treat it so):
+    the old one keeps those requests, shuts the channel and answers them
+    itself. The new one must not have touched them: it takes a batch only
+    on the old one's 'C', which never came. A later batch: a request still
+    arriving when the handover began, whole only after it."""
+    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+
+    def config(k):
+        return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=harness.kembali_testing_bin(),
+                        env={"KEMBALI_TEST_UPGRADE_LATE_ACK": "1"}).start()
+    old = k.pid
+    sb.put_tx("t-held", "pending")
+    sb.put_tx("t-late", "pending")
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault("r", k.get("id=t-held", timeout=30)))
+    t.start()
+    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="one held")
+    whole = harness.fcgi_request_bytes(harness.cgi_params("id=t-late"))
+    c = harness.fcgi_connect(k.addr, timeout=30)
+    c.sendall(whole[:-8])  # all but the closing empty stdin record: still arriving
+    k.signal(signal.SIGUSR2)
+    new_pid = int(successor(k, old)["pid"])
+    try:
+        k.wait_log(15, event="upgrade", handed="1")  # the first batch: the held request
+        c.sendall(whole[-8:])  # whole now: a later batch, whose 'A' the old one takes as too late
+        k.wait_log(15, event="upgrade", level="error")
+        late = harness.fcgi_receive(c, timeout=30)
+        t.join(30)
+        assert_eq(late.status, 200)
+        assert_eq(late.header("kembali-status"), "checking", "answered by the old process, which reads no more")
+        # the new process sees the channel end with the batch not given: it drops it
+        k.wait_log(15, event="upgrade", msg="the old process did not say a confirmed batch is ours; "
+                                            "it keeps those requests")
+        took = [x for x in k.find_log(event="handover") if x.get("from") == str(old)]
+        assert_eq([x["connections"] for x in took], ["1"], "the new process adopted the first batch only")
+        assert_eq(first["r"].header("kembali-status"), "checking", "the first batch's request, answered by the new one")
+    finally:
+        c.close()
+        stop_pid(new_pid)
+
+
 def test_sigusr2_to_another_layout_keeps_the_pace_and_cache(tmpdir):
     """An upgrade to a build whose state layout differs: the new process
     opens another state file (kembali-vN.state), so what the requests in
