@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ extern char **environ;
 #define UPGRADE_MSG_MAX (HANDOVER_REC_MAX + FRONT_HANDOVER_OUT_MAX + 1)
 #define UPGRADE_SNDBUF (4 << 20)
 #define UPGRADE_CAP_COMMIT 0x01 /* 'R' byte 8: this successor takes a batch only on 'C' */
+#define UPGRADE_ADOPT_SLICE 256 /* connections a successor adopts per turn of its loop: new requests in between */
 
 enum upgrade_state {
     UP_IDLE,        /* serving; no successor */
@@ -63,6 +65,11 @@ struct upgrade {
     long from;              /* UP_SUCCESSOR: the old process */
     struct pending *pend;
     size_t npend, cappend;
+    struct pending *adopting; /* successor: the batch given ('C'), adopted a slice per turn */
+    size_t nadopting, iadopting, capadopting;
+    long adopt_held, adopt_failed;
+    int64_t adopt_t0;
+    struct loop_timer adopt_timer;
     uint8_t buf[UPGRADE_MSG_MAX];
 };
 
@@ -581,34 +588,67 @@ static int successor_confirm(struct upgrade *u, uint32_t count)
 
 /* A confirmed batch is ours (the old one's 'C', or an old one of a
  * release before, which sends none): take each connection. */
-static void successor_adopt(struct upgrade *u)
+/* Adopt up to `max` connections of the batch being adopted; the rest on
+ * a later turn of the loop (new requests are served in between: 10,000
+ * adopted at once kept the loop for 0.2 s). Logs the batch once done. */
+static void adopt_some(struct upgrade *u, size_t max)
 {
-    int64_t t0 = util_mono_ms();
-    long held = 0, failed = 0;
-    for (size_t i = 0; i < u->npend; i++) {
-        struct pending *p = &u->pend[i];
+    size_t end = u->nadopting - u->iadopting > max ? u->iadopting + max : u->nadopting;
+    for (; u->iadopting < end; u->iadopting++) {
+        struct pending *p = &u->adopting[u->iadopting];
         struct front_req *fr;
         char err[128];
-        if (front_adopt(u->front, p->fd, &p->rec, &fr, err, sizeof err) != 0) {
-            failed++;
-            continue;
-        }
-        if (fr != NULL && serve_adopt(u->serve, fr, &p->rec) == 0)
-            held++;
+        if (front_adopt(u->front, p->fd, &p->rec, &fr, err, sizeof err) != 0)
+            u->adopt_failed++;
+        else if (fr != NULL && serve_adopt(u->serve, fr, &p->rec) == 0)
+            u->adopt_held++;
+        free(p->out);
+        p->out = NULL;
     }
-    size_t n = u->npend;
-    pending_clear(u, false);
+    if (u->iadopting < u->nadopting) {
+        if (loop_timer_at(u->loop, &u->adopt_timer, util_mono_ms()) == 0)
+            return;
+        adopt_some(u, SIZE_MAX); /* no timer: the rest now */
+        return;
+    }
     struct log_line l;
     log_begin(&l, "info", "handover");
     log_int(&l, "from", u->from);
-    log_int(&l, "connections", (long long)n);
-    log_int(&l, "held", held);
+    log_int(&l, "connections", (long long)u->nadopting);
+    log_int(&l, "held", u->adopt_held);
     if (u->facts > 0)
         log_int(&l, "facts", u->facts);
-    if (failed > 0)
-        log_int(&l, "failed", failed);
-    log_int(&l, "ms", (long long)(util_mono_ms() - t0));
+    if (u->adopt_failed > 0)
+        log_int(&l, "failed", u->adopt_failed);
+    log_int(&l, "ms", (long long)(util_mono_ms() - u->adopt_t0));
     log_end(&l);
+    u->nadopting = u->iadopting = 0;
+}
+
+static void on_adopt_timer(struct loop *l, struct loop_timer *t)
+{
+    (void)l;
+    adopt_some(t->data, UPGRADE_ADOPT_SLICE);
+}
+
+/* A confirmed batch is ours (the old one's 'C', or an old one of a
+ * release before, which sends none): it is adopted, a slice per turn. */
+static void successor_adopt(struct upgrade *u)
+{
+    if (u->iadopting < u->nadopting)
+        adopt_some(u, SIZE_MAX); /* the batch before, whole first (later batches are small) */
+    struct pending *spare = u->adopting;
+    size_t spare_cap = u->capadopting;
+    u->adopting = u->pend;
+    u->capadopting = u->cappend;
+    u->nadopting = u->npend;
+    u->iadopting = 0;
+    u->pend = spare;
+    u->cappend = spare_cap;
+    u->npend = 0;
+    u->adopt_t0 = util_mono_ms();
+    u->adopt_held = u->adopt_failed = 0;
+    adopt_some(u, UPGRADE_ADOPT_SLICE);
 }
 
 static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t events)
@@ -724,6 +764,7 @@ struct upgrade *upgrade_new(struct loop *l, struct front *f, struct serve *s, co
     u->listen_fd = listen_fd;
     u->chan = -1;
     loop_timer_init(&u->timer, on_ready_timeout, u);
+    loop_timer_init(&u->adopt_timer, on_adopt_timer, u);
     return u;
 }
 
@@ -745,5 +786,11 @@ void upgrade_free(struct upgrade *u)
     loop_timer_stop(u->loop, &u->timer);
     pending_clear(u, true);
     free(u->pend);
+    loop_timer_stop(u->loop, &u->adopt_timer);
+    for (size_t i = u->iadopting; i < u->nadopting; i++) { /* given, never adopted: ours to close */
+        close(u->adopting[i].fd);
+        free(u->adopting[i].out);
+    }
+    free(u->adopting);
     free(u);
 }

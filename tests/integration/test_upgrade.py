@@ -148,6 +148,38 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
         stop_pid(new_pid)
 
 
+@harness.timeout(60)
+def test_sigusr2_adopts_a_large_batch_in_slices(tmpdir):
+    """600 held requests (more than the successor adopts in one turn of its
+    loop, UPGRADE_ADOPT_SLICE): the batch is adopted over several turns,
+    every request still held and answered once, by the new process, and the
+    handover's line counts them all."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-many", "pending")
+    old = k.pid
+    payload = harness.fcgi_request_bytes(harness.cgi_params("id=t-many"))
+    socks = []
+    try:
+        for _ in range(600):
+            c = harness.fcgi_connect(k.addr, timeout=30)
+            c.sendall(payload)
+            socks.append(c)
+        harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 600, 20, msg="600 held")
+        k.signal(signal.SIGUSR2)
+        new_pid = int(successor(k, old)["pid"])
+        try:
+            took = k.wait_log(15, event="handover", **{"from": str(old)})
+            assert_eq((took["connections"], took["held"]), ("600", "600"), took)
+            answers = [harness.fcgi_receive(c, timeout=30) for c in socks]
+            assert_eq(sorted(set((r.status, r.header("kembali-status")) for r in answers)), [(200, "checking")])
+            assert_eq(k.wait(10), 0, "the old process's exit code")
+        finally:
+            stop_pid(new_pid)
+    finally:
+        for c in socks:
+            c.close()
+
+
 def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t-held", [(0, "pending"), (PAID_AT_MS, "succeeded")])
