@@ -2,7 +2,7 @@
  *
  * classify_response() is a pure function over (HTTP status, headers, body): it does
  * no I/O and reads no clock (the caller passes the wall-clock time, used
- * only for HTTP-date Retry-After values). Every case of kasera-api.md maps
+ * only for HTTP-date Retry-After values). Every case of the API (tests/sandbox/README.md) maps
  * to one outcome kind; what to do about it is the state module's business. */
 #ifndef KEMBALI_CLASSIFY_H
 #define KEMBALI_CLASSIFY_H

@@ -34,7 +34,7 @@ struct config_sentinel {
     int port;             /* 1..65535 */
 };
 
-/* The shared state's Redis (interface.md, "Several hosts"): the top-level
+/* The shared state's Redis (README, "Several hosts: Redis"): the top-level
  * keys redis, redis_password_file, redis_sentinel_password_file,
  * redis_prefix and redis_hosts. Without `redis`: on is false, no address,
  * no password, prefix and hosts their defaults (the other keys are refused
@@ -175,7 +175,7 @@ extern const struct config_key config_keys[CK_COUNT];
 struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* Like config_load, for a reload while `prev` serves (prev may be NULL).
- * The file shops_dir/NAME.json is the shop NAME (interface.md, "Tenants"):
+ * The file shops_dir/NAME.json is the shop NAME (README, "Tenants"):
  * its key is keys_dir/NAME; a file of another name is skipped. A host
  * belongs to a shop of the main configuration, else to the tenant that
  * held it (here: served it in prev; see config_reload_hosts for the
@@ -199,7 +199,7 @@ enum config_hosts {
 
 /* Like config_reload, deciding who holds which host of shops_dir from the
  * host registry in the configuration's state_dir as `hosts` says
- * (interface.md, "Tenants": a host belongs to the shop that held it first;
+ * (README, "Who holds a host": a host belongs to the shop that held it first;
  * hosts the registry does not name fall back to prev's tenants). The
  * result is in c->held (c->held_read: what was read). With
  * CONFIG_HOSTS_KEEP the registry's lock is held from reading it to
@@ -226,7 +226,7 @@ void config_bind_state(struct config *c, const struct state *st);
 struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
-/* The shop a request belongs to (interface.md): by KEMBALI_SHOP id, else by
+/* The shop a request belongs to (README, "The web server"): by KEMBALI_SHOP id, else by
  * host (port removed, case-insensitive), else the only shop when exactly
  * one is configured and there is no shops_dir; NULL if none. */
 const struct shop *config_pick_shop(const struct config *c, const char *shop_param, const char *host);

@@ -8,7 +8,7 @@
  * A connection carries one request at a time; with FCGI_KEEP_CONN it stays
  * open for the next one.
  *
- * Limits (interface.md, "Connections"): a whole request within
+ * Limits (README, "The web server"): a whole request within
  * FRONT_REQUEST_MS of connecting (on a kept connection, of the request's
  * first byte), an answer taken within FRONT_WRITE_MS, a kept connection
  * idle for FRONT_IDLE_MS is closed. Every buffer has a ceiling (the
