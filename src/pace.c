@@ -55,11 +55,18 @@ int64_t pace_next_read(const struct pace_schedule *s, int reads, int64_t last_st
 {
     if (!pace_in_episode(reads, last_start, now))
         return now;
+    return last_start + pace_wait(s, reads);
+}
+
+int64_t pace_wait(const struct pace_schedule *s, int reads)
+{
+    if (reads < 1)
+        reads = 1;
     int step = reads < s->n ? reads : s->n - 1;
     int64_t wait = s->wait_ms[step];
     if (wait < PACE_MIN_WAIT_MS)
         wait = PACE_MIN_WAIT_MS; /* a one-step schedule repeats its first wait */
-    return last_start + wait;
+    return wait;
 }
 
 int pace_reads_within(const struct pace_schedule *s, int64_t span)

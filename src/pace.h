@@ -49,4 +49,9 @@ bool pace_in_episode(int reads, int64_t last_start, int64_t now);
  * Returns `now` when no episode is running (reads == 0 or it has ended). */
 int64_t pace_next_read(const struct pace_schedule *s, int reads, int64_t last_start, int64_t now);
 
+/* The schedule's wait after the `reads`-th read of an episode (reads >= 1;
+ * less is taken as 1): its wait at that step, the last one repeating, never
+ * below PACE_MIN_WAIT_MS. pace_next_read() waits this long. Can't fail. */
+int64_t pace_wait(const struct pace_schedule *s, int reads);
+
 #endif

@@ -43,6 +43,7 @@ struct resolver_watch {
     struct loop_timer timer;
     struct turnset_node turn;         /* withheld by the budget's plan: in its key's turn */
     bool budget_waited;               /* counted in budget_waits: its read waited for the key's budget */
+    int refused;                      /* our reads of it the per-transaction window refused in a row */
 };
 
 struct rread {
@@ -273,6 +274,9 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     struct state_report rep;
     kasera_response(&rd->kr, &resp);
     classify_response(&resp, util_wall_s(), &oc);
+    rd->cr.ticket.refused = w != NULL ? w->refused : 0; /* a refusal in a row moves the next read away */
+    if (w != NULL)
+        w->refused = oc.kind == OUT_TX_LIMITED ? w->refused + 1 : 0;
     coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &oc, rd->kr.sent, util_mono_ms(), &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);

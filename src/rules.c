@@ -128,6 +128,15 @@ int64_t rules_hold_ms(const struct pace_schedule *s)
     return pace_hold_ms(s);
 }
 
+int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused)
+{
+    if (retry_ms < 0)
+        retry_ms = 0;
+    if (refused <= 0)
+        return retry_ms;
+    return retry_ms + (wait_ms > 0 ? wait_ms : 0);
+}
+
 int64_t rules_floor(int64_t last_end)
 {
     return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;

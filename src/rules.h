@@ -100,6 +100,22 @@ bool rules_may_replace(enum tx_status cur, bool cached, enum tx_status s, bool t
  * PACE_GRACE_MS. Can't fail. */
 int64_t rules_hold_ms(const struct pace_schedule *s);
 
+/* Kasera's per-transaction window refused a read (a 429 whose
+ * Retry-After, `retry_ms`, says when that window ends), after `refused`
+ * refusals in a row of this process's reads of the transaction. Another
+ * pace holds that window (another layout's process beside this one during
+ * an upgrade, on the same schedule): this side's next read, paced from its
+ * own refused read, would land right behind the other's next again, for
+ * ever (lockstep), and its buyers would see only refusals. The first
+ * refusal is honoured as Kasera states it (the Retry-After); from the
+ * second in a row the schedule's wait (`wait_ms`, pace_wait) counts from
+ * the window's end instead of from the refused read: the next read comes
+ * a second after the other side's next one, when that one's window has
+ * ended, and the two paces stay apart (each side's reads are then at
+ * least a second from the other's). Never sooner than the Retry-After or
+ * the schedule. Returns the wait from now. Can't fail. */
+int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused);
+
 /* The earliest start of the next read by the floor at Kasera: RULES_FLOOR_MS
  * after the previous read's answer came back (`last_end`, 0: none). Can't
  * fail. */

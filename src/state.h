@@ -126,6 +126,10 @@ struct state_ticket {
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
     struct state_client client; /* who asked (state_claim_client; zero: nobody is charged) */
+    const struct pace_schedule *sched; /* the schedule it was claimed with (state_claim) */
+    int refused;         /* set by the reader: this process's reads of the transaction that
+                          * Kasera's per-transaction window refused in a row before this one
+                          * (rules_tx_limited_wait) */
     struct {                 /* set by state_claim, for state_unclaim: what the claim changed */
         uint64_t serial;     /* the transaction's last claim before this one */
         int64_t last_start;  /* the pace before it */

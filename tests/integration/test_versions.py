@@ -7,6 +7,7 @@ differs between two releases is the version in the names, which is what
 these tests drive."""
 
 import os
+import time
 
 import harness
 import kit
@@ -19,6 +20,9 @@ def _kembali(tmpdir, sb, name, top=None, bin=None, env=None, schedule=kit.FAST):
         return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], **extra)
     k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name=name, bin=bin, env=env)
     return k.start()
+
+
+SCHEDULE_START = [0, 1500, 2000, 3000]  # the default schedule's first waits: a hold of 8 s
 
 
 def _ok(sb, id):
@@ -94,27 +98,34 @@ def test_two_layouts_on_one_state_dir(tmpdir):
     assert_eq(len(sb.reads("c2")), 1, "the new one's own file kept its cache across the restart")
 
 
-@harness.pytest.mark.xfail(strict=True, reason="lockstep: a 429'd read counts as a pace step, so the refused side's "
-                           "next read lands 1 s after the other's again (state.c state_finish; see the report)")
 @harness.timeout(120)
 def test_one_layout_tx_limited_moves_away(tmpdir):
-    """Two layouts read one transaction on two separate paces started
-    together: Kasera's per-transaction window refuses the second of two
-    reads within 1 s (429 with Retry-After); the refused side's next read
-    then comes after that window, so the two never stay in lockstep and
-    each side gets 200s, never only refusals."""
+    """Two layouts read one transaction on two separate paces, b's buyer
+    0.3 s after a's: Kasera's per-transaction window refuses b's reads
+    (429 with Retry-After), and on one schedule b's next read would land
+    0.3 s behind a's next for ever (lockstep). From b's second refusal in a
+    row its schedule's wait counts from the window's end (rules.h,
+    rules_tx_limited_wait): its next read comes a second after a's, so each
+    side gets 200s, never only refusals, and neither side's reads start
+    less than 1.1 s apart. The default schedule's first steps (a schedule
+    of 1.1 s waits leaves no room for two paces at all)."""
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
     a = _kembali(tmpdir, sb, "a", bin=harness.kembali_testing_bin(),
-                 env={"KEMBALI_TEST_LAYOUT": harness.state_layout() - 1})
-    b = _kembali(tmpdir, sb, "b")
+                 env={"KEMBALI_TEST_LAYOUT": harness.state_layout() - 1}, schedule=SCHEDULE_START)
+    b = _kembali(tmpdir, sb, "b", schedule=SCHEDULE_START)
     sb.put_tx("p2", "pending")
-    rs = kit.parallel([lambda k=k: k.get("id=p2", timeout=30) for k in (a, b)])
+    def b_later():
+        time.sleep(0.3)  # b's buyer comes 0.3 s after a's: inside a's window, the episode's point (not a race)
+        return b.get("id=p2", timeout=30)
+    rs = kit.parallel([lambda: a.get("id=p2", timeout=30), b_later])
     assert_eq([r.header("kembali-status") for r in rs], ["checking"] * 2)
     reads = sb.reads("p2")
     print("# two paces on one transaction: %r" % [(round(r["t_ms"]), r["http"]) for r in reads])
     for k in (a, b):
-        ok = [l for l in k.find_log(event="read", id="p2") if l.get("http") == 200]
+        ok = [l for l in k.find_log(event="read", id="p2") if l.get("http") == "200"]
         assert ok, "%s read p2 with a 200 at least once: %r" % (k.name, k.find_log(event="read", id="p2"))
+        starts = kit.read_starts([k], "p2")
+        assert kit.min_gap(starts) is None or kit.min_gap(starts) >= 1.1 - 0.003, "%s: reads %r" % (k.name, starts)
 
 
 @harness.timeout(120)

@@ -120,6 +120,21 @@ static void test_waits_and_pauses(void **unused)
 }
 
 /* The replace table, whole. */
+/* A per-transaction 429: the first honoured as Kasera says (its
+ * Retry-After: the tables of the rule episodes keep their times); from
+ * the second in a row, the schedule's wait counts from the window's end,
+ * so two paces on one transaction (two layouts side by side) move a
+ * second apart instead of staying in lockstep. */
+static void test_tx_limited_moves_away(void **unused)
+{
+    (void)unused;
+    assert_int_equal(rules_tx_limited_wait(1000, 1500, 0), 1000); /* the first: as stated */
+    assert_int_equal(rules_tx_limited_wait(1000, 1500, 1), 2500); /* then: the wait after the window */
+    assert_int_equal(rules_tx_limited_wait(300, 1100, 4), 1400);
+    assert_int_equal(rules_tx_limited_wait(-1, 1100, 0), 0);
+    assert_int_equal(rules_tx_limited_wait(1000, -5, 2), 1000);
+}
+
 static void test_replace_table(void **unused)
 {
     (void)unused;
@@ -269,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_ttl_left),
         cmocka_unit_test(test_not_found_is_remembered_and_charged),
         cmocka_unit_test(test_waits_and_pauses),
+        cmocka_unit_test(test_tx_limited_moves_away),
         cmocka_unit_test(test_replace_table),
         cmocka_unit_test(test_hold_and_floor),
         cmocka_unit_test(test_lua_prelude),
