@@ -81,12 +81,11 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
     return PLAN_EARLY;
 }
 
-/* The schedule's wait before read number step + 1 (step >= 1), as
- * pace_next_read() takes it: the last one repeats, none below the minimum. */
+/* The schedule's wait before read number step + 1 (step >= 1): pace_wait(),
+ * the one rule pace_next_read() takes too. */
 static int64_t wait_at(const struct pace_schedule *s, int step)
 {
-    int64_t w = s->wait_ms[step < s->n ? step : s->n - 1];
-    return w > PACE_MIN_WAIT_MS ? w : PACE_MIN_WAIT_MS;
+    return pace_wait(s, step);
 }
 
 int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now)
