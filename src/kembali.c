@@ -33,12 +33,12 @@
 #include "app.h"
 #include "config.h"
 #include "fdstore.h"
-#include "sdjob.h"
 #include "front.h"
 #include "hostreg.h"
 #include "log.h"
 #include "loop.h"
 #include "notify.h"
+#include "sdjob.h"
 #include "serve.h"
 #include "state.h"
 #include "state_redis.h"
@@ -528,10 +528,6 @@ struct signal_ctx {
     bool stop;
 };
 
-/* The signalfd: SIGHUP reopens the log and reloads, SIGUSR1 reopens the
- * log (logrotate), SIGUSR2 starts an upgrade, SIGTERM and SIGINT stop the
- * loop. */
-
 /* Under systemd, is a next process coming to take what the store holds?
  * Asked of systemd (sdjob.h) at SIGTERM: a restart, or not known (no bus:
  * store, as a restart needs); a stop, or a SIGTERM sent by hand, has no
@@ -550,6 +546,10 @@ static bool successor_expected(void)
     log_end(&ll);
     return j != SDJOB_STOP && j != SDJOB_NONE;
 }
+
+/* The signalfd: SIGHUP reopens the log and reloads, SIGUSR1 reopens the
+ * log (logrotate), SIGUSR2 starts an upgrade, SIGTERM and SIGINT stop the
+ * loop. */
 static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct signal_ctx *sc = io->data;
