@@ -73,6 +73,8 @@ struct upgrade {
     uint8_t buf[UPGRADE_MSG_MAX];
 };
 
+static void adopt_some(struct upgrade *u, size_t max);
+
 /* ---- the environment ---- */
 
 static bool env_num(const char *name, long *out)
@@ -467,6 +469,8 @@ int upgrade_start(struct upgrade *u, char *err, size_t errlen)
         snprintf(err, errlen, "an upgrade is already under way");
         return -1;
     }
+    if (u->iadopting < u->nadopting)
+        adopt_some(u, SIZE_MAX); /* what this process took over last time, all of it, before it hands over */
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(err, errlen, "socketpair: %s", strerror(errno));
@@ -569,6 +573,7 @@ static void successor_end(struct upgrade *u)
         log_msg("error", "upgrade", "the old process did not say a confirmed batch is ours; it keeps those requests");
     u->await_commit = false;
     pending_clear(u, true);
+    u->st = UP_IDLE; /* the old process is done with us: this one may be upgraded in turn */
 }
 
 /* A batch ended: confirm it ('A'). Returns 0, or -1 when it cannot be
@@ -586,8 +591,6 @@ static int successor_confirm(struct upgrade *u, uint32_t count)
     return 0;
 }
 
-/* A confirmed batch is ours (the old one's 'C', or an old one of a
- * release before, which sends none): take each connection. */
 /* Adopt up to `max` connections of the batch being adopted; the rest on
  * a later turn of the loop (new requests are served in between: 10,000
  * adopted at once kept the loop for 0.2 s). Logs the batch once done. */

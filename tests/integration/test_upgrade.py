@@ -149,6 +149,38 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
 
 
 @harness.timeout(60)
+def test_sigusr2_twice_in_a_row(tmpdir):
+    """Two upgrades in a row (two package upgrades, no restart between):
+    the process that took over is upgraded in turn once its predecessor is
+    gone, and the held request goes through both, answered once."""
+    sb, k = kit.start(tmpdir)
+    sb.put_tx("t-twice", [(0, "pending"), (PAID_AT_MS, "succeeded")])
+    first = k.pid
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", k.get("id=t-twice", timeout=30)))
+    t.start()
+    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="held")
+    k.signal(signal.SIGUSR2)
+    second = int(successor(k, first)["pid"])
+    try:
+        assert_eq(k.wait(10), 0, "the first process's exit code")
+        k.wait_log(10, event="handover", **{"from": str(first)})
+        os.kill(second, signal.SIGUSR2)
+        third = int(successor(k, second)["pid"])
+        try:
+            harness.wait_for(lambda: pid_gone(second), 10, msg="the second process gone")
+            took = k.wait_log(10, event="handover", **{"from": str(second)})
+            assert_eq(took["held"], "1", took)
+            t.join(30)
+            assert_eq((got["r"].status, got["r"].header("kembali-status")), (200, "succeeded"))
+            assert not k.find_log(event="upgrade", msg="an upgrade is already under way")
+        finally:
+            stop_pid(third)
+    finally:
+        stop_pid(second)
+
+
+@harness.timeout(60)
 def test_sigusr2_adopts_a_large_batch_in_slices(tmpdir):
     """600 held requests (more than the successor adopts in one turn of its
     loop, UPGRADE_ADOPT_SLICE): the batch is adopted over several turns,
