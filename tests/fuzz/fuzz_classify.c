@@ -5,7 +5,7 @@
  * line, then the body (any bytes, up to kasera.c's 64 KiB). Headers are
  * taken as kasera.c's on_header takes them (name matched case-insensitively,
  * value trimmed, printable ASCII only, its buffer sizes), the last one of a
- * name winning. Checked (classify.h, interface.md): every field bounded,
+ * name winning. Checked (classify.h): every field bounded,
  * NUL-terminated and printable; the kind follows the HTTP status; "failed"
  * only from a 200 whose body says so; nothing from a 5xx or no answer but
  * OUT_NO_ANSWER. */

@@ -1,11 +1,11 @@
 /*
  * kasera-sandbox: a local stand-in for the Kasera Pay API, for kembali's tests.
  *
- * It answers GET /v1/transactions/{id} the way ../shared/kasera-api.md and the
- * seeds describe Kasera: the failed-authentication limiter per client IP, the
- * key check, the fixed 300-per-minute window per key (rejected requests count),
- * the fixed one-read-per-second window per (key, transaction) with
- * Retry-After, and the RateLimit-* headers. Tests script transactions (status
+ * It answers GET /v1/transactions/{id} the way Kasera's API documentation
+ * describes it (tests/sandbox/README.md): the failed-authentication limiter
+ * per client IP, the key check, the fixed 300-per-minute window per key
+ * (rejected requests count), the fixed one-read-per-second window per
+ * (key, transaction) with Retry-After, and the RateLimit-* headers. Tests script transactions (status
  * timelines, faults, delays, dropped connections) and inspect what the client
  * did through a control API under /_sandbox/. Everything is in process memory.
  *

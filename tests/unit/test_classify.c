@@ -1,5 +1,5 @@
 /* test_classify.c - unit tests of src/classify.c: every case of
- * kasera-api.md mapped to one outcome. */
+ * Kasera's answers (tests/sandbox/README.md) mapped to one outcome. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -663,7 +663,7 @@ static void test_no_answer_pace_goes_on(void **unused)
     state_free(st);
 }
 
-/* The floor at Kasera (interface.md): a read never starts less than
+/* The floor at Kasera (rules.h, rules_floor): a read never starts less than
  * RULES_FLOOR_MS after the previous read's answer came back, whatever the
  * schedule's wait from its start says. A slow first read (2 s) moves the
  * second read from 1.5 s to 3.1 s; a fast one leaves the schedule alone. */
