@@ -254,7 +254,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
     ticket->started = now;
-    ticket->sched = sched;
+    ticket->wait_ms = pace_wait(sched, e->reads);
+    ticket->refused = 0; /* the reader says, before state_finish */
     ticket->lease_until = e->inflight_until;
     ticket->sent = 0;
     if (client != NULL)
@@ -368,8 +369,8 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     struct rules_effect *fx = &report->effect;
     rules_outcome(oc, pace_start, now, util_jitter(rules_jitter_max(STATE_KEY_PAUSE_MS)),
                   util_jitter(rules_jitter_max(STATE_HOST_PAUSE_MS)), fx);
-    if (oc->kind == OUT_TX_LIMITED && current && e != NULL && t->sched != NULL) /* never in lockstep */
-        fx->retry_ms = rules_tx_limited_wait(fx->retry_ms, pace_wait(t->sched, e->reads), t->refused);
+    if (oc->kind == OUT_TX_LIMITED && current) /* never in lockstep */
+        fx->retry_ms = rules_tx_limited_wait(fx->retry_ms, t->wait_ms, t->refused);
     if (e != NULL && now > e->last_end)
         e->last_end = now; /* the floor at Kasera counts from here, whatever the read found */
     if (fx->has_status && e != NULL) {

@@ -126,7 +126,7 @@ struct state_ticket {
     int64_t lease_until; /* started + its timeout + 1 s: waited for until then */
     int64_t sent; /* set by the reader: when the request went out (0: never) */
     struct state_client client; /* who asked (state_claim_client; zero: nobody is charged) */
-    const struct pace_schedule *sched; /* the schedule it was claimed with (state_claim) */
+    int64_t wait_ms;     /* the schedule's wait after this read (pace_wait, at state_claim) */
     int refused;         /* set by the reader: this process's reads of the transaction that
                           * Kasera's per-transaction window refused in a row before this one
                           * (rules_tx_limited_wait) */
