@@ -103,9 +103,6 @@ static void ring_del(struct state *st, struct st_keyent *k, int32_t idx)
     e->knext = e->kprev = -1;
 }
 
-/* Count the entries of k's key in the table and put them on its ring
- * (O(slots): for a key entry being made; the ring of a key whose entry
- * was forgotten means nothing). */
 /* May an entry of the table be of a key that has no key entry (an
  * orphan)? Only after a key entry was forgotten (key_evictions), an entry
  * was made when no key slot was free (key_full: st_tx_get counts its
@@ -119,15 +116,16 @@ static bool orphans_may_exist(const struct state *st)
     return h->key_evictions != 0 || h->key_full != 0 || h->repairs != 0 || h->recoveries != 0;
 }
 
+/* Count the entries of k's key in the table and put them on its ring
+ * (O(slots), for a key entry being made, and only when orphans may exist;
+ * the ring of a key whose entry was forgotten means nothing). */
 static void ring_adopt(struct state *st, struct st_keyent *k)
 {
     k->ntx = 0;
     k->kcursor = -1;
     if (!orphans_may_exist(st))
         return; /* every entry's key has its entry: none is this new key's */
-#ifdef KEMBALI_TESTING
     st->looked += st->txn;
-#endif
     for (int32_t i = 0; i < st->txn; i++)
         if (st->txs[i].used && memcmp(st->txs[i].key.b, k->key.b, 16) == 0) {
             ring_add(st, k, i);
