@@ -343,6 +343,9 @@ def test_cgi_processes_wait_for_their_join(tmpdir):
         if not all(b"event=redis_joined" in o[1] for o in outs):  # a machine too busy to join within 1 s
             print("# trial %d: a process did not join within its 1 s: decided alone, rightly" % trial)
             continue
+        if any(b"event=redis_left" in o[1] for o in outs):  # joined, then Redis slower than 100 ms
+            print("# trial %d: a process left a starved Redis before its claim: decided alone, rightly" % trial)
+            continue
         assert_eq(len(reads), 1, "one read between the two hosts")
 
 
