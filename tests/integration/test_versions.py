@@ -48,14 +48,15 @@ def test_two_layouts_on_one_state_dir(tmpdir):
     old_file = os.path.join(state, "kembali-v%d.state" % old_v)
     new_file = os.path.join(state, "kembali-v%d.state" % mine)
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    old = _kembali(tmpdir, sb, "old", bin=harness.kembali_testing_bin(), env={"KEMBALI_TEST_LAYOUT": old_v})
+    old = _kembali(tmpdir, sb, "old", bin=harness.kembali_testing_bin(), env={"KEMBALI_TEST_LAYOUT": old_v},
+                   schedule=SCHEDULE_START)  # room for two paces (rules_tx_limited_wait)
     sb.put_tx("c1", "succeeded")
     assert_eq(old.get("id=c1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("c1")), 1)
     assert os.path.exists(old_file)
     old_inode = os.stat(old_file).st_ino
 
-    new = _kembali(tmpdir, sb, "new")
+    new = _kembali(tmpdir, sb, "new", schedule=SCHEDULE_START)
     sb.put_tx("c2", "canceled")
     assert_eq(new.get("id=c2").header("kembali-status"), "canceled")  # it has opened its state
     w = _layout_warnings(new)
