@@ -81,25 +81,18 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
     return PLAN_EARLY;
 }
 
-/* The schedule's wait before read number step + 1 (step >= 1): pace_wait(),
- * the one rule pace_next_read() takes too. */
-static int64_t wait_at(const struct pace_schedule *s, int step)
-{
-    return pace_wait(s, step);
-}
-
 int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now)
 {
     if (w->hold_until <= now)
         return 1;
     int reads = pace_in_episode(w->reads, w->last_start, now) ? w->reads : 0;
-    int64_t t = reads > 0 ? w->last_start + wait_at(s, reads) : now;
+    int64_t t = reads > 0 ? w->last_start + pace_wait(s, reads) : now;
     if (t < now)
         t = now;
     int n = 0;
     while (t <= w->hold_until && n < PLAN_DEMAND_MAX) {
         n++;
-        t += wait_at(s, reads + n);
+        t += pace_wait(s, reads + n);
     }
     return n;
 }
@@ -108,12 +101,12 @@ bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int6
 {
     if (w->busy_until > now || w->not_before > now)
         return false;
-    return !pace_in_episode(w->reads, w->last_start, now) || w->last_start + wait_at(s, w->reads) <= now;
+    return !pace_in_episode(w->reads, w->last_start, now) || w->last_start + pace_wait(s, w->reads) <= now;
 }
 
 int64_t plan_next_gap(const struct pace_schedule *s, int reads)
 {
-    return wait_at(s, reads + 1);
+    return pace_wait(s, reads + 1);
 }
 
 bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now)
