@@ -151,8 +151,10 @@ static void waiter_unlink(struct resolver_watch *w, struct resolver_waiter *r)
 /* ---- reads ---- */
 
 /* One line per read. `ms` is the time since the read started, read back to
- * back with the line's stamp, so that ts minus ms is the read's start. */
-static void log_read(const struct rread *rd, const struct outcome *oc)
+ * back with the line's stamp, so that ts minus ms is the read's start;
+ * `answered` is when its end was recorded (the floor and a Retry-After
+ * count from there), or 0 when it is recorded after this line. */
+static void log_read(const struct rread *rd, const struct outcome *oc, uint64_t answered)
 {
     long long ms = (long long)(util_mono_ms() - rd->cr.ticket.started);
     struct log_line l;
@@ -176,6 +178,8 @@ static void log_read(const struct rread *rd, const struct outcome *oc)
     log_int(&l, "ms", ms);
     if (rd->kr.sent > 0) /* when the request went out (after connecting): the pace counts from there */
         log_int(&l, "sent_ms", (long long)(rd->kr.sent - rd->cr.ticket.started));
+    if (answered > 0)
+        log_int(&l, "answered_ms", (long long)(answered - rd->cr.ticket.started));
     log_int(&l, "new_connection", rd->kr.connects > 0);
     log_end(&l);
 }
@@ -277,10 +281,11 @@ static void on_read_done(void *ctx, struct kasera_read *kr)
     rd->cr.ticket.refused = w != NULL ? w->refused : 0; /* a refusal in a row moves the next read away */
     if (w != NULL)
         w->refused = oc.kind == OUT_TX_LIMITED ? w->refused + 1 : 0;
-    coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &oc, rd->kr.sent, util_mono_ms(), &rep);
+    uint64_t answered = util_mono_ms();
+    coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &oc, rd->kr.sent, answered, &rep);
     atomic_fetch_add(&rs->app->m.reads[oc.kind], 1);
     atomic_fetch_add(&rs->app->m.connections, rd->kr.connects);
-    log_read(rd, &oc);
+    log_read(rd, &oc, answered);
     log_report(rd, &oc, &rep);
     read_release(rs, rd);
     if (w != NULL)
@@ -306,8 +311,9 @@ static bool read_go(struct resolver *rs, struct rread *rd)
     struct state_report rep;
     if (kasera_start(rs->api, &rd->kr, rd->cfg->api_base, rd->cr.ticket.id, rd->cr.shop->secret,
                      rd->cfg->read_timeout_ms) != 0) {
-        log_read(rd, &none);
-        coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &none, 0, util_mono_ms(), &rep);
+        uint64_t answered = util_mono_ms();
+        coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &none, 0, answered, &rep);
+        log_read(rd, &none, answered);
         return false;
     }
     atomic_fetch_add(&rs->app->m.reads_started, 1);
@@ -870,7 +876,7 @@ void resolver_stop(struct resolver *rs)
         kasera_abort(rs->api, &rd->kr);
         util_copy(rd->kr.error, sizeof rd->kr.error, "abandoned: kembali is stopping");
         coord_finish(rs->app->state, rs->redis, rs->app->keys, &rd->cr, &none, rd->kr.sent, now, &rep);
-        log_read(rd, &none);
+        log_read(rd, &none, now);
         read_release(rs, rd);
     }
 }

@@ -212,6 +212,14 @@ def began(line):
     return log_time(line) - int(line["ms"]) / 1000
 
 
+def read_end(line):
+    """When a read's end was recorded, from its log line: its start plus
+    answered_ms (a busy machine may write the line itself later)."""
+    if "answered_ms" in line:
+        return began(line) + int(line["answered_ms"]) / 1000
+    return log_time(line)
+
+
 def _lines(logs):
     """Every log line of `logs` (Kembali objects and/or log texts), merged."""
     out = []
@@ -230,11 +238,11 @@ def read_starts(logs, id):
 
 
 def read_ends(logs, id):
-    """When each of kembali's reads of id ended (its answer came back or it
-    gave up), in read_starts' order and on its clock (s, relative to the
-    first read's start). The floor (a wait after the previous read's
-    answer) counts from these."""
-    reads = sorted((began(l), log_time(l)) for l in _lines(logs)
+    """When each of kembali's reads of id ended (its answer was recorded:
+    the line's answered_ms, else the line's own time), in read_starts'
+    order and on its clock (s, relative to the first read's start). The
+    floor and a Retry-After count from these."""
+    reads = sorted((began(l), read_end(l)) for l in _lines(logs)
                    if l.get("event") == "read" and l.get("id") == id)
     return [round(e - reads[0][0], 3) for _, e in reads] if reads else []
 
