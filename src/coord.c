@@ -86,7 +86,7 @@ void coord_mirror_final(struct state *st, const struct state_key *key, const cha
 }
 
 enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const struct state_redis_claim *c,
-                              int64_t now)
+                              bool heard_since, int64_t now)
 {
     if (c->v == STATE_REDIS_GO) {
         cr->redis_serial = c->serial;
@@ -104,7 +104,8 @@ enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const str
         state_learn_not_found(st, k, id, now + c->ms, now);
         break;
     case STATE_REDIS_BUSY:
-        state_defer(st, k, id, now + c->ms, true, WAIT_PACE, now);
+        if (!heard_since) /* else the read it saw in flight has ended since */
+            state_defer(st, k, id, now + c->ms, true, WAIT_PACE, now);
         break;
     case STATE_REDIS_WAIT:
         state_defer(st, k, id, now + c->ms, false, c->why, now);

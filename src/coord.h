@@ -91,9 +91,13 @@ enum coord_next {
 
 /* Redis answered the claim of cr (c->v; down: decide on this host's state
  * alone). Unless granted, our claim is given back (state_unclaim) and
- * what Redis says is mirrored here. Can't fail. */
+ * what Redis says is mirrored here. `heard_since`: this process heard a
+ * read of the transaction end (a message) after the claim went out; a
+ * "busy" answer is then older than what it heard (the answer and the
+ * message come on two connections) and is not mirrored: decide again.
+ * Can't fail. */
 enum coord_next coord_claimed(struct state *st, struct coord_read *cr, const struct state_redis_claim *c,
-                              int64_t now);
+                              bool heard_since, int64_t now);
 
 struct coord_keys;
 

@@ -44,12 +44,14 @@ struct resolver_watch {
     struct turnset_node turn;         /* withheld by the budget's plan: in its key's turn */
     bool budget_waited;               /* counted in budget_waits: its read waited for the key's budget */
     int refused;                      /* our reads of it the per-transaction window refused in a row */
+    uint32_t heard;                   /* messages from Redis about it so far (on_redis_msg) */
 };
 
 struct rread {
     struct kasera_read kr;
     struct coord_read cr;             /* the claim, here and at Redis (its shop: the key) */
     struct state_redis_op *claiming;  /* asking Redis for it (not reading yet), or NULL */
+    uint32_t heard;                   /* w->heard when the claim went out */
     struct config *cfg;               /* a reference: the key and base URL */
     struct resolver *rs;
     struct resolver_watch *w;         /* NULL once the watch is gone */
@@ -345,6 +347,7 @@ static bool read_start(struct resolver *rs, struct resolver_watch *w, const stru
     rd->kr.user = rd;
     rd->rs = rs;
     read_link(rs, w, rd);
+    rd->heard = w->heard;
     rd->claiming = coord_ask(rs->app->state, rs->redis, &rd->cr, &rs->host, on_claimed, rd);
     if (rd->claiming != NULL)
         return true; /* Redis decides: on_claimed */
@@ -385,7 +388,7 @@ static void on_claimed(void *data, const struct state_redis_claim *c)
     struct resolver_watch *w = rd->w;
     int64_t now = util_mono_ms();
     rd->claiming = NULL;
-    enum coord_next next = coord_claimed(rs->app->state, &rd->cr, c, now);
+    enum coord_next next = coord_claimed(rs->app->state, &rd->cr, c, w != NULL && w->heard != rd->heard, now);
     if (next == COORD_READ) {
         if (read_go(rs, rd))
             return;
@@ -663,6 +666,7 @@ static void on_redis_msg(void *ctx, const struct state_redis_msg *m)
         if (!state_redis_key_id(rs->redis, w->waiters->shop->secret, &k) || strcmp(k.hex, m->key.hex) != 0)
             continue;
         coord_mirror(st, &n->key, n->id, m, now);
+        w->heard++;
         watchset_mark(&rs->ws, n);
         any = true;
     }
