@@ -96,7 +96,10 @@ def test_told_while_the_read_is_in_flight(tmpdir):
     assert_eq([r.header("kembali-status") for r in answers], ["failed"] * 5)
     t_told = kit.log_time(k.wait_log(30, event="notify", id="t11"))
     lat = [round((kit.log_time(l) - t_told) * 1000) for l in k.find_log(event="request", id="t11")]
-    assert max(lat) <= 50, "answered %r ms after the notify" % lat
+    # kembali's own time between its two lines: stepping the watch and
+    # answering five pages (a sanitizer build does that work slower)
+    print("# answered %r ms after the notify" % lat)
+    assert max(lat) <= 50 * harness.cpu_scale(), "answered %r ms after the notify" % lat
     read = k.wait_log(30, event="read", id="t11")  # the slow read ends later...
     assert kit.log_time(read) > t_told, "the read was still in flight at the notify"
     assert_eq(read["status"], "pending")

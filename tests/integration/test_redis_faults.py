@@ -123,8 +123,16 @@ def judge(name, sb, ks, before, asker):
 
 
 def spend(sb, ks, asker):
-    """The whole budget, through Redis, over both hosts."""
+    """The whole budget, through Redis, over both hosts. On a starved
+    machine (a sanitizer build under load) a host may find Redis slower
+    than 100 ms and spend only its share alone; once every host is back
+    (its reads then in Redis's count), the rest is spent through Redis."""
     asker.ask(B)
+    n = len(reads_with_the_key(sb))
+    if n < B and any(k.find_log(event="redis_left") for k in ks):
+        print("# spending: a host left a starved Redis after %d reads; the rest once it is back" % n)
+        asker.until(lambda: back(ks, [0] * len(ks), None))
+        asker.ask(B - n)
     assert_eq(len(reads_with_the_key(sb)), B)
     return [len(k.find_log(event="redis_left")) for k in ks]
 
@@ -162,6 +170,12 @@ def test_redis_gone_after_one_host_spent_the_budget(tmpdir):
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks[:1], "u")
     since = spend(sb, ks, a)
+    if any(since):
+        # reads a host made alone reach Redis's count at its rejoin, not
+        # the other host's ('R' is sent per grant): this case's premise
+        print("# a host left a starved Redis while spending: the other host did not hear every read")
+        judge("Redis gone after one host spent the budget (not reached)", sb, ks, B, a)
+        return
     # the other host heard each grant (a read granted milliseconds before
     # the fault may go unheard: budget.h's one residue)
     harness.wait_for(lambda: ks[1].metrics().get('kembali_shop_reads_last_minute{shop="toko-a"}') == B, 10,

@@ -27,6 +27,23 @@ def kembali_bin() -> str:
     return os.environ.get("KEMBALI_BIN") or os.path.join(top_builddir(), "src", "kembali")
 
 
+def cpu_scale() -> float:
+    """How many times slower than a plain build kembali's own work runs in
+    this build: 10 under ThreadSanitizer, 3 under AddressSanitizer (their
+    runtimes' symbols in the binary), else 1. For the few bounds a test
+    puts on kembali's own time between two of its log lines; never for a
+    time the schedule sets."""
+    global _CPU_SCALE
+    if _CPU_SCALE is None:
+        with open(kembali_bin(), "rb") as f:
+            body = f.read()
+        _CPU_SCALE = 10.0 if b"__tsan_init" in body else 3.0 if b"__asan_init" in body else 1.0
+    return _CPU_SCALE
+
+
+_CPU_SCALE = None
+
+
 def kembali_testing_bin() -> str:
     """kembali built with KEMBALI_TESTING (Makefile.am): it honours
     KEMBALI_TEST_LAYOUT and KEMBALI_TEST_REDIS_SCHEMA, to run two versions
