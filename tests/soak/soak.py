@@ -482,6 +482,8 @@ class Soak:
             if not victims:
                 continue
             p = rng.choice(victims)
+            with self.lock:  # before the signal: the sampler must not take this end for a crash
+                p.killed_at = self.now()
             try:
                 p.k.proc.send_signal(signal.SIGKILL)
             except ProcessLookupError:
@@ -489,7 +491,6 @@ class Soak:
             p.k.proc.wait(10)
             when = time.monotonic()
             with self.lock:
-                p.killed_at = self.now()
                 self.kills.append(when)
                 self.kill_walls.append(time.time())
             self.note("SIGKILL %s (pid %d)" % (p.k.name, p.k.pid))
@@ -512,6 +513,8 @@ class Soak:
             rc = p.k.proc.poll()
             if rc is not None:
                 with self.lock:
+                    if p.killed_at is not None:  # the killer's, since live() was read
+                        continue
                     p.crash = (t, rc)
                     self.failures.append("%s (pid %d) exited by itself with %s at %.1f s; its log ends:\n%s"
                                          % (p.k.name, p.k.pid, rc, t, harness._tail(p.k.log_path, 3000)))
