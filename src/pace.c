@@ -72,10 +72,7 @@ int64_t pace_wait(const struct pace_schedule *s, int reads)
 int pace_reads_within(const struct pace_schedule *s, int64_t span)
 {
     int n = 0;
-    for (int64_t t = 0; t <= span && n < 1000; n++) {
-        int step = n + 1 < s->n ? n + 1 : s->n - 1;
-        int64_t wait = s->wait_ms[step] < PACE_MIN_WAIT_MS ? PACE_MIN_WAIT_MS : s->wait_ms[step];
-        t += wait;
-    }
+    for (int64_t t = 0; t <= span && n < 1000; n++)
+        t += pace_wait(s, n + 1);
     return n;
 }

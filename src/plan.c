@@ -111,11 +111,9 @@ int64_t plan_next_gap(const struct pace_schedule *s, int reads)
 
 bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now)
 {
-    int64_t due = resv_at;
-    for (int i = 0; i < s->n; i++)
-        due -= s->wait_ms[i]; /* pace_sum */
+    int64_t due = resv_at - pace_sum(s);
     for (int i = 1; i <= reads; i++)
-        due += s->wait_ms[i < s->n ? i : s->n - 1];
+        due += pace_wait(s, i);
     return withheld && now > due + PLAN_DRIFT_MS;
 }
 
@@ -252,7 +250,7 @@ int plan_lua(char *buf, size_t len)
         "local function plan_drifted(ws, resv_at, reads, withheld, now)\n"
         "  local due = resv_at\n"
         "  for i = 1, #ws do due = due - ws[i] end\n"
-        "  for i = 1, reads do due = due + ws[math.min(i, #ws - 1) + 1] end\n"
+        "  for i = 1, reads do due = due + plan_wait_at(ws, i) end\n"
         "  return withheld and now > due + PLAN_DRIFT\n"
         "end\n"
         "local function plan_arrival_rate(k, n_short, first_short, n_long, first_long)\n"
