@@ -34,7 +34,7 @@ struct config_sentinel {
     int port;             /* 1..65535 */
 };
 
-/* The shared state's Redis (README, "Several hosts: Redis"): the top-level
+/* The shared state's Redis (docs/redis.md): the top-level
  * keys redis, redis_password_file, redis_sentinel_password_file,
  * redis_prefix and redis_hosts. Without `redis`: on is false, no address,
  * no password, prefix and hosts their defaults (the other keys are refused
@@ -147,7 +147,7 @@ enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_BOOL, CONFIG_LIST, CONFIG_O
 /* One key of the configuration file, nginx's ngx_command_t the model: the
  * one place its name, type, range and default are typed. Parsing reads
  * them from here (config.c, config_shops.c, config_redis.c), and a unit
- * test (test_config_doc) holds the tables of README.md and the man page to
+ * test (test_config_doc) holds the tables of docs/configuration.md and the man page to
  * them. */
 struct config_key {
     const char *name;
@@ -175,7 +175,7 @@ extern const struct config_key config_keys[CK_COUNT];
 struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* Like config_load, for a reload while `prev` serves (prev may be NULL).
- * The file shops_dir/NAME.json is the shop NAME (README, "Tenants"):
+ * The file shops_dir/NAME.json is the shop NAME (docs/tenants.md):
  * its key is keys_dir/NAME; a file of another name is skipped. A host
  * belongs to a shop of the main configuration, else to the tenant that
  * held it (here: served it in prev; see config_reload_hosts for the
@@ -199,7 +199,7 @@ enum config_hosts {
 
 /* Like config_reload, deciding who holds which host of shops_dir from the
  * host registry in the configuration's state_dir as `hosts` says
- * (README, "Who holds a host": a host belongs to the shop that held it first;
+ * (docs/tenants.md, "Who holds a host": a host belongs to the shop that held it first;
  * hosts the registry does not name fall back to prev's tenants). The
  * result is in c->held (c->held_read: what was read). With
  * CONFIG_HOSTS_KEEP the registry's lock is held from reading it to

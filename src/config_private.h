@@ -86,8 +86,8 @@ void config_wipe(char *s);
 
 /* ---- config_shops.c: shops, shop files, tenants ---- */
 
-/* `shops` and shops_dir (sdir, may be NULL) of root into c (README,
- * "Tenants"; see config_reload). Problems are recorded in e. */
+/* `shops` and shops_dir (sdir, may be NULL) of root into c (docs/tenants.md;
+ * see config_reload). Problems are recorded in e. */
 void config_load_shops(struct config *c, const struct config *prev, struct cerr *e, const char *file, json_t *root,
                        const char *sdir);
 

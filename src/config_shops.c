@@ -453,7 +453,7 @@ static bool tenant_takes_inline(const struct config *c, int ninline, struct tena
     return false;
 }
 
-/* Do shops a and b have one notify secret and different keys (README, "Tenants":
+/* Do shops a and b have one notify secret and different keys (docs/tenants.md:
  * a notify signed for one shop must never be accepted by another)? */
 static bool notify_shared(const struct shop *a, const struct shop *b)
 {
@@ -571,8 +571,8 @@ static bool old_fits(const struct config *c, int ninline, struct tenant *t)
     return true;
 }
 
-/* Decide which tenants serve and who holds which host (README,
- * "Tenants"; the rules in hostreg_decide) into c->held and c->contested,
+/* Decide which tenants serve and who holds which host (docs/tenants.md;
+ * the rules in hostreg_decide) into c->held and c->contested,
  * each t->serves, and the notes of the files that collided (why,
  * collides). False when out of memory. */
 static bool tenants_resolve(struct config *c, const struct config *prev, struct tenant *t, size_t nt)

@@ -9,7 +9,8 @@
  * there first. Neither does I/O or reads a clock; the resolver calls them
  * with the loop's time, and the tests with a fake one.
  *
- * The rules (README, "What the answer says" and "Several processes"):
+ * The rules (docs/answers.md, "What the answer says", and
+ * docs/operations.md, "Several processes"):
  *   - a final status or a remembered 404 answers everybody at once;
  *   - a request whose deadline has come is answered, whatever is in flight;
  *     no read starts for it (a late timer never reads for the late);

@@ -1,5 +1,5 @@
 /* hostreg.h - the host registry: which tenant (a file of shops_dir) holds
- * which host (README, "Who holds a host": a host belongs to the shop that held
+ * which host (docs/tenants.md, "Who holds a host": a host belongs to the shop that held
  * it first).
  *
  * The registry is the one place that says who holds a host. It lives in
@@ -93,7 +93,7 @@ struct hostreg_clash {
     long other;                  /* HELD, BOTH: the other file's index; MAIN: -1 */
 };
 
-/* Decide who holds each host (README, "Tenants"), given `held` (the
+/* Decide who holds each host (docs/tenants.md), given `held` (the
  * registry as last written, with what the previous configuration served
  * added for hosts it does not name), the hosts the main configuration's
  * shops list (main, nmain; theirs whatever anybody claims), and the files

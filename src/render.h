@@ -70,7 +70,7 @@ struct page_vars {
 enum dynbuf_rc render_html(const struct templates *t, enum word w, const struct page_vars *v,
                            struct dynbuf *b) DYNBUF_CHECKED;
 
-/* The streamed page (README, "While a browser waits").
+/* The streamed page (docs/answers.md, "While a browser waits").
  * One source per word: waiting.html holds the page around the result, and
  * each word's page marks its card, <!--card--> ... <!--/card-->, which the
  * result reuses. waiting.html is a whole page with {{more}} where its top

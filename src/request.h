@@ -32,7 +32,7 @@ void request_answer(const struct state_fact *f, int64_t now, struct answer *out)
  * later parameter of the same name is never used instead. Pure. */
 bool request_query_param(const char *query, const char *name, char *out, size_t cap);
 
-/* True when an Accept header prefers JSON (README, "What the answer says"):
+/* True when an Accept header prefers JSON (docs/answers.md):
  * application/json itself is given with q > 0 (the highest q given for it
  * counts), and that q is not below text/html's, which comes from the most
  * specific of text/html, text/ *, * / * (0 when none is given; so "* / *"

@@ -66,7 +66,7 @@ struct rules_effect {
 void rules_outcome(const struct outcome *oc, int64_t pace_start, int64_t now, int64_t key_jitter,
                    int64_t host_jitter, struct rules_effect *out);
 
-/* Rejected keys (README, auth_failures_per_minute): a host makes at most `allowance` reads
+/* Rejected keys (docs/configuration.md, auth_failures_per_minute): a host makes at most `allowance` reads
  * that end in 401 in any RULES_AUTH_SPAN_MS, all keys together, and a key
  * Kasera has not accepted yet (no answer with rules_effect.key_accepted
  * since it was loaded) reads only while the allowance has room. The
@@ -121,7 +121,7 @@ int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused);
  * fail. */
 int64_t rules_floor(int64_t last_end);
 
-/* The 404 quarter (README, "Ids nobody has paid for"): how many
+/* The 404 quarter (docs/operations.md, "Ids nobody has paid for"): how many
  * reads that end in 404 (or, still under way, are of ids never answered)
  * a key with `budget` reads per 60 s makes in any 60 s before an id never
  * answered is read only with a held request's last-chance read: a

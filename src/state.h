@@ -666,7 +666,7 @@ bool state_unhold(struct state *st, const struct state_key *key, const char *id,
 void state_reserve(struct state *st, const struct state_key *key, const char *id, bool reserved, int64_t at,
                    int64_t now);
 
-/* Rejected keys (README, rules_auth_next): this host makes at most
+/* Rejected keys (docs/configuration.md, auth_failures_per_minute; rules_auth_next): this host makes at most
  * `per_minute` (RULES_AUTH_FAILS_MIN .. RULES_AUTH_FAILS_MAX, clamped;
  * STATE_AUTH_FAILS_DEFAULT until called) reads that end in 401 in any
  * STATE_AUTH_SPAN_MS, all keys together, counted over every process
@@ -713,7 +713,7 @@ void state_metrics_at(struct state *st, struct state_metrics *out, int64_t now);
  * creates an entry; this function can't fail. */
 void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused);
 
-/* Ids nobody has paid for (README). The client of a request to the
+/* Ids nobody has paid for (docs/operations.md). The client of a request to the
  * shop of `key`: keyed hashes (the state's salt) of (key, its address),
  * never stored in clear: one address is another client of each key, so
  * its charge and block are per key.
@@ -747,7 +747,7 @@ void state_client_hash(const uint8_t salt[16], const char *addr, struct state_cl
  * are not charged; an address is blocked only by probing from it, and
  * even then its buyers' known ids are still read (a buyer's first return
  * for an id no process has read yet gets checking for that block, which
- * the README accepts for an address that probes). Clients are kept in a
+ * docs/operations.md accepts for an address that probes). Clients are kept in a
  * fixed table of client_slots (8 ways per set): a new client takes a free
  * way, else the least recently used idle one (no block, no 404 within the
  * window, no read in flight), else the least recently used unblocked

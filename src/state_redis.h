@@ -74,7 +74,7 @@
 #define STATE_REDIS_JOIN_MS 1000     /* connect, authenticate, load the scripts, subscribe */
 #define STATE_REDIS_RETRY_MS 1000    /* between attempts while down */
 _Static_assert(BUDGET_GRACE_MS >= STATE_REDIS_RETRY_MS + STATE_REDIS_JOIN_MS &&
-                   BUDGET_GRACE_SENTINEL_MS >= 5000, /* the failover's promise (Redis Sentinel, README) */
+                   BUDGET_GRACE_SENTINEL_MS >= 5000, /* the failover's promise (docs/redis.md, Redis Sentinel) */
                "a count made whole waits for every host that lost Redis to join again (budget.h)");
 #define STATE_REDIS_PING_MS 500      /* while up and idle: a PING this often */
 #define STATE_REDIS_WRITEBACK_MAX 1024

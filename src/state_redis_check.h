@@ -8,7 +8,7 @@
  * configuration's password and database (with Sentinels: what each
  * Sentinel names, and whether that master says it is one). Redis being
  * down is not a configuration error (kembali runs without it,
- * README, "Several hosts: Redis"); a refused password or database is. */
+ * docs/redis.md); a refused password or database is. */
 #ifndef KEMBALI_STATE_REDIS_CHECK_H
 #define KEMBALI_STATE_REDIS_CHECK_H
 

@@ -21,7 +21,7 @@
  * what the scripts do with them, and the wake channel's messages. Every
  * key and the channel are named PREFIX "v" SCHEMA ":" ..., so hosts of two
  * versions on one Redis keep their own keys and their own channel while
- * both run (a rolling upgrade: see README, "Several hosts") and never read
+ * both run (a rolling upgrade: see docs/redis.md, "Upgrading several hosts") and never read
  * or write the other's. Bump it with any change to those.
  * 1: the names without a version (releases before this one);
  * 2: the version in the names; the wake channel's S and R lines. */

@@ -1,6 +1,6 @@
 /* stream.h - when a held HTML request gets its page in two parts: the
- * decisions of the streamed page (README, "While a browser waits:
- * the streamed page"), as plain code.
+ * decisions of the streamed page (docs/answers.md, "While a browser
+ * waits: the streamed page"), as plain code.
  *
  * A browser's top-level navigation (Sec-Fetch-Dest: document) whose answer
  * is not known yet gets, as soon as its transaction is known undecided and

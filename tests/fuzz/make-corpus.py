@@ -179,7 +179,8 @@ for i, f in enumerate([
     put("ratelimit", "l%02d" % i, "\n".join(f))
 
 # ---- configuration (and shop files after 0xFF bytes) ----
-README_CFG = """{
+# docs/configuration.md's example
+DOC_CFG = """{
   "api_base": "https://pay.kasera.id",
   "state_dir": "/var/lib/kembali",
   "templates_dir": "/usr/local/share/kembali/templates",
@@ -199,7 +200,7 @@ README_CFG = """{
 SHOP_B = ('{"id": "toko-b", "name": "Toko B", "hosts": ["toko-b.example", "[2001:db8::1]"], '
           '"secret_key_file": "/etc/kembali/keys/toko-b", "locale": "en", "cors_origins": ["https://toko-b.example"], '
           '"id_param": "order", "templates_dir": "/srv/toko-b/templates"}')
-put("config", "readme", README_CFG)
+put("config", "readme", DOC_CFG)
 put("config", "two-shops", '{"api_base": "http://127.0.0.1:8081", "templates_dir": "/t", "shops": [%s, %s]}' % (
     '{"id": "a", "secret_key_env": "KEMBALI_KEY_A", "hosts": ["a.example."]}', SHOP_B))
 put("config", "shops-dir", b'{"templates_dir": "/t", "shops_dir": "/etc/kembali/shops.d"}\xff' + SHOP_B.encode() +

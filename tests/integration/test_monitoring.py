@@ -109,7 +109,7 @@ def test_every_alert_has_severity_summary_and_runbook_section():
 
 
 def nginx_with_metrics(tmpdir, k):
-    """nginx in front of k, with the README's metrics location."""
+    """nginx in front of k, with docs/monitoring.md's metrics location."""
     loc = ("location = /kembali-metrics { allow 127.0.0.1; deny all; include /etc/nginx/fastcgi_params; "
            "fastcgi_param KEMBALI_ADMIN 1; fastcgi_param QUERY_STRING format=metrics; fastcgi_pass unix:%s; }"
            % k.addr)

@@ -92,7 +92,7 @@ def test_chromium_renders_the_page(tmpdir):
 
 def test_kept_connections_through_nginx(tmpdir):
     """nginx with fastcgi_keep_conn on and an upstream keepalive (the
-    README's setup): 200 answers, cached and held, over a handful of
+    the docs' setup): 200 answers, cached and held, over a handful of
     FastCGI connections; a buyer who leaves mid-hold costs nobody else."""
     sb, k = kit.start(tmpdir)
     ng = harness.Nginx(tmpdir, k, keepalive=8)
@@ -160,9 +160,9 @@ def test_buyer_leaving_drops_the_held_request_over_tcp(tmpdir):
     assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (0, 0))
 
 
-def readme_block(marker):
-    """The indented (code) block of README.md holding ``marker``, as text."""
-    lines = open(os.path.join(harness.top_srcdir(), "README.md")).read().split("\n")
+def doc_block(marker):
+    """The indented (code) block of docs/monitoring.md holding ``marker``, as text."""
+    lines = open(os.path.join(harness.top_srcdir(), "docs", "monitoring.md")).read().split("\n")
     at = next(i for i, line in enumerate(lines) if line.startswith("    ") and marker in line)
     lo = at
     while lo > 0 and lines[lo - 1].startswith("    "):
@@ -173,18 +173,18 @@ def readme_block(marker):
     return "\n".join(lines[lo:hi + 1])
 
 
-def test_readme_metrics_location_through_nginx(tmpdir):
-    """The README's metrics location, verbatim (only its socket path is
+def test_documented_metrics_location_through_nginx(tmpdir):
+    """docs/monitoring.md's metrics location, verbatim (only its socket path is
     kembali's here): nginx sends QUERY_STRING from `include fastcgi_params`
     and again from the location's own `fastcgi_param`; the last counts, so
     the page is the metrics, not a 404 for a missing id."""
     sb, k = kit.start(tmpdir)
-    snippet = readme_block("location = /kembali-metrics")
+    snippet = doc_block("location = /kembali-metrics")
     assert_in("include fastcgi_params;", snippet)
     assert_in("fastcgi_param QUERY_STRING format=metrics;", snippet)
-    readme_sock = "unix:/run/kembali/kembali.sock"
-    assert_eq(snippet.count(readme_sock), 1, snippet)
-    snippet = snippet.replace(readme_sock, "unix:" + k.addr)
+    doc_sock = "unix:/run/kembali/kembali.sock"
+    assert_eq(snippet.count(doc_sock), 1, snippet)
+    snippet = snippet.replace(doc_sock, "unix:" + k.addr)
     # `include fastcgi_params` is relative to nginx's configuration directory
     shutil.copy("/etc/nginx/fastcgi_params", os.path.join(tmpdir, "fastcgi_params"))
     ng = harness.Nginx(tmpdir, k, server_extra=snippet)

@@ -352,24 +352,24 @@ def test_notify_secret_file_rules(tmpdir):
     assert_eq(r.status, 403, "toko-c has no keys_dir/toko-c.notify: %r" % r)
 
 
-def readme_notify_location():
-    """The README's nginx notify location, verbatim."""
+def doc_notify_location():
+    """docs/answers.md's nginx notify location, verbatim."""
     import os
     import re
-    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+    with open(os.path.join(harness.top_srcdir(), "docs", "answers.md")) as f:
         text = f.read()
     m = re.search(r"^( *)location = /kembali-notify \{.*?^\1\}$", text, re.S | re.M)
-    assert m, "the README has a location = /kembali-notify block"
+    assert m, "docs/answers.md has a location = /kembali-notify block"
     return m.group(0)
 
 
-def test_readme_notify_location_through_nginx(tmpdir):
-    """The README's location, as written (its socket path swapped for the
-    test's), with a signed POST as the README's PHP example makes it."""
+def test_documented_notify_location_through_nginx(tmpdir):
+    """docs/answers.md's location, as written (its socket path swapped for the
+    test's), with a signed POST as docs/answers.md's PHP example makes it."""
     import http.client
     import time
     sb, k = kit.start(tmpdir)
-    loc = readme_notify_location()
+    loc = doc_notify_location()
     assert_in("unix:/run/kembali/kembali.sock", loc)
     # `include fastcgi_params` is relative to nginx's configuration folder: the installed file
     import shutil
@@ -403,21 +403,21 @@ def test_readme_notify_location_through_nginx(tmpdir):
     assert_eq(k.get("id=ng1").header("kembali-status"), "failed")
 
 
-def test_readme_php_webhook_through_nginx(tmpdir):
-    """The README's PHP webhook handler, verbatim but for its secret's path
-    and the web server's port, run by the real php through the README's
+def test_documented_php_webhook_through_nginx(tmpdir):
+    """docs/answers.md's PHP webhook handler, verbatim but for its secret's path
+    and the web server's port, run by the real php through docs/answers.md's
     nginx location: its signature is the one kembali checks."""
     import os
     import re
     import shutil
-    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+    with open(os.path.join(harness.top_srcdir(), "docs", "answers.md")) as f:
         m = re.search(r"```php\n(<\?php // the webhook handler.*?)```", f.read(), re.S)
-    assert m, "the README's PHP webhook example"
+    assert m, "docs/answers.md's PHP webhook example"
     php = m.group(1)
     assert_in("hash_hmac('sha256', \"$t.$id.$body\", $secret)", php)
     sb, k = kit.start(tmpdir)
     shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
-    ng = harness.Nginx(tmpdir, k, server_extra=readme_notify_location().replace(
+    ng = harness.Nginx(tmpdir, k, server_extra=doc_notify_location().replace(
         "unix:/run/kembali/kembali.sock", "unix:" + k.addr))
     php = php.replace("/etc/kembali/keys/toko-a.notify", k.key_path("notify-a"))
     php = php.replace("http://127.0.0.1/kembali-notify", "http://127.0.0.1:%d/kembali-notify" % ng.port)

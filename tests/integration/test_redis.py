@@ -391,7 +391,7 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
 
 
 def key_name(secret):
-    """The name K of an API key's Redis keys, as README.md documents it:
+    """The name K of an API key's Redis keys, as docs/redis.md documents it:
     the first 16 bytes of HMAC-SHA256(key = the secret, message =
     "kembali-names-v1"), in hex."""
     return hmac.new(secret.encode(), b"kembali-names-v1", hashlib.sha256).digest()[:16].hex()

@@ -251,7 +251,7 @@ def test_flushall(tmpdir):
 
 @harness.timeout(120)
 def test_maxmemory_evicts_the_count(tmpdir):
-    """maxmemory with volatile-ttl (the README's setting): a burst of other
+    """maxmemory with volatile-ttl (docs/redis.md's setting): a burst of other
     keys with longer lives evicts the key's count; it is found gone and
     made whole again."""
     redis = harness.Redis(tmpdir, args=["--maxmemory-policy", "volatile-ttl", "--maxmemory-samples", "10"])

@@ -1,5 +1,5 @@
-"""The process managers the README names, run for real: spawn-fcgi forking
-four children on one socket (the README's command line), lighttpd spawning
+"""The process managers docs/operations.md names, run for real: spawn-fcgi forking
+four children on one socket (docs/operations.md's command line), lighttpd spawning
 them with max-procs, and systemd's check of contrib's units. Several processes, one state_dir: they must
 answer every request and keep one pace per transaction."""
 
@@ -63,8 +63,8 @@ def check_log(text):
 
 @harness.timeout(60)
 def test_spawn_fcgi_four_children(tmpdir):
-    """The README's line: spawn-fcgi -s SOCKET -F 4 -- ... The children get
-    the socket on fd 0 and stdout/stderr on /dev/null, so the README wraps
+    """docs/operations.md's line: spawn-fcgi -s SOCKET -F 4 -- ... The children get
+    the socket on fd 0 and stdout/stderr on /dev/null, so docs/operations.md wraps
     kembali in sh to keep its log; this runs that wrapper."""
     spawn = require(SPAWN_FCGI)
     sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
@@ -104,7 +104,7 @@ def http_get(port, path):
 
 @harness.timeout(60)
 def test_lighttpd_max_procs(tmpdir):
-    """The README's lighttpd fastcgi.server (bin-path, max-procs 4): lighttpd
+    """docs/operations.md's lighttpd fastcgi.server (bin-path, max-procs 4): lighttpd
     starts four kembali processes on one socket; ten buyers waiting on one
     pending transaction cost one pace, a final status is answered at once."""
     lighttpd = require(LIGHTTPD)

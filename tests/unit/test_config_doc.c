@@ -1,7 +1,7 @@
 /* test_config_doc.c - the configuration's documentation against its one
  * table (src/config_keys.c): every key of config_keys has its row in
- * README.md's tables (top level, then "Per shop:") with the default the
- * table gives and, for an integer, its range; and its item in the man
+ * docs/configuration.md's tables (top level, then "Per shop:") with the
+ * default the table gives and, for an integer, its range; and its item in the man
  * page (contrib/ship/kembali.8, "Top-level keys" or "Shop keys") with the
  * same default and range. The docs stay prose written by people; what they
  * state as fact (names, defaults, ranges) comes from the C table, and a
@@ -84,11 +84,11 @@ static void doc_default(enum config_key_id id, char *buf, size_t len)
     }
 }
 
-/* README.md: each key's row, its default cell and its range. */
-static void test_readme(void **unused)
+/* docs/configuration.md: each key's row, its default cell and its range. */
+static void test_docs_table(void **unused)
 {
     (void)unused;
-    char *md = slurp("README.md");
+    char *md = slurp("docs/configuration.md");
     const char *top = strstr(md, "| key | default | meaning |");
     assert_non_null(top);
     const char *shop = strstr(top, "\nPer shop:\n");
@@ -102,17 +102,17 @@ static void test_readme(void **unused)
         char want[256], range[64];
         char *row = row_of(from, end, k->name);
         if (row == NULL)
-            fail_msg("README.md: no row for %s", k->name);
+            fail_msg("docs/configuration.md: no row for %s", k->name);
         doc_default((enum config_key_id)i, want, sizeof want);
         const char *cell = strstr(row + 2, " | ");
         assert_non_null(cell);
         cell += 3;
         if (strncmp(cell, want, strlen(want)) != 0 || strncmp(cell + strlen(want), " |", 2) != 0)
-            fail_msg("README.md: %s's default should read %s: %s", k->name, want, row);
+            fail_msg("docs/configuration.md: %s's default should read %s: %s", k->name, want, row);
         if (k->type == CONFIG_INT && k->hi > 0) {
             snprintf(range, sizeof range, "%ld\xe2\x80\x93%ld", k->lo, k->hi);
             if (strstr(row, range) == NULL)
-                fail_msg("README.md: %s's row should give its range %s: %s", k->name, range, row);
+                fail_msg("docs/configuration.md: %s's row should give its range %s: %s", k->name, range, row);
         }
         free(row);
     }
@@ -174,7 +174,7 @@ static void test_man_page(void **unused)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_readme),
+        cmocka_unit_test(test_docs_table),
         cmocka_unit_test(test_man_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,5 @@
 /* test_hostreg.c - unit tests of src/hostreg.c: the host registry's text
- * and the decision of who holds which host (README, "Who holds a host"). */
+ * and the decision of who holds which host (docs/tenants.md, "Who holds a host"). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
