@@ -408,7 +408,7 @@ def test_no_socket_is_a_clear_error(tmpdir):
 
 
 def test_command_line(tmpdir):
-    """--help lists interface.md's options and exits 0; --version; a bad
+    """--help lists kembali(8)'s options and exits 0; --version; a bad
     option or a missing argument exits 2 and says which."""
     def run(*args):
         # a hang detector: a starved machine took over 10 s to start a process

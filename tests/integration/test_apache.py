@@ -201,7 +201,7 @@ def test_final_status_under_mod_fcgid(tmpdir):
 
 
 def test_ten_concurrent_returns_as_plain_cgi(tmpdir):
-    """interface.md, CGI: under Apache's plain CGI every return is its own
+    """docs/operations.md, Plain CGI: under Apache's plain CGI every return is its own
     kembali process, started for that request and gone after it. Ten
     concurrent returns on one pending transaction still cost one pace of
     reads (the processes share state_dir), and each answer is the one

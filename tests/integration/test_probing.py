@@ -1,4 +1,4 @@
-"""Ids nobody has paid for (interface.md): a burst of guesses sent at once
+"""Ids nobody has paid for (docs/operations.md): a burst of guesses sent at once
 from one address costs at most 5 reads, because reads still in flight for
 that client count as if already answered 404; the charge and the block are
 per key and client, so a prober blocked on one shop is not blocked on

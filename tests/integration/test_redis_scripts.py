@@ -282,7 +282,7 @@ P56, P48 = "%032x" % 0x56, "%032x" % 0x48
 
 @harness.timeout(60)
 def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
-    """interface.md, "Ids nobody has paid for": a request is a client at
+    """docs/operations.md, "Ids nobody has paid for": a request is a client at
     its /64, its /56 and its /48, each with its allowance (5, 10, 20 404s
     with the reads in flight). Reads in flight from ten /64s of one /56
     fill the /56's 10: an eleventh /64 waits ('client'); their 404s,

@@ -1,4 +1,4 @@
-"""One set of rules for both stores (interface.md, "Several hosts": the same
+"""One set of rules for both stores (docs/redis.md: the same
 requests make the same reads at the same times and get the same answers,
 whether the processes share a state_dir or a Redis).
 
@@ -7,8 +7,8 @@ each store with two kembali processes (two processes on one state_dir; two
 "hosts", each with its own state_dir, on one real redis-server), against the
 real sandbox. For every episode the reads (their starts, from kembali's own
 log, relative to the first; the count from the sandbox's arrival log) and
-the answers must be the same in both stores, and where interface.md says
-exactly what they are, what it says.
+the answers must be the same in both stores, and where the docs say
+exactly what they are, what they say.
 
 Real clock, short schedules: the stores are real (the mapped file, Redis's
 Lua on Redis's clock), so the test needs no hook into either, and the
@@ -66,7 +66,7 @@ def later(delay, f):
 
 # ---- the episodes: each sets up its id(s) on the sandbox, makes its
 # requests on the two processes, and returns its answers. Each also says
-# the reads interface.md expects (starts in s from the first read), when
+# the reads the docs expect (starts in s from the first read), when
 # it says exactly.
 
 def ep_issue(sb, ks, id):
@@ -179,7 +179,7 @@ FINAL = WORDS[1:]
 
 
 def replaces(cur, new):
-    """interface.md's order: a final status is never replaced by pending;
+    """The docs' order: a final status is never replaced by pending;
     expired may become succeeded (failed, canceled), never the reverse."""
     return cur not in FINAL or new == cur or (cur == "expired" and new in FINAL)
 
@@ -193,7 +193,7 @@ def ep_told_pairs(sb, ks, id):
             t = "%s%d%d" % (id, i, j)
             out += [notify(ks[0], t, a).status, notify(ks[1], t, b).status]
             if b in FINAL or a in FINAL:
-                time.sleep(0.2)  # the other host hears within 50 ms (interface.md): asked after 200 ms
+                time.sleep(0.2)  # the other host hears within 50 ms (docs/redis.md): asked after 200 ms
                 out += [status(get(ks[0], "id=%s" % t)), status(get(ks[1], "id=%s" % t))]
     return out
 
@@ -228,7 +228,7 @@ def ep_late_payment(sb, ks, id):
     """Told expired on one process, then succeeded (a late payment) on the
     other, nobody waiting: both answer succeeded from then on."""
     codes = [notify(ks[0], id, "expired").status, notify(ks[1], id, "succeeded").status]
-    # the other host hears of it within 50 ms (interface.md): asked after 200 ms
+    # the other host hears of it within 50 ms (docs/redis.md): asked after 200 ms
     time.sleep(0.2)
     return codes + [status(get(ks[0], "id=%s" % id)), status(get(ks[1], "id=%s" % id))]
 
@@ -351,7 +351,7 @@ def ep_auth_429(sb, ks, id):
             status(get(ks[0], "id=%s1" % id, host="toko-b.test", timeout=60))]
 
 
-# (name, episode, the reads interface.md says (None: judged between the
+# (name, episode, the reads the docs say (None: judged between the
 # stores only), the answers it says, the tolerance of the reads' times)
 FAST_TABLE = [
     ("tabs", ep_tabs, [0, 1.1, 2.2, 3.3, 4.4, [5.5]], ["checking"] * 3 + ["pending"], SLACK),
@@ -467,7 +467,7 @@ def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=Fal
 
 
 def required_reads(want):
-    """(reads interface.md requires, reads it allows besides): a read
+    """(reads the docs require, reads it allows besides): a read
     written [t] in a table is the last one before a hold's deadline, which
     it may miss on a slow machine (the floor counts from the previous
     read's answer, and a sanitizer build answers late), in either store."""
@@ -559,7 +559,7 @@ def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
         fixed = {}
         for kind, (reads, answers, ends) in (("file", f), ("redis", r)):
             if want_answers is not None and answers != want_answers:
-                bad.append("%s %s: answers %r, interface.md says %r" % (kind, name, answers, want_answers))
+                bad.append("%s %s: answers %r, the docs say %r" % (kind, name, answers, want_answers))
             fixed[kind] = [on_table_clock(one, e, w, AFTER_ANSWER.get(name)) for one, e, w in
                            zip(reads if together else [reads], ends if together else [ends], wants)]
             for one_reads, raw, want in zip(fixed[kind], reads if together else [reads], wants):
@@ -568,7 +568,7 @@ def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
                 # answer logged a little after it came back
                 early = 0.05 if together else 0.003 if one_reads == raw else 0.010
                 if want is not None and (not reads_fit(one_reads, want, tol, early)):
-                    bad.append("%s %s: reads %r (on the table's clock), interface.md says %r" % (kind, name, one_reads, want))
+                    bad.append("%s %s: reads %r (on the table's clock), the docs say %r" % (kind, name, one_reads, want))
         if f[1] != r[1]:
             bad.append("%s: answers differ: file %r, redis %r" % (name, f[1], r[1]))
         for fr, rr, want in zip(fixed["file"], fixed["redis"], wants):

@@ -1,4 +1,4 @@
-"""The streamed page (interface.md, "What a browser sees while it waits"):
+"""The streamed page (docs/answers.md, "While a browser waits"):
 a browser's navigation whose answer is not known yet gets the waiting top
 at once and the result later, in the same answer; everybody else gets the
 single answer as before. FastCGI straight to kembali here, then through a

@@ -1,4 +1,4 @@
-"""Who holds a tenant's host (interface.md, "Tenants": a host belongs to
+"""Who holds a tenant's host (docs/tenants.md, "Who holds a host": a host belongs to
 the shop that held it first), through a real shops_dir with real key
 files and the host registry in state_dir: a broken file keeps and claims
 its hosts, a restart remembers who held what, two files claiming a host

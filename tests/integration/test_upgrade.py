@@ -1,4 +1,4 @@
-"""Restarts and upgrades lose no buyer (interface.md): SIGUSR2 starts the
+"""Restarts and upgrades lose no buyer (docs/handover.md): SIGUSR2 starts the
 program file again and hands it the listening socket and every request in
 hand; a new process that refuses its configuration leaves the old one
 serving. Real processes, the sandbox's timeline (docs/handover.md)."""

@@ -1,4 +1,4 @@
-"""Versions side by side (interface.md): two kembali versions on one
+"""Versions side by side (docs/operations.md): two kembali versions on one
 state_dir, or on one Redis, as a rolling restart or a package upgrade with
 spawn-fcgi children runs them for a while. The other version is
 tests/kembali-testing (this build with KEMBALI_TESTING) told another layout
