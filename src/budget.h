@@ -21,7 +21,12 @@
  *     BUDGET_GRACE_MS: the time every host that lost Redis with it needs
  *     to come back and send its own.
  *
- * So a fault changes who counts, never the total. */
+ * So a fault changes who counts, never the total. One residue: a read
+ * Redis granted another host in the moment before it went away, whose
+ * message had not reached this host yet, is missing from this host's
+ * count of the span until the count is made whole again, so this host
+ * may spend that many more of its share meanwhile (at most the grants
+ * still on the wire at the fault: milliseconds' worth). */
 #ifndef KEMBALI_BUDGET_H
 #define KEMBALI_BUDGET_H
 
