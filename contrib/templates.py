@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""templates.py - the pages, assembled from one chrome per locale and a card
-per page.
+"""templates.py - the pages, assembled from one chrome and a card per page.
 
-templates/chrome/LOC.html is everything a page of locale LOC shares (the
-head, the stylesheet, the shop's name, the footer), with three marker lines:
-`@title@` inside <title>, a line `@style@` where a page's own style rules go
-and a line `@card@` where its card goes. templates/chrome/LOC/WORD.html is
-the page WORD's own part: header lines `@title TEXT` and `@style RULE`
-(any number), then the card. The pages kembali serves,
-templates/LOC/WORD.html, are assembled from the two and kept in the tree
-(what `make install` installs, what a tenant copies to start a page of its
-own). Edit the chrome or a card, then run `make templates`; `make check`
-fails (tests/layout/check_templates) while a page differs from what its
-chrome and card give.
+templates/chrome/page.html is everything the pages share (the head, the
+stylesheet, the footer), with marker lines: `@lang@` and `@footer@` take
+the locale's words, `@title@` (inside <title>) the page's title, a line
+`@style@` the page's own style rules and a line `@card@` its card.
+templates/chrome/LOC/locale.txt gives a locale's words (`@lang CODE`,
+`@footer TEXT`); templates/chrome/LOC/WORD.html is the page WORD's own
+part: header lines `@title TEXT` and `@style RULE` (any number), then the
+card. The pages kembali serves, templates/LOC/WORD.html, are assembled from
+these and kept in the tree (what `make install` installs, what a tenant
+copies to start a page of its own). Edit the chrome, a locale or a card,
+then run `make templates`; `make check` fails (tests/layout/check_templates)
+while a page differs from what they give.
 
 Usage: templates.py [--check] TOP_SRCDIR
 Exits 0; with --check, 1 and the pages that differ. Standard library only."""
@@ -20,43 +20,56 @@ import os
 import sys
 
 
-def assemble(chrome, card):
-    """The page from the chrome's text and the card's text."""
-    title, styles, body = None, [], []
-    for line in card.splitlines(keepends=True):
-        if not body and line.startswith("@title "):
-            title = line[len("@title "):].rstrip("\n")
-        elif not body and line.startswith("@style "):
-            styles.append(line[len("@style "):])
-        else:
-            body.append(line)
-    if title is None:
-        raise ValueError("no @title line")
+def headers(text, names):
+    """The leading `@NAME VALUE` lines of text whose NAME is in names, as
+    {NAME: [VALUE...]}, and the rest of text's lines."""
+    got = {n: [] for n in names}
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and lines[i].startswith("@") and lines[i][1:].split(" ", 1)[0] in names:
+        name, value = lines[i][1:].split(" ", 1)
+        got[name].append(value)
+        i += 1
+    return got, lines[i:]
+
+
+def assemble(chrome, locale, card):
+    """The page from the chrome's, its locale's and its card's texts."""
+    loc, _ = headers(locale, ("lang", "footer"))
+    own, body = headers(card, ("title", "style"))
+    if len(loc["lang"]) != 1 or len(loc["footer"]) != 1:
+        raise ValueError("a locale needs one @lang and one @footer line")
+    if len(own["title"]) != 1:
+        raise ValueError("a card needs one @title line")
+    words = {"@lang@": loc["lang"][0].rstrip("\n"), "@footer@": loc["footer"][0].rstrip("\n"),
+             "@title@": own["title"][0].rstrip("\n")}
     out = []
     for line in chrome.splitlines(keepends=True):
         if line == "@style@\n":
-            out += styles
+            out += own["style"]
         elif line == "@card@\n":
             out += body
         else:
-            out.append(line.replace("@title@", title))
+            for marker, value in words.items():
+                line = line.replace(marker, value)
+            out.append(line)
     return "".join(out)
 
 
 def pages(top):
     """[(page path, assembled text)] for every card of every locale."""
     base = os.path.join(top, "templates", "chrome")
+
+    def read(*parts):
+        with open(os.path.join(base, *parts), encoding="utf-8") as fh:
+            return fh.read()
+
+    chrome = read("page.html")
     out = []
-    for f in sorted(os.listdir(base)):
-        if not f.endswith(".html"):
-            continue
-        loc = f[:-len(".html")]
-        with open(os.path.join(base, f), encoding="utf-8") as fh:
-            chrome = fh.read()
-        for card in sorted(os.listdir(os.path.join(base, loc))):
-            with open(os.path.join(base, loc, card), encoding="utf-8") as fh:
-                text = assemble(chrome, fh.read())
-            out.append((os.path.join(top, "templates", loc, card), text))
+    for loc in sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))):
+        locale = read(loc, "locale.txt")
+        for card in sorted(f for f in os.listdir(os.path.join(base, loc)) if f.endswith(".html")):
+            out.append((os.path.join(top, "templates", loc, card), assemble(chrome, locale, read(loc, card))))
     return out
 
 
