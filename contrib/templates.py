@@ -8,7 +8,8 @@ the locale's words, `@title@` (inside <title>) the page's title, a line
 templates/chrome/LOC/locale.txt gives a locale's words (`@lang CODE`,
 `@footer TEXT`); templates/chrome/LOC/WORD.html is the page WORD's own
 part: header lines `@title TEXT` and `@style RULE` (any number), then the
-card. The pages kembali serves, templates/LOC/WORD.html, are assembled from
+card; templates/chrome/WORD.css, when there is one, holds style rules of the
+page WORD in every locale (they come before its @style lines). The pages kembali serves, templates/LOC/WORD.html, are assembled from
 these and kept in the tree (what `make install` installs, what a tenant
 copies to start a page of its own). Edit the chrome, a locale or a card,
 then run `make templates`; `make check` fails (tests/layout/check_templates)
@@ -33,10 +34,12 @@ def headers(text, names):
     return got, lines[i:]
 
 
-def assemble(chrome, locale, card):
-    """The page from the chrome's, its locale's and its card's texts."""
+def assemble(chrome, locale, card, css=""):
+    """The page from the chrome's, its locale's and its card's texts, and
+    the style rules its word has in every locale (css)."""
     loc, _ = headers(locale, ("lang", "footer"))
     own, body = headers(card, ("title", "style"))
+    own["style"] = css.splitlines(keepends=True) + own["style"]
     if len(loc["lang"]) != 1 or len(loc["footer"]) != 1:
         raise ValueError("a locale needs one @lang and one @footer line")
     if len(own["title"]) != 1:
@@ -69,7 +72,9 @@ def pages(top):
     for loc in sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))):
         locale = read(loc, "locale.txt")
         for card in sorted(f for f in os.listdir(os.path.join(base, loc)) if f.endswith(".html")):
-            out.append((os.path.join(top, "templates", loc, card), assemble(chrome, locale, read(loc, card))))
+            css = card[:-len(".html")] + ".css"
+            css = read(css) if os.path.exists(os.path.join(base, css)) else ""
+            out.append((os.path.join(top, "templates", loc, card), assemble(chrome, locale, read(loc, card), css)))
     return out
 
 
