@@ -165,7 +165,7 @@ long fdstore_take(struct fdstore_got *g, struct front *f, struct serve *s)
         close(g->desc_fd);
         g->desc_fd = -1;
         struct log_line l;
-        log_begin(&l, bad > 0 ? "warn" : "info", "handover");
+        log_begin(&l, bad > 0 ? LOG_LV_WARN : LOG_LV_INFO, "handover");
         log_str(&l, "from", "systemd");
         log_int(&l, "connections", taken);
         log_int(&l, "held", held);

@@ -490,7 +490,7 @@ static void on_listen(struct loop *l, struct loop_io *io, uint32_t events)
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* out of descriptors: stop accepting for a moment instead of spinning */
                 if (!f->emfile_logged)
-                    log_msg("warn", "accept", "out of file descriptors; pausing accepts");
+                    log_msg(LOG_LV_WARN, "accept", "out of file descriptors; pausing accepts");
                 f->emfile_logged = true;
                 loop_io_set(l, &f->listen_io, 0);
                 loop_timer_at(l, &f->emfile_timer, loop_now(l) + FRONT_EMFILE_PAUSE_MS);

@@ -273,7 +273,7 @@ static int open_listener(const char *listen_addr, const struct unix_perm *perm, 
 static int drop_privileges(const char *user, char *err, size_t errlen)
 {
     if (geteuid() != 0) {
-        log_msg("warn", "start", "--user is ignored: not started as root");
+        log_msg(LOG_LV_WARN, "start", "--user is ignored: not started as root");
         return 0;
     }
     struct passwd *pw = getpwnam(user);
@@ -298,7 +298,7 @@ static void log_config_notes(const struct config *c, const char *when)
 {
     for (int i = 0; i < c->nskipped; i++) {
         struct log_line l;
-        log_begin(&l, "error", "shop_file_skipped");
+        log_begin(&l, LOG_LV_ERROR, "shop_file_skipped");
         log_str(&l, "file", c->skipped[i].file);
         log_str(&l, "at", when);
         log_str(&l, "kept", c->skipped[i].kept ? "previous" : "none");
@@ -309,7 +309,7 @@ static void log_config_notes(const struct config *c, const char *when)
     }
     if (c->max_held_wanted > c->max_held) {
         struct log_line l;
-        log_begin(&l, "warn", "max_held");
+        log_begin(&l, LOG_LV_WARN, "max_held");
         log_str(&l, "msg", "max_held is more than the open-files limit allows (RLIMIT_NOFILE); using less");
         log_int(&l, "wanted", c->max_held_wanted);
         log_int(&l, "max_held", c->max_held);
@@ -431,7 +431,7 @@ static void reload(struct app *a, const char *path)
     if (c == NULL) {
         config_unref(old);
         struct log_line l;
-        log_begin(&l, "error", "reload");
+        log_begin(&l, LOG_LV_ERROR, "reload");
         log_str(&l, "msg", "the new configuration is refused; the old one keeps serving");
         log_str(&l, "errors", err);
         log_end(&l);
@@ -443,21 +443,21 @@ static void reload(struct app *a, const char *path)
     /* room for every key: the state file grows while the others use it */
     if (state_grow_keys(a->state, state_key_slots_for(c->nshops), err, sizeof err) != 0) {
         struct log_line l;
-        log_begin(&l, "error", "reload");
+        log_begin(&l, LOG_LV_ERROR, "reload");
         log_str(&l, "msg", "the state file's key table cannot grow; idle keys make room as before");
         log_str(&l, "error", err);
         log_end(&l);
     }
     if (c->state_slots != old->state_slots || c->state_slots_per_key != old->state_slots_per_key ||
         c->read_timeout_ms != old->read_timeout_ms || strcmp(c->state_dir, old->state_dir) != 0)
-        log_msg("warn", "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");
+        log_msg(LOG_LV_WARN, "reload", "state_dir, state_slots, state_slots_per_key and read_timeout_ms take effect at restart");
     if (redis_differs(&c->redis, &old->redis))
-        log_msg("warn", "reload", "redis, redis_password_file, redis_sentinel_password_file, redis_prefix and "
+        log_msg(LOG_LV_WARN, "reload", "redis, redis_password_file, redis_sentinel_password_file, redis_prefix and "
                                   "redis_hosts take effect at restart");
     config_unref(old);
     app_set_config(a, c);
     struct log_line l;
-    log_begin(&l, "info", "reload");
+    log_begin(&l, LOG_LV_INFO, "reload");
     log_int(&l, "shops", c->nshops);
     log_int(&l, "skipped", c->nskipped);
     log_end(&l);
@@ -483,7 +483,7 @@ static void registry_commit(struct app *a, const char *path)
     hostreg_unlock(fd);
     if (rc != 0) {
         struct log_line l;
-        log_begin(&l, "error", "host_registry");
+        log_begin(&l, LOG_LV_ERROR, "host_registry");
         log_str(&l, "msg", "the host registry could not be written; the next reload tries again");
         log_str(&l, "errors", why);
         log_end(&l);
@@ -537,7 +537,7 @@ static bool successor_expected(void)
     char err[256];
     enum sdjob j = sdjob_current(SDJOB_ASK_MS, err, sizeof err);
     struct log_line ll;
-    log_begin(&ll, "info", "stop");
+    log_begin(&ll, LOG_LV_INFO, "stop");
     log_str(&ll, "systemd_job", sdjob_name(j));
     if (err[0] != '\0')
         log_str(&ll, "why", err);
@@ -563,10 +563,10 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
         } else if (si.ssi_signo == SIGUSR2) {
             char err[512];
             if (sc->up == NULL)
-                log_msg("error", "upgrade", "SIGUSR2: the program file kembali was started as is not known; "
+                log_msg(LOG_LV_ERROR, "upgrade", "SIGUSR2: the program file kembali was started as is not known; "
                                             "no upgrade");
             else if (upgrade_start(sc->up, err, sizeof err) != 0)
-                log_msg("error", "upgrade", err);
+                log_msg(LOG_LV_ERROR, "upgrade", err);
         } else if (si.ssi_signo != SIGUSR1) {
             /* at once, before anything else of this turn: no read starts
              * from here on, and every request in hand is answered, or,
@@ -578,7 +578,7 @@ static void on_signal(struct loop *l, struct loop_io *io, uint32_t events)
                          : 0;
             if (n != 0) {
                 struct log_line ll;
-                log_begin(&ll, n > 0 ? "info" : "error", "stop");
+                log_begin(&ll, n > 0 ? LOG_LV_INFO : LOG_LV_ERROR, "stop");
                 if (n > 0)
                     log_int(&ll, "stored", n);
                 log_str(&ll, "msg", n > 0 ? "the connections in hand went to systemd's file-descriptor store, "
@@ -817,12 +817,12 @@ int main(int argc, char **argv)
     if (upgraded) {
         /* accepting from the next turn on: the old process stops once told */
         if (up == NULL || upgrade_successor(up, &upe, err, sizeof err) != 0)
-            log_msg("warn", "upgrade", up == NULL ? "out of memory" : err);
+            log_msg(LOG_LV_WARN, "upgrade", up == NULL ? "out of memory" : err);
         upe.chan = -1; /* the upgrade's now */
     }
     if (!cgi) {
         struct log_line l;
-        log_begin(&l, "info", "start");
+        log_begin(&l, LOG_LV_INFO, "start");
         log_str(&l, "version", PACKAGE_VERSION);
         log_int(&l, "pid", getpid());
         log_int(&l, "shops", cfg->nshops);
@@ -850,12 +850,12 @@ int main(int argc, char **argv)
     }
     if (handed) {
         struct log_line l;
-        log_begin(&l, "info", "stop");
+        log_begin(&l, LOG_LV_INFO, "stop");
         log_str(&l, "msg", "stopping: the new process serves");
         log_int(&l, "upgraded_to", upgrade_successor_pid(up));
         log_end(&l);
     } else if (!cgi) {
-        log_msg("info", "stop", "stopping: answering the requests in hand");
+        log_msg(LOG_LV_INFO, "stop", "stopping: answering the requests in hand");
     }
     rc = 0;
 out:
@@ -883,6 +883,6 @@ out:
     app_set_config(&app, NULL);
     state_free(app.state);
     if (rc == 0 && !cgi)
-        log_msg("info", "stop", "stopped");
+        log_msg(LOG_LV_INFO, "stop", "stopped");
     return rc;
 }

@@ -80,8 +80,9 @@ static void put_digits(char *p, long v, int width)
         p[i] = (char)('0' + v % 10);
 }
 
-void log_begin(struct log_line *l, const char *level, const char *event)
+void log_begin(struct log_line *l, enum log_level level, const char *event)
 {
+    static const char *const names[] = {[LOG_LV_INFO] = "info", [LOG_LV_WARN] = "warn", [LOG_LV_ERROR] = "error"};
     struct timeval tv;
     struct tm tm;
     gettimeofday(&tv, NULL);
@@ -97,7 +98,8 @@ void log_begin(struct log_line *l, const char *level, const char *event)
     put_digits(ts + 23, (long)(tv.tv_usec / 1000), 3);
     l->len = 0;
     append(l, ts, sizeof ts - 1);
-    append(l, level, strlen(level));
+    const char *name = (unsigned)level < sizeof names / sizeof names[0] ? names[level] : "error";
+    append(l, name, strlen(name));
     append(l, " event=", 7);
     append(l, event, strlen(event));
 }
@@ -147,7 +149,7 @@ void log_end(struct log_line *l)
     write_all(l->buf, l->len);
 }
 
-void log_msg(const char *level, const char *event, const char *msg)
+void log_msg(enum log_level level, const char *event, const char *msg)
 {
     struct log_line l;
     log_begin(&l, level, event);
@@ -181,7 +183,7 @@ void log_reopen(const char *path)
         return;
     if (log_open(path, err, sizeof err) != 0) {
         struct log_line l;
-        log_begin(&l, "error", "log");
+        log_begin(&l, LOG_LV_ERROR, "log");
         log_str(&l, "msg", "cannot reopen the log file; logging on in the old one");
         log_str(&l, "error", err);
         log_end(&l);

@@ -19,8 +19,17 @@ struct log_line {
     size_t len;
 };
 
-/* Start a line with ts, level ("info", "warn", "error") and event. */
-void log_begin(struct log_line *l, const char *level, const char *event);
+/* A line's level: info (what happened), warn (something a person may want
+ * to look at), error (something a person must fix, or an answer that
+ * failed). Written as level=info, level=warn, level=error. */
+enum log_level {
+    LOG_LV_INFO,
+    LOG_LV_WARN,
+    LOG_LV_ERROR,
+};
+
+/* Start a line with ts, level and event. */
+void log_begin(struct log_line *l, enum log_level level, const char *event);
 /* Append key=value; a NULL value appends nothing. Truncates, never overflows. */
 void log_str(struct log_line *l, const char *key, const char *value);
 void log_int(struct log_line *l, const char *key, long long value);
@@ -45,7 +54,7 @@ int log_open(const char *path, char *err, size_t errlen);
  * why. This function can't fail. */
 void log_reopen(const char *path);
 
-/* A one-call convenience for simple events: log_msg("warn", "config", "msg"). */
-void log_msg(const char *level, const char *event, const char *msg);
+/* A one-call convenience for simple events: log_msg(LOG_LV_WARN, "config", "msg"). */
+void log_msg(enum log_level level, const char *event, const char *msg);
 
 #endif

@@ -196,7 +196,7 @@ int loop_turn(struct loop *l, int timeout_ms)
     if (n < 0) {
         if (errno == EINTR)
             return 0;
-        log_msg("error", "loop", strerror(errno));
+        log_msg(LOG_LV_ERROR, "loop", strerror(errno));
         return -1;
     }
     l->now = util_mono_ms();

@@ -36,7 +36,7 @@ static void conflict_why(struct notify_told *t, const char *known)
 
 bool notify_check(struct notify_told *t, const struct shop *shop, const struct notify_post *p, int64_t wall_s)
 {
-    log_begin(&t->line, "info", "notify");
+    log_begin(&t->line, LOG_LV_INFO, "notify");
     t->shop = shop;
     t->id[0] = t->why[0] = '\0';
     t->status = TXS_NONE;
@@ -92,7 +92,7 @@ void notify_record(struct notify_told *t, struct state *st, const struct pace_sc
 void notify_log(struct notify_told *t)
 {
     if (t->http == 409)
-        log_begin(&t->line, "error", "notify_conflict");
+        log_begin(&t->line, LOG_LV_ERROR, "notify_conflict");
     log_str(&t->line, "shop", t->shop ? t->shop->id : NULL);
     log_str(&t->line, "id", t->id[0] ? t->id : NULL);
     log_str(&t->line, "status", t->status != TXS_NONE ? tx_status_word(t->status) : NULL);

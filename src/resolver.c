@@ -160,7 +160,7 @@ static void log_read(const struct rread *rd, const struct outcome *oc, uint64_t 
 {
     long long ms = (long long)(util_mono_ms() - rd->cr.ticket.started);
     struct log_line l;
-    log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? "info" : "warn", "read");
+    log_begin(&l, oc->kind == OUT_STATUS || oc->kind == OUT_NOT_FOUND ? LOG_LV_INFO : LOG_LV_WARN, "read");
     log_str(&l, "shop", rd->cr.shop->id);
     log_str(&l, "id", rd->cr.ticket.id);
     log_int(&l, "http", rd->kr.http);
@@ -191,7 +191,7 @@ static void log_read(const struct rread *rd, const struct outcome *oc, uint64_t 
 static void log_client_blocked(const char *shop_id, const char *id)
 {
     struct log_line l;
-    log_begin(&l, "warn", "client_blocked");
+    log_begin(&l, LOG_LV_WARN, "client_blocked");
     log_str(&l, "shop", shop_id);
     log_str(&l, "id", id);
     log_str(&l, "msg", "a client had 5 ids answered 404 within 10 minutes on this shop: for 10 minutes its "
@@ -210,25 +210,25 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
 {
     struct log_line l;
     if (oc->kind == OUT_UNAUTHORIZED && rep->key_paused) {
-        log_begin(&l, "error", "key_rejected");
+        log_begin(&l, LOG_LV_ERROR, "key_rejected");
         log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "msg", "Kasera answered 401: the shop's secret key is wrong or revoked; "
                            "no read with it for 5 minutes (fix the key and reload)");
         log_end(&l);
     } else if (oc->kind == OUT_KEY_LIMITED && rep->key_paused) {
-        log_begin(&l, "warn", "key_paused");
+        log_begin(&l, LOG_LV_WARN, "key_paused");
         log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "msg", "the key's requests per minute are spent; no read with it for about 60 s");
         log_end(&l);
     } else if (oc->kind == OUT_AUTH_BLOCKED && rep->host_paused) {
-        log_begin(&l, "error", "host_blocked");
+        log_begin(&l, LOG_LV_ERROR, "host_blocked");
         log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "last_401_shop", rep->last_401_shop[0] ? rep->last_401_shop : NULL);
         log_str(&l, "msg", "Kasera is blocking this host after failed authentications; "
                            "no read with any key for about 60 s");
         log_end(&l);
     } else if (oc->kind == OUT_REJECTED) {
-        log_begin(&l, "warn", "read_rejected");
+        log_begin(&l, LOG_LV_WARN, "read_rejected");
         log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "id", rd->cr.ticket.id);
         log_str(&l, "error_code", oc->error_code);
@@ -241,7 +241,7 @@ static void log_report(const struct rread *rd, const struct outcome *oc, const s
     if (rep->client_blocked)
         log_client_blocked(rd->cr.shop->id, rd->cr.ticket.id);
     if (rep->first_unknown) {
-        log_begin(&l, "warn", "unknown_status");
+        log_begin(&l, LOG_LV_WARN, "unknown_status");
         log_str(&l, "shop", rd->cr.shop->id);
         log_str(&l, "id", rd->cr.ticket.id);
         log_str(&l, "status", oc->status_word);

@@ -192,7 +192,7 @@ static void log_request(const struct serve_req *r, int http, const char *word)
     /* both clocks read back to back, so that ts minus ms is the arrival */
     long long ms = (long long)(util_mono_ms() - r->arrived);
     struct log_line l;
-    log_begin(&l, "info", "request");
+    log_begin(&l, LOG_LV_INFO, "request");
     log_str(&l, "shop", r->shop ? r->shop->id : NULL);
     log_str(&l, "id", r->id[0] ? r->id : NULL);
     log_str(&l, "format", r->json ? "json" : "html");
@@ -214,7 +214,7 @@ static void log_request(const struct serve_req *r, int http, const char *word)
 static void log_answer_failed(const struct serve_req *r, const char *part, enum dynbuf_rc rc)
 {
     struct log_line l;
-    log_begin(&l, "error", "answer_failed");
+    log_begin(&l, LOG_LV_ERROR, "answer_failed");
     log_str(&l, "shop", r->shop ? r->shop->id : NULL);
     log_str(&l, "id", r->id[0] ? r->id : NULL);
     log_str(&l, "part", part);
@@ -518,7 +518,7 @@ static void log_auth_spent(struct serve_req *r)
         return;
     r->s->auth_logged_at = now;
     struct log_line l;
-    log_begin(&l, "error", "auth_allowance_spent");
+    log_begin(&l, LOG_LV_ERROR, "auth_allowance_spent");
     log_str(&l, "shop", r->shop->id);
     log_int(&l, "auth_failures_per_minute", r->cfg->auth_failures_per_minute);
     log_str(&l, "msg", "this host's reads that may end in 401 are spent for now: keys Kasera has not accepted "
@@ -662,7 +662,7 @@ static bool over_cap(struct serve_req *r, struct serve_shop *c)
         c->logged = true;
         c->logged_at = now;
         struct log_line l;
-        log_begin(&l, "warn", "held_cap");
+        log_begin(&l, LOG_LV_WARN, "held_cap");
         log_str(&l, "shop", r->shop->id);
         log_int(&l, "held", all);
         log_int(&l, "held_shop", c->held);

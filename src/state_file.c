@@ -162,7 +162,7 @@ static bool geometry_refresh(struct state *st)
     if (body == MAP_FAILED) {
         int e = errno;
         struct log_line ll; /* the lock stays held: the others recover it (EOWNERDEAD) */
-        log_begin(&ll, "error", "state");
+        log_begin(&ll, LOG_LV_ERROR, "state");
         log_str(&ll, "msg", "cannot map the state file after another process grew it; exiting");
         log_str(&ll, "error", strerror(e));
         log_int(&ll, "size", (long long)l.size);
@@ -202,7 +202,7 @@ static const char *const dmg_names[DMG_N] = {"header", "tx_entries", "tx_links",
 static void notice_log(const struct st_notice *n, const char *msg)
 {
     struct log_line ll;
-    log_begin(&ll, "warn", "state");
+    log_begin(&ll, LOG_LV_WARN, "state");
     log_str(&ll, "msg", msg);
     for (int i = 0; i < DMG_N; i++)
         if (n->dmg[i] > 0)
@@ -468,7 +468,7 @@ int state_grow_keys(struct state *st, int key_slots, char *err, size_t errlen)
         flock(st->lock_fd, LOCK_UN);
     if (rc == 0 && after > before) {
         struct log_line ll;
-        log_begin(&ll, "info", "state");
+        log_begin(&ll, LOG_LV_INFO, "state");
         log_str(&ll, "msg", "more keys are configured than the state file had key slots: grown, keeping what it holds");
         log_int(&ll, "key_slots", after);
         log_int(&ll, "before", before);
@@ -700,16 +700,16 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
 {
     struct log_line ll;
     if (on->replaced)
-        log_msg("warn", "state", "the state file is damaged or from a build of another layout under the same name; replacing it");
+        log_msg(LOG_LV_WARN, "state", "the state file is damaged or from a build of another layout under the same name; replacing it");
     if (on->other_size) {
-        log_begin(&ll, "warn", "state");
+        log_begin(&ll, LOG_LV_WARN, "state");
         log_str(&ll, "msg", "the state file was made with another state_slots; "
                             "keeping its size (remove it while no kembali runs to change it)");
         log_int(&ll, "slots", slots);
         log_end(&ll);
     }
     if (on->per_key_wanted > 0) {
-        log_begin(&ll, "warn", "state");
+        log_begin(&ll, LOG_LV_WARN, "state");
         log_str(&ll, "msg", "other running kembali processes share this state file with another "
                             "state_slots_per_key; theirs applies (one table, one rule) until every process "
                             "has stopped and one starts again");
@@ -718,14 +718,14 @@ static void open_notes_log(const struct open_notes *on, int32_t slots, int32_t k
         log_end(&ll);
     }
     if (on->keys_before > 0) {
-        log_begin(&ll, "info", "state");
+        log_begin(&ll, LOG_LV_INFO, "state");
         log_str(&ll, "msg", "more keys are configured than the state file had key slots: grown, keeping what it holds");
         log_int(&ll, "key_slots", key_slots);
         log_int(&ll, "before", on->keys_before);
         log_end(&ll);
     }
     if (on->alone && (on->lock_was_held || on->leases > 0 || notice_any(&on->n))) {
-        log_begin(&ll, "warn", "state");
+        log_begin(&ll, LOG_LV_WARN, "state");
         log_str(&ll, "msg", on->lock_was_held
                                 ? "no live process uses the state file, yet its lock is held (a copy taken while "
                                   "a process held it, or a crashed host): lock and reads in flight reset, tables checked"
@@ -852,7 +852,7 @@ static void other_layouts_log(const struct other_layouts *ol, int mine)
         list[0] = '\0';
         for (int i = 0; i < n && off + 16 < sizeof list; i++)
             off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", v[i]);
-        log_begin(&ll, pass == 0 ? "warn" : "info", "state");
+        log_begin(&ll, pass == 0 ? LOG_LV_WARN : LOG_LV_INFO, "state");
         log_str(&ll, "msg", pass == 0 ? "live kembali processes of another state layout use this state_dir: their "
                                         "state file is kept, this process uses its own, and the two paces and "
                                         "caches are separate until they stop"

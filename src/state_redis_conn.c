@@ -265,7 +265,7 @@ static void log_where(struct state_redis *r, struct log_line *l)
 static void log_failure(struct state_redis *r, const char *event, const char *why)
 {
     struct log_line l;
-    log_begin(&l, "warn", event);
+    log_begin(&l, LOG_LV_WARN, event);
     log_where(r, &l);
     log_str(&l, "why", why);
     log_str(&l, "msg", "reads are decided by this host's own state with its share of each key's budget "
@@ -311,7 +311,7 @@ static void joined(struct state_redis *r)
         if (r->master_ip[0] != '\0') {
             char from[INET6_ADDRSTRLEN + 8];
             snprintf(from, sizeof from, "%s:%d", r->master_ip, r->master_port);
-            log_begin(&l, "info", "redis_master_changed");
+            log_begin(&l, LOG_LV_INFO, "redis_master_changed");
             log_where(r, &l);
             log_str(&l, "from", from);
             log_end(&l);
@@ -321,7 +321,7 @@ static void joined(struct state_redis *r)
         r->master_port = r->port;
         snprintf(r->m.master, sizeof r->m.master, "%s:%d", r->ip, r->port);
     }
-    log_begin(&l, "info", r->ever_up ? "redis_rejoined" : "redis_joined");
+    log_begin(&l, LOG_LV_INFO, r->ever_up ? "redis_rejoined" : "redis_joined");
     log_where(r, &l);
     if (r->nwb > 0)
         log_int(&l, "written_back", (long long)r->nwb);
@@ -566,7 +566,7 @@ static void sentinel_one_failed(struct state_redis *r)
     if (!r->sfail_logged[i]) {
         r->sfail_logged[i] = true;
         struct log_line ll;
-        log_begin(&ll, "warn", "redis_sentinel_failed");
+        log_begin(&ll, LOG_LV_WARN, "redis_sentinel_failed");
         log_str(&ll, "sentinel", where);
         log_str(&ll, "master", r->cfg.master);
         log_str(&ll, "why", r->sfail);
@@ -728,7 +728,7 @@ void state_redis_not_a_master(struct state_redis *r, const redisReply *x)
     if (strcmp(addr, r->not_master) != 0) { /* once per address, not every second */
         util_copy(r->not_master, sizeof r->not_master, addr);
         struct log_line l;
-        log_begin(&l, "warn", "redis_not_master");
+        log_begin(&l, LOG_LV_WARN, "redis_not_master");
         log_where(r, &l);
         log_str(&l, "role", role);
         log_str(&l, "msg", "the address the Sentinel named is not a master: not used; the Sentinels are asked again");

@@ -231,7 +231,7 @@ void upgrade_refuse(int chan, const char *why)
 
 /* ---- the old process ---- */
 
-static void upgrade_log(const char *level, const struct upgrade *u, const char *msg, const char *why)
+static void upgrade_log(enum log_level level, const struct upgrade *u, const char *msg, const char *why)
 {
     struct log_line l;
     log_begin(&l, level, "upgrade");
@@ -358,7 +358,7 @@ static void handover_begin(struct upgrade *u)
     if (n < 0) {
         serve_handing(u->serve, false);
         front_resume_accepting(u->front);
-        upgrade_log("error", u, "the new process did not take the requests in hand; the old one keeps serving",
+        upgrade_log(LOG_LV_ERROR, u, "the new process did not take the requests in hand; the old one keeps serving",
                     why);
         u->st = UP_IDLE;
         return;
@@ -369,7 +369,7 @@ static void handover_begin(struct upgrade *u)
     snprintf(mainpid, sizeof mainpid, "MAINPID=%ld", (long)u->child);
     fdstore_notify(mainpid); /* under systemd: the new process is the service's main one now */
     struct log_line l;
-    log_begin(&l, "info", "upgrade");
+    log_begin(&l, LOG_LV_INFO, "upgrade");
     log_int(&l, "new_pid", u->child);
     log_int(&l, "handed", n);
     log_int(&l, "facts", facts);
@@ -407,7 +407,7 @@ static void on_chan_starting(struct loop *l, struct loop_io *io, uint32_t events
         snprintf(why, sizeof why, "%s", r == 0 ? "it exited before it was ready" : "it said something else");
     }
     child_end(u, r != 0 && !(r > 0 && u->buf[0] == 'F'));
-    upgrade_log("error", u, "the new process refused to start; the old one keeps serving", why);
+    upgrade_log(LOG_LV_ERROR, u, "the new process refused to start; the old one keeps serving", why);
     u->st = UP_IDLE;
 }
 
@@ -416,7 +416,7 @@ static void on_ready_timeout(struct loop *l, struct loop_timer *t)
     struct upgrade *u = t->data;
     (void)l;
     child_end(u, true);
-    upgrade_log("error", u, "the new process was not ready in time; it was killed and the old one keeps serving",
+    upgrade_log(LOG_LV_ERROR, u, "the new process was not ready in time; it was killed and the old one keeps serving",
                 NULL);
     u->st = UP_IDLE;
 }
@@ -521,7 +521,7 @@ int upgrade_start(struct upgrade *u, char *err, size_t errlen)
         u->st = UP_IDLE;
         return -1;
     }
-    upgrade_log("info", u, "starting the new process", NULL);
+    upgrade_log(LOG_LV_INFO, u, "starting the new process", NULL);
     return 0;
 }
 
@@ -541,7 +541,7 @@ bool upgrade_tick(struct upgrade *u)
             /* those stay here, answered with what is known (no read starts here) */
             serve_handing_quiet(u->serve, false, true); /* the successor reads; this one never again */
             u->gave_up = true;
-            upgrade_log("error", u, "the new process did not take a later batch; answering those here", why);
+            upgrade_log(LOG_LV_ERROR, u, "the new process did not take a later batch; answering those here", why);
         }
     }
     return front_connections(u->front) == 0 && serve_reading(u->serve) == 0;
@@ -570,7 +570,7 @@ static void successor_end(struct upgrade *u)
     close(u->chan);
     u->chan = -1;
     if (u->await_commit)
-        log_msg("error", "upgrade", "the old process did not say a confirmed batch is ours; it keeps those requests");
+        log_msg(LOG_LV_ERROR, "upgrade", "the old process did not say a confirmed batch is ours; it keeps those requests");
     u->await_commit = false;
     pending_clear(u, true);
     u->st = UP_IDLE; /* the old process is done with us: this one may be upgraded in turn */
@@ -583,7 +583,7 @@ static int successor_confirm(struct upgrade *u, uint32_t count)
     uint8_t ack[5] = {'A'};
     put_u32(ack + 1, (uint32_t)u->npend);
     if (count != u->npend || msg_send(u->chan, ack, sizeof ack, -1, util_mono_ms() + UPGRADE_ACK_MS) != 0) {
-        log_msg("error", "upgrade", "a batch from the old process was incomplete or could not be confirmed; "
+        log_msg(LOG_LV_ERROR, "upgrade", "a batch from the old process was incomplete or could not be confirmed; "
                                     "it keeps those requests");
         successor_end(u);
         return -1;
@@ -615,7 +615,7 @@ static void adopt_some(struct upgrade *u, size_t max)
         return;
     }
     struct log_line l;
-    log_begin(&l, "info", "handover");
+    log_begin(&l, LOG_LV_INFO, "handover");
     log_int(&l, "from", u->from);
     log_int(&l, "connections", (long long)u->nadopting);
     log_int(&l, "held", u->adopt_held);
@@ -694,7 +694,7 @@ static void on_chan_successor(struct loop *l, struct loop_io *io, uint32_t event
             rec.kind == HANDOVER_FACT) {
             if (fd >= 0)
                 close(fd);
-            log_msg("error", "upgrade", "a record from the old process could not be read; its batch is refused");
+            log_msg(LOG_LV_ERROR, "upgrade", "a record from the old process could not be read; its batch is refused");
             successor_end(u);
             return;
         }

@@ -149,7 +149,7 @@ static void write_read_line(void *arg)
 {
     (void)arg;
     struct log_line l;
-    log_begin(&l, "info", "read");
+    log_begin(&l, LOG_LV_INFO, "read");
     log_str(&l, "shop", "toko-a");
     log_str(&l, "id", "T1");
     log_int(&l, "http", 200);
@@ -183,8 +183,8 @@ static void test_full_line(void **unused)
 static void write_two_lines(void *arg)
 {
     (void)arg;
-    log_msg("warn", "config", "reload refused");
-    log_msg("error", "key", NULL);
+    log_msg(LOG_LV_WARN, "config", "reload refused");
+    log_msg(LOG_LV_ERROR, "key", NULL);
 }
 
 static void test_log_msg_one_line_each(void **unused)
@@ -212,7 +212,7 @@ static void write_long_line(void *arg)
     char v[400];
     memset(v, 'v', sizeof v - 1);
     v[sizeof v - 1] = '\0';
-    log_begin(&l, "info", "long");
+    log_begin(&l, LOG_LV_INFO, "long");
     for (int i = 0; i < 10; i++)
         log_str(&l, "k", v);
     log_end(&l);
@@ -234,7 +234,7 @@ static void write_injection(void *arg)
 {
     (void)arg;
     struct log_line l;
-    log_begin(&l, "info", "read");
+    log_begin(&l, LOG_LV_INFO, "read");
     log_str(&l, "msg", "x\nts=forged level=error");
     log_end(&l);
 }
@@ -285,14 +285,14 @@ static void test_log_open_and_reopen(void **unused)
     assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0640);
     assert_true(fcntl(STDERR_FILENO, F_GETFL) & O_APPEND);
-    log_msg("info", "one", "first");
+    log_msg(LOG_LV_INFO, "one", "first");
     assert_int_equal(rename(path, rotated), 0);
-    log_msg("info", "two", "after the rename, before the reopen");
+    log_msg(LOG_LV_INFO, "two", "after the rename, before the reopen");
     log_reopen(path);
-    log_msg("info", "three", "after the reopen");
+    log_msg(LOG_LV_INFO, "three", "after the reopen");
     /* appends: a reopen of an existing file keeps what it has */
     log_reopen(path);
-    log_msg("info", "four", "again");
+    log_msg(LOG_LV_INFO, "four", "again");
     /* a path that cannot be opened: the old file goes on, saying why */
     char bad[300];
     snprintf(bad, sizeof bad, "%s/missing/k.log", dir);
@@ -300,7 +300,7 @@ static void test_log_open_and_reopen(void **unused)
     assert_non_null(strstr(err, "--log"));
     assert_non_null(strstr(err, "No such file"));
     log_reopen(bad);
-    log_msg("info", "five", "still here");
+    log_msg(LOG_LV_INFO, "five", "still here");
     log_reopen(NULL); /* without --log: nothing */
 
     dup2(saved, STDERR_FILENO);
