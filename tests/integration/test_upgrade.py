@@ -441,6 +441,8 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     sb.put_tx("t-plain", [(0, "pending"), (PAID_AT_MS, "succeeded")])
     sb.put_tx("t-stream", [(0, "pending"), (PAID_AT_MS, "succeeded")])
     sb.put_tx("t-new", "succeeded")
+    sb.put_tx("t-cached", "succeeded")
+    assert_eq(harness.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")  # read once, cached
     results = {}
 
     def plain(i):
@@ -479,6 +481,9 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
             want = "succeeded" if i < 3 else ("checking", "succeeded")
             assert_eq(results.get(i), want, "held request %d, answered by the new process" % i)
         assert_eq(results["late"].header("kembali-status"), "succeeded", "the request that came meanwhile")
+        # the old process's cache is the new one's: answered without a read
+        assert_eq(harness.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")
+        assert_eq(len(sb.reads("t-cached")), 1, "t-cached read again after the restart")
         for id in ("t-plain", "t-stream"):
             reads = sb.reads(id)
             assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429 for " + id)
