@@ -129,6 +129,8 @@ void kasera_free(struct kasera_client *c)
     curl_global_cleanup();
 }
 
+_Static_assert(sizeof((struct kasera_headers *)0)->curl_error >= CURL_ERROR_SIZE, "libcurl's error buffer size");
+
 static size_t on_body(char *p, size_t size, size_t n, void *ud)
 {
     struct kasera_read *r = ud;
@@ -172,16 +174,18 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud)
     size_t len = size * n;
     if (len > 5 && strncmp(p, "HTTP/", 5) == 0) {
         /* a new response (e.g. after 100 Continue): forget earlier headers */
-        r->retry_after[0] = r->rl_limit[0] = r->rl_remaining[0] = r->rl_reset[0] = '\0';
-        r->rl_sf[0] = r->rl_policy[0] = '\0';
+        struct kasera_headers *h = r->hdr;
+        h->retry_after[0] = h->rl_limit[0] = h->rl_remaining[0] = h->rl_reset[0] = '\0';
+        h->rl_sf[0] = h->rl_policy[0] = '\0';
         return len;
     }
-    take_header(p, len, "Retry-After", r->retry_after, sizeof r->retry_after);
-    take_header(p, len, "RateLimit-Limit", r->rl_limit, sizeof r->rl_limit);
-    take_header(p, len, "RateLimit-Remaining", r->rl_remaining, sizeof r->rl_remaining);
-    take_header(p, len, "RateLimit-Reset", r->rl_reset, sizeof r->rl_reset);
-    take_header(p, len, "RateLimit", r->rl_sf, sizeof r->rl_sf);
-    take_header(p, len, "RateLimit-Policy", r->rl_policy, sizeof r->rl_policy);
+    struct kasera_headers *h = r->hdr;
+    take_header(p, len, "Retry-After", h->retry_after, sizeof h->retry_after);
+    take_header(p, len, "RateLimit-Limit", h->rl_limit, sizeof h->rl_limit);
+    take_header(p, len, "RateLimit-Remaining", h->rl_remaining, sizeof h->rl_remaining);
+    take_header(p, len, "RateLimit-Reset", h->rl_reset, sizeof h->rl_reset);
+    take_header(p, len, "RateLimit", h->rl_sf, sizeof h->rl_sf);
+    take_header(p, len, "RateLimit-Policy", h->rl_policy, sizeof h->rl_policy);
     return len;
 }
 
@@ -277,8 +281,7 @@ static int start_now(struct kasera_client *c, struct kasera_read *r, const char 
     r->body = NULL;
     r->body_len = 0;
     r->too_big = 0;
-    r->error[0] = r->retry_after[0] = r->rl_limit[0] = r->rl_remaining[0] = r->rl_reset[0] = '\0';
-    r->rl_sf[0] = r->rl_policy[0] = '\0';
+    r->error[0] = '\0';
     r->connects = 0;
     r->sends = 0;
     r->sent = 0;
@@ -288,6 +291,11 @@ static int start_now(struct kasera_client *c, struct kasera_read *r, const char 
         util_copy(r->error, sizeof r->error, "URL too long");
         return -1;
     }
+    if (r->hdr == NULL && (r->hdr = malloc(sizeof *r->hdr)) == NULL) {
+        util_copy(r->error, sizeof r->error, "out of memory");
+        return -1;
+    }
+    memset(r->hdr, 0, sizeof *r->hdr);
     CURL *e = curl_easy_init();
     if (e == NULL) {
         util_copy(r->error, sizeof r->error, "curl_easy_init failed");
@@ -322,7 +330,7 @@ static int start_now(struct kasera_client *c, struct kasera_read *r, const char 
     curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->error);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->hdr->curl_error);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, r);
@@ -360,7 +368,8 @@ static void check_done(struct kasera_client *c)
             else if (r->sends > 1)
                 util_copy(r->error, sizeof r->error, "connection lost before any answer; not resent");
             else if (r->error[0] == '\0')
-                util_copy(r->error, sizeof r->error, curl_easy_strerror(rc));
+                util_copy(r->error, sizeof r->error,
+                          r->hdr->curl_error[0] != '\0' ? r->hdr->curl_error : curl_easy_strerror(rc));
         } else {
             r->http = code;
         }
@@ -380,12 +389,20 @@ void kasera_response(const struct kasera_read *r, struct api_response *out)
     out->http = r->http;
     out->body = r->body;
     out->body_len = r->body_len;
-    out->retry_after = r->retry_after[0] ? r->retry_after : NULL;
-    out->rl_limit = r->rl_limit[0] ? r->rl_limit : NULL;
-    out->rl_remaining = r->rl_remaining[0] ? r->rl_remaining : NULL;
-    out->rl_reset = r->rl_reset[0] ? r->rl_reset : NULL;
-    out->rl_sf = r->rl_sf[0] ? r->rl_sf : NULL;
-    out->rl_policy = r->rl_policy[0] ? r->rl_policy : NULL;
+    const struct kasera_headers *h = r->hdr;
+    if (h == NULL)
+        return;
+    out->retry_after = h->retry_after[0] ? h->retry_after : NULL;
+    out->rl_limit = h->rl_limit[0] ? h->rl_limit : NULL;
+    out->rl_remaining = h->rl_remaining[0] ? h->rl_remaining : NULL;
+    out->rl_reset = h->rl_reset[0] ? h->rl_reset : NULL;
+    out->rl_sf = h->rl_sf[0] ? h->rl_sf : NULL;
+    out->rl_policy = h->rl_policy[0] ? h->rl_policy : NULL;
+}
+
+const char *kasera_retry_after(const struct kasera_read *r)
+{
+    return r->hdr != NULL ? r->hdr->retry_after : "";
 }
 
 void kasera_abort(struct kasera_client *c, struct kasera_read *r)
@@ -408,4 +425,6 @@ void kasera_read_clear(struct kasera_read *r)
     free(r->body);
     r->body = NULL;
     r->body_len = 0;
+    free(r->hdr);
+    r->hdr = NULL;
 }

@@ -30,6 +30,16 @@
 
 struct kasera_client;
 
+/* The headers of an answer that kembali reads, and libcurl's own words
+ * for a failed transfer: allocated when a read's transfer starts, so that
+ * a read waiting its turn (thousands, when a flash sale's reads fall due at
+ * once) costs its struct kasera_read alone. */
+struct kasera_headers {
+    char retry_after[80], rl_limit[32], rl_remaining[32], rl_reset[32];
+    char rl_sf[256], rl_policy[256];
+    char curl_error[256];     /* CURLOPT_ERRORBUFFER (CURL_ERROR_SIZE) */
+};
+
 /* One read in progress; owned by the client between start and done. */
 struct kasera_read {
     void *user;               /* the caller's context */
@@ -37,9 +47,8 @@ struct kasera_read {
     char *body;
     size_t body_len;
     int too_big;
-    char retry_after[80], rl_limit[32], rl_remaining[32], rl_reset[32];
-    char rl_sf[256], rl_policy[256];
-    char error[256];          /* libcurl's reason when http == 0 */
+    struct kasera_headers *hdr; /* the answer's headers; NULL until its transfer started */
+    char error[128];          /* why there is no answer when http == 0 (cut to fit) */
     long connects;            /* new connections this read opened (0 when reused) */
     int sends;                /* times the request was about to be sent */
     int64_t sent;             /* util_mono_ms() when it was sent (connected), 0 if never */
@@ -54,7 +63,7 @@ struct kasera_read {
 };
 
 /* Called on the loop for each read that ended; the read's fields are final
- * and its transfer released except `body` (free with kasera_read_clear). */
+ * and its transfer released except `body` and `hdr` (kasera_read_clear). */
 typedef void kasera_done_fn(void *ctx, struct kasera_read *r);
 
 /* Create a client on loop l; `done` is called for every read that ends.
@@ -74,11 +83,14 @@ int kasera_start(struct kasera_client *c, struct kasera_read *r, const char *api
 /* The answer of a finished read, as classify_response() wants it. */
 void kasera_response(const struct kasera_read *r, struct api_response *out);
 
+/* The answer's Retry-After as sent (for the log), or "" when none. */
+const char *kasera_retry_after(const struct kasera_read *r);
+
 /* Abandon a read in flight or waiting its turn (at shutdown); its
- * resources are released except the body (kasera_read_clear). */
+ * resources are released except `body` and `hdr` (kasera_read_clear). */
 void kasera_abort(struct kasera_client *c, struct kasera_read *r);
 
-/* Free the body of a finished read. */
+/* Free the body and headers of a finished or abandoned read. */
 void kasera_read_clear(struct kasera_read *r);
 
 #endif

@@ -171,8 +171,8 @@ static void log_read(const struct rread *rd, const struct outcome *oc, uint64_t 
         log_str(&l, "error_code", oc->error_code);
     if (oc->request_id[0])
         log_str(&l, "request_id", oc->request_id);
-    if (rd->kr.retry_after[0])
-        log_str(&l, "retry_after", rd->kr.retry_after);
+    if (kasera_retry_after(&rd->kr)[0])
+        log_str(&l, "retry_after", kasera_retry_after(&rd->kr));
     if (oc->message[0] && oc->kind != OUT_STATUS)
         log_str(&l, "message", oc->message);
     if (rd->kr.http == 0)
