@@ -77,6 +77,7 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *userp, void *sock
             return -1; /* libcurl fails that transfer */
         ks->c = c;
         loop_io_init(&ks->io, s, on_sock_event, ks);
+        ks->io.bulk = true; /* a read's end can wait a turn behind a cached answer */
         curl_multi_assign(c->multi, s, ks);
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);

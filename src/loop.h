@@ -28,6 +28,12 @@ struct loop_io {
     uint32_t events;   /* what is registered now; 0 when not on the set */
     bool first;        /* run before the others of its turn (signals: a SIGTERM that
                         * comes with a request is seen before that request) */
+    bool bulk;         /* its work can wait a turn: run after the others of its turn,
+                        * all such together for at most LOOP_BULK_SLICE_MS (2 ms; at
+                        * least one), the rest reported again next turn (the set is
+                        * level-triggered): the API client's sockets, whose read ends
+                        * answer held requests in bursts, so that a cached answer
+                        * waits behind a slice of them, not behind all */
 };
 
 struct loop_timer {
@@ -77,10 +83,11 @@ int loop_run(struct loop *l);
 void loop_stop(struct loop *l);
 
 /* One turn: wait at most timeout_ms (-1: until the next timer or event,
- * 0: do not wait), run what is due: the ready callbacks, then the due
- * timers in order of `at` for at most LOOP_TIMER_SLICE_MS (2 ms; at least
- * one), the rest next turn (which then does not wait). Returns 0, -1 on a
- * failed epoll_wait.
+ * 0: do not wait), run what is due: the ready callbacks (the first ones,
+ * the others, then the bulk ones for at most LOOP_BULK_SLICE_MS), then the
+ * due timers in order of `at` for at most LOOP_TIMER_SLICE_MS (2 ms; at
+ * least one), the rest next turn (which then does not wait). Returns 0, -1
+ * on a failed epoll_wait.
  * For callers that need to interleave their own checks (shutdown). */
 int loop_turn(struct loop *l, int timeout_ms);
 

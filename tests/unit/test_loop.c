@@ -1,6 +1,7 @@
-/* test_loop.c - the event loop: timer order, timers stopped and moved, and
- * an io removed by another's callback in the same turn (the urgent pass
- * included) is never called. Real descriptors (pipes), no sleeping. */
+/* test_loop.c - the event loop: timer order, timers stopped and moved, an
+ * io removed by another's callback in the same turn (the urgent pass
+ * included) is never called, and bulk ones run after the others, a slice a
+ * turn. Real descriptors (pipes), no sleeping. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include "loop.h"
+#include "util.h"
 
 struct rec {
     int order[16];
@@ -138,6 +140,57 @@ static void test_io_removed_by_an_urgent_one_is_not_called(void **unused)
     run_pair(true); /* a signal handled first frees a connection earlier in the batch */
 }
 
+struct bulk {
+    struct loop_io io[5]; /* 0: an ordinary one; 1-4: bulk */
+    int fds[5][2];
+    int order[16], n;
+};
+
+static void on_bulk_io(struct loop *l, struct loop_io *io, uint32_t ev)
+{
+    (void)l, (void)ev;
+    struct bulk *b = io->data;
+    char c;
+    assert_int_equal(read(io->fd, &c, 1), 1);
+    b->order[b->n++] = (int)(io - b->io);
+    if (io->bulk) /* a read's end that answers many: it outlasts the slice (the clock's own ms) */
+        for (int64_t t0 = util_mono_ms(); util_mono_ms() < t0 + 2;)
+            ;
+}
+
+static void test_bulk_ones_run_last_a_slice_a_turn(void **unused)
+{
+    (void)unused;
+    char err[64];
+    struct loop *l = loop_new(err, sizeof err);
+    struct bulk b = {.n = 0};
+    for (int i = 4; i >= 0; i--) { /* every one ready; the ordinary one last */
+        assert_int_equal(pipe(b.fds[i]), 0);
+        loop_io_init(&b.io[i], b.fds[i][0], on_bulk_io, &b);
+        b.io[i].bulk = i > 0;
+        assert_int_equal(loop_io_set(l, &b.io[i], EPOLLIN), 0);
+        assert_int_equal(write(b.fds[i][1], "x", 1), 1);
+    }
+    /* the ordinary one first, then one bulk (it spent the slice); those not
+     * run are still ready and come, one a turn, without waiting */
+    assert_int_equal(loop_turn(l, 0), 0);
+    assert_int_equal(b.n, 2);
+    assert_int_equal(b.order[0], 0);
+    for (int turn = 0; turn < 3; turn++) {
+        assert_int_equal(loop_turn(l, 0), 0);
+        assert_int_equal(b.n, 3 + turn);
+    }
+    int seen = 0;
+    for (int i = 1; i < b.n; i++)
+        seen |= 1 << b.order[i];
+    assert_int_equal(seen, 0x1e); /* each bulk one once */
+    for (int i = 0; i < 5; i++) {
+        loop_io_set(l, &b.io[i], 0);
+        close(b.fds[i][0]), close(b.fds[i][1]);
+    }
+    loop_free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -145,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_timer_rearmed_for_now_does_not_spin),
         cmocka_unit_test(test_io_removed_in_the_same_turn_is_not_called),
         cmocka_unit_test(test_io_removed_by_an_urgent_one_is_not_called),
+        cmocka_unit_test(test_bulk_ones_run_last_a_slice_a_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
