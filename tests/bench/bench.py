@@ -50,12 +50,13 @@ import held  # noqa: E402
 import wide  # noqa: E402
 import hosts  # noqa: E402
 import flash  # noqa: E402
+import hostplan  # noqa: E402
 import slowpeers  # noqa: E402
 import streamed  # noqa: E402
 import throughput  # noqa: E402
 import upgrade  # noqa: E402
 
-PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "slowpeers", "hosts", "streamed", "wide", "upgrade")
+PARTS = ("throughput", "held", "sequential", "twenty", "wake", "flash", "hostplan", "slowpeers", "hosts", "streamed", "wide", "upgrade")
 
 
 def raise_nofile():
@@ -285,6 +286,8 @@ def main():
             print_flash(*flash.run(tmp))
         if "hosts" in parts:
             print_hosts(hosts.run(tmp))
+        if "hostplan" in parts:
+            hostplan.print_table(hostplan.run(tmp), table)
         if "streamed" in parts:
             streamed.print_table([streamed.run_case(tmp, a.buyers, mode, shops=max(1, a.buyers // 20))
                                   for mode in (True, False)])
