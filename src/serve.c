@@ -264,6 +264,19 @@ void serve_unpark(struct serve_req *r)
     r->parked = false;
 }
 
+void serve_waiter_init(struct serve_req *r, int64_t deadline, bool wants_read)
+{
+    r->rw = (struct resolver_waiter){
+        .cfg = r->cfg,
+        .shop = r->shop,
+        .id = r->id,
+        .client = r->client,
+        .rclient = r->rclient,
+        .has_rclient = r->has_rclient,
+        .h = {.deadline = deadline, .json = r->json, .wants_read = wants_read},
+    };
+}
+
 /* Hold r: copy it to the heap and give it to the resolver. */
 void serve_hold(struct serve_req *tmp)
 {
@@ -282,17 +295,8 @@ void serve_hold(struct serve_req *tmp)
     r->counted = c;
     if (c != NULL)
         c->held++;
-    r->rw = (struct resolver_waiter){
-        .cfg = r->cfg,
-        .shop = r->shop,
-        .id = r->id,
-        .client = r->client,
-        .rclient = r->rclient,
-        .has_rclient = r->has_rclient,
-        .h = {.deadline = r->arrived + (r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS
-                                                : pace_hold_ms(&r->cfg->sched)),
-              .json = r->json},
-    };
+    int64_t hold_ms = r->json ? r->cfg->read_timeout_ms + PACE_GRACE_MS : pace_hold_ms(&r->cfg->sched);
+    serve_waiter_init(r, r->arrived + hold_ms, false);
     loop_timer_init(&r->st, serve_on_stream_timer, r);
     if (r->stream)
         r->sc = (struct stream_clock){.arrived = r->arrived};

@@ -130,15 +130,7 @@ int serve_adopt(struct serve *s, struct front_req *fr, const struct handover_rec
     r->stream = rec->stream;
     r->undecided = rec->undecided;
     r->sc = (struct stream_clock){.arrived = rec->arrived, .painted = rec->painted, .last_sent = rec->last_sent};
-    r->rw = (struct resolver_waiter){
-        .cfg = r->cfg,
-        .shop = r->shop,
-        .id = r->id,
-        .client = r->client,
-        .rclient = r->rclient,
-        .has_rclient = r->has_rclient,
-        .h = {.deadline = rec->deadline, .json = rec->json, .wants_read = rec->wants_read},
-    };
+    serve_waiter_init(r, rec->deadline, rec->wants_read);
     loop_timer_init(&r->st, serve_on_stream_timer, r);
     front_req_set_user(fr, r);
     if (s->handing)

@@ -175,6 +175,11 @@ void serve_hold_go(struct serve_req *r);
 void serve_park(struct serve_req *r);
 void serve_unpark(struct serve_req *r);
 
+/* r's place with the resolver (r->rw): its shop, id, client and format,
+ * held until `deadline`; wants_read: a successor's request that had asked
+ * for a read. Can't fail. */
+void serve_waiter_init(struct serve_req *r, int64_t deadline, bool wants_read);
+
 /* A held request's end: its shop's count, its configuration reference and
  * its memory. */
 void serve_held_free(struct serve_req *r);

@@ -13,6 +13,7 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
+#include "log.h"
 #include "state_redis.h"
 #include "state_redis_name.h"
 
@@ -177,6 +178,33 @@ void state_redis_join_step_done(struct state_redis *r);
 
 /* Close r's two connections (their operations answer DOWN). */
 void state_redis_teardown(struct state_redis *r);
+
+/* A connection to ip:port (NULL: cfg's Unix socket) for r, to Redis (sub:
+ * its subscriber) or a Sentinel; hiredis gets an address, never a name.
+ * NULL with the reason in r->why. */
+struct rconn *state_redis_rc_open_at(struct state_redis *r, const char *ip, int port, bool sub, bool sentinel);
+
+/* Free rc's connection (never from inside a hiredis callback). */
+void state_redis_rc_close(struct rconn *rc);
+
+/* Connect to the Redis at r->ip / r->port (or the Unix socket) and join. */
+void state_redis_join_connect(struct state_redis *r);
+
+/* The Redis used or tried, into a log line (redis=, port=, and with
+ * Sentinels the master's name and the Sentinel that named it). */
+void state_redis_log_where(struct state_redis *r, struct log_line *l);
+
+/* ---- state_redis_sentinel.c ---- */
+
+/* Ask the Sentinels which master they name (for_join: then join it); a
+ * question under way serves, its answer ends it. */
+void state_redis_sentinel_ask(struct state_redis *r, bool for_join);
+
+/* From a callback: the Sentinel asked failed (why), or answered (why NULL). */
+void state_redis_sentinel_failed(struct state_redis *r, const char *why);
+
+/* Set up r's timers of the Sentinels (the question's, the ROLE check's). */
+void state_redis_sentinel_timers_init(struct state_redis *r);
 
 /* Close the connection to the Sentinel asked, if any. */
 void state_redis_sentinel_close(struct state_redis *r);
