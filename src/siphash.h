@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* SipHash-2-4 of data[0..len) under the 16-byte key k (read little-endian,
- * as the reference implementation; its test vectors hold: test_state). */
+ * as the reference implementation; its test vectors hold: test_siphash). */
 uint64_t siphash24(const uint8_t k[16], const void *data, size_t len);
 
 #endif
