@@ -213,10 +213,12 @@ int loop_turn(struct loop *l, int timeout_ms)
     bool bulk = false;
     for (l->ibatch = 0; l->ibatch < l->nbatch; l->ibatch++) {
         struct loop_io *io = l->batch[l->ibatch].data.ptr;
-        if (io != NULL && io->bulk)
+        if (io != NULL && io->bulk) {
             bulk = true;
-        else if (io != NULL)
+        } else if (io != NULL) {
+            l->batch[l->ibatch].data.ptr = NULL; /* the bulk pass looks at bulk ones only */
             io->fn(l, io, l->batch[l->ibatch].events);
+        }
     }
     /* the bulk ones, for a slice: one not run now is still ready, and the
      * next epoll_wait reports it again (after the others that are ready) */

@@ -33,7 +33,9 @@ struct loop_io {
                         * least one), the rest reported again next turn (the set is
                         * level-triggered): the API client's sockets, whose read ends
                         * answer held requests in bursts, so that a cached answer
-                        * waits behind a slice of them, not behind all */
+                        * waits behind a slice of them, not behind all. One waits at
+                        * most a few turns (64 sockets, several a turn): a read whose
+                        * answer came that close to its timeout may time out first */
 };
 
 struct loop_timer {

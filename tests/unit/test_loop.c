@@ -97,7 +97,7 @@ static void on_b(struct loop *l, struct loop_io *io, uint32_t ev)
     p->a.fn = NULL;           /* calling it now would crash */
 }
 
-static void run_pair(bool b_first)
+static void run_pair(bool b_first, bool a_bulk)
 {
     char err[64];
     struct loop *l = loop_new(err, sizeof err);
@@ -108,12 +108,14 @@ static void run_pair(bool b_first)
     loop_io_init(&p.a, pa[0], on_a, &p);
     loop_io_init(&p.b, pb[0], on_b, &p);
     p.b.first = b_first;
+    p.a.bulk = a_bulk; /* b, not bulk, runs before it whatever the order */
     assert_int_equal(loop_io_set(l, &p.a, EPOLLIN), 0);
     assert_int_equal(loop_io_set(l, &p.b, EPOLLIN), 0);
     /* both ready in one turn; in readiness order, a after b (b removes a
-     * before a's turn comes) or, for the urgent b, a first (the urgent pass
-     * runs b ahead of a, which is still to run) */
-    if (b_first) {
+     * before a's turn comes) or, for the urgent b or the bulk a, a first
+     * (the urgent pass runs b ahead of a, and a bulk a waits for the
+     * others: it is still to run) */
+    if (b_first || a_bulk) {
         assert_int_equal(write(pa[1], "x", 1), 1);
         assert_int_equal(write(pb[1], "x", 1), 1);
     } else {
@@ -131,13 +133,19 @@ static void run_pair(bool b_first)
 static void test_io_removed_in_the_same_turn_is_not_called(void **unused)
 {
     (void)unused;
-    run_pair(false);
+    run_pair(false, false);
 }
 
 static void test_io_removed_by_an_urgent_one_is_not_called(void **unused)
 {
     (void)unused;
-    run_pair(true); /* a signal handled first frees a connection earlier in the batch */
+    run_pair(true, false); /* a signal handled first frees a connection earlier in the batch */
+}
+
+static void test_bulk_io_removed_before_its_turn_is_not_called(void **unused)
+{
+    (void)unused;
+    run_pair(false, true); /* an API socket closed by a request's callback */
 }
 
 struct bulk {
@@ -199,6 +207,7 @@ int main(void)
         cmocka_unit_test(test_io_removed_in_the_same_turn_is_not_called),
         cmocka_unit_test(test_io_removed_by_an_urgent_one_is_not_called),
         cmocka_unit_test(test_bulk_ones_run_last_a_slice_a_turn),
+        cmocka_unit_test(test_bulk_io_removed_before_its_turn_is_not_called),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
