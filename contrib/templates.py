@@ -16,7 +16,8 @@ then run `make templates`; `make check` fails (tests/layout/check_templates)
 while a page differs from what they give.
 
 Usage: templates.py [--check] TOP_SRCDIR
-Exits 0; with --check, 1 and the pages that differ. Standard library only."""
+Exits 0; with --check, 1 and the pages that differ; 2 on a wrong command
+line. Standard library only."""
 import os
 import sys
 
@@ -82,7 +83,7 @@ def main(argv):
     check = "--check" in argv
     args = [a for a in argv[1:] if a != "--check"]
     if len(args) != 1:
-        print(__doc__.split("\n\n")[-2], file=sys.stderr)
+        print(__doc__.split("\n\n")[-1], file=sys.stderr)
         return 2
     bad = []
     for path, text in pages(args[0]):

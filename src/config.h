@@ -226,7 +226,7 @@ void config_bind_state(struct config *c, const struct state *st);
 struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
-/* The shop a request belongs to (README, "The web server"): by KEMBALI_SHOP id, else by
+/* The shop a request belongs to (docs/configuration.md): by KEMBALI_SHOP id, else by
  * host (port removed, case-insensitive), else the only shop when exactly
  * one is configured and there is no shops_dir; NULL if none. */
 const struct shop *config_pick_shop(const struct config *c, const char *shop_param, const char *host);

@@ -1,4 +1,4 @@
-/* rules.h - how a read's outcome steers the next reads (README), as one pure module.
+/* rules.h - how a read's outcome steers the next reads (the README's opening), as one pure module.
  *
  * What a read's outcome does (the status and its cache, a 404's memory and
  * its charge, the transaction's wait, a key or host pause with its jitter,

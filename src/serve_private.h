@@ -127,8 +127,8 @@ void serve_log_answer_failed(const struct serve_req *r, const char *part, enum d
  * r->fr is answered and cleared. */
 void serve_send_out(struct serve_req *r, const struct dynbuf *out, enum dynbuf_rc rc);
 
-/* The values r's page fills its placeholders with (retry: cap bytes of
- * room for the Retry-After seconds). */
+/* The values r's page fills its placeholders with; retry (cap bytes)
+ * takes the "check again" URL of r's shop and id. */
 void serve_page_vars_of(const struct serve_req *r, char *retry, size_t cap, struct page_vars *v);
 
 /* Answer r with ans (HTML or JSON as r asks) at HTTP status `http`, with

@@ -8,7 +8,8 @@
  * what it returns goes through ids_valid_id(), checked against the
  * interface's rule: 1 to 64 characters of A-Z a-z 0-9 _ -. The host and
  * shop pick a shop of a fixed three-shop configuration (config_pick_shop),
- * checked against the README's rules ("The web server"). */
+ * checked against docs/configuration.md's rules ("Which shop a request
+ * belongs to"). */
 #include <stdbool.h>
 
 #include <ctype.h>
@@ -47,7 +48,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* README, "The web server": KEMBALI_SHOP by id (an unknown one matches nothing), else
+/* docs/configuration.md, which shop a request belongs to: KEMBALI_SHOP by id (an unknown one matches nothing), else
  * the host without its port, case-insensitive, trailing dots ignored. */
 static void pick(const char *host, const char *shop)
 {

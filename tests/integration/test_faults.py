@@ -1,5 +1,5 @@
-"""Every response class of the API (tests/sandbox/README.md, and
-the README's rules): Retry-After, the key's 429, 401, the failed-authentication 429,
+"""Every response class of the API (tests/sandbox/README.md, and the
+README's summary of what each does): Retry-After, the key's 429, 401, the failed-authentication 429,
 unverified caps and other 4xx, 5xx, resets, timeouts, malformed and
 oversized bodies, stated resets, unknown statuses and the read budget.
 No failure of the API ever produces a 5xx or a "failed" page."""

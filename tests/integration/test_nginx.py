@@ -92,7 +92,7 @@ def test_chromium_renders_the_page(tmpdir):
 
 def test_kept_connections_through_nginx(tmpdir):
     """nginx with fastcgi_keep_conn on and an upstream keepalive (the
-    the docs' setup): 200 answers, cached and held, over a handful of
+    README's setup): 200 answers, cached and held, over a handful of
     FastCGI connections; a buyer who leaves mid-hold costs nobody else."""
     sb, k = kit.start(tmpdir)
     ng = harness.Nginx(tmpdir, k, keepalive=8)
