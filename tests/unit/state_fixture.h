@@ -31,18 +31,25 @@ static inline struct pace_schedule sched_default(void)
     return s;
 }
 
-/* A state of tx_slots transactions whose one key may take them all (most
- * tests here use one key; the per-key quota has its own: mk_quota). */
-static inline struct state *mk_quota(int tx_slots, int per_key)
+/* A state made with o (its read timeout TIMEOUT), its keys taken by
+ * Kasera (rejected keys have their own tests: mk_fresh). */
+static inline struct state *mk_opts(struct state_opts o)
 {
-    struct state_opts o = {.tx_slots = tx_slots, .tx_per_key = per_key, .key_slots = 0, .read_timeout_ms = TIMEOUT};
+    o.read_timeout_ms = TIMEOUT;
     char err[256] = "";
     struct state *st = state_new(&o, err, sizeof err);
     if (st == NULL)
         print_error("state_new: %s\n", err);
     assert_non_null(st);
-    state_test_keys_accepted(st, true); /* rejected keys have their own tests: mk_fresh */
+    state_test_keys_accepted(st, true);
     return st;
+}
+
+/* A state of tx_slots transactions whose one key may take them all (most
+ * tests here use one key; the per-key quota has its own: mk_quota). */
+static inline struct state *mk_quota(int tx_slots, int per_key)
+{
+    return mk_opts((struct state_opts){.tx_slots = tx_slots, .tx_per_key = per_key});
 }
 
 static inline struct state *mk(int tx_slots)
@@ -83,7 +90,8 @@ static inline enum state_told tell(struct state *st, const struct state_key *k, 
 
 /* Ids prefix0 .. prefix(n-1) are payments kembali has seen (told pending
  * at now): the 404 quarter never holds their reads back. */
-static inline void known_ids(struct state *st, const struct state_key *k, const char *prefix, int from, int n, int64_t now)
+static inline void known_ids(struct state *st, const struct state_key *k, const char *prefix, int from, int n,
+                             int64_t now)
 {
     for (int i = from; i < from + n; i++) {
         char id[32];
@@ -122,12 +130,7 @@ static inline struct state_report finish(struct state *st, const struct state_ti
 /* A state of key_slots keys (1024 transactions). */
 static inline struct state *mk_keys(int key_slots)
 {
-    struct state_opts o = {.tx_slots = 1024, .key_slots = key_slots, .read_timeout_ms = TIMEOUT};
-    char err[256] = "";
-    struct state *st = state_new(&o, err, sizeof err);
-    assert_non_null(st);
-    state_test_keys_accepted(st, true);
-    return st;
+    return mk_opts((struct state_opts){.tx_slots = 1024, .key_slots = key_slots});
 }
 
 /* The key of secret sk_test_I. */

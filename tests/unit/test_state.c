@@ -1768,12 +1768,7 @@ static void test_tell_finds_room_in_a_busy_table(void **unused)
 static void test_quota_after_key_eviction(void **unused)
 {
     (void)unused;
-    struct state_opts o = {.tx_slots = 256, .tx_per_key = 8, .key_slots = STATE_KEY_SLOTS_MIN,
-                           .read_timeout_ms = TIMEOUT};
-    char err[256] = "";
-    struct state *st = state_new(&o, err, sizeof err);
-    assert_non_null(st);
-    state_test_keys_accepted(st, true);
+    struct state *st = mk_opts((struct state_opts){.tx_slots = 256, .tx_per_key = 8, .key_slots = STATE_KEY_SLOTS_MIN});
     struct state_key a = key_of(st, "sk_test_a");
     claim_n(st, &a, "T", 8, T0, true);
     int64_t later = T0 + STATE_KEY_IDLE_MS + PACE_EPISODE_MS + 1000;

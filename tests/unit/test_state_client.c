@@ -8,12 +8,7 @@
 
 static struct state *mk_clients(int client_slots)
 {
-    struct state_opts o = {.tx_slots = 1024, .client_slots = client_slots, .read_timeout_ms = TIMEOUT};
-    char err[256] = "";
-    struct state *st = state_new(&o, err, sizeof err);
-    assert_non_null(st);
-    state_test_keys_accepted(st, true);
-    return st;
+    return mk_opts((struct state_opts){.tx_slots = 1024, .client_slots = client_slots});
 }
 
 /* The client at addr of key k. */
