@@ -55,10 +55,8 @@ def run_case(tmp, n, spread, redis, seed=1, window=10.0):
     os.makedirs(d, exist_ok=True)
     # a prefix per case: the cases side by side on one Redis share no budget
     top = {"redis_hosts": HOSTS, "redis_prefix": "kembali-%s:" % os.path.basename(d)}
-    if redis is None:
-        top["redis"] = _dead_redis_url()
-    sb, ks = kit.start_hosts(d, HOSTS, redis if redis is not None else top["redis"], schedule=None,
-                             top=dict(top, **({"redis": redis.unix_url()} if redis is not None else {})))
+    url = redis.unix_url() if redis is not None else _dead_redis_url()
+    sb, ks = kit.start_hosts(d, HOSTS, url, schedule=None, top=top)
     if redis is not None:
         for k in ks:
             k.wait_log(10, event="redis_joined")
