@@ -136,11 +136,11 @@ int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now)
     int n_short = 0, n_long = 0;
     int64_t first_short = INT64_MAX, first_long = INT64_MAX;
     for (int i = 0; i < n; i++) {
-        if (at[i] <= now - PLAN_RATE_LONG_MS)
-            continue;
-        n_long++;
-        if (at[i] < first_long)
-            first_long = at[i];
+        if (at[i] > now - PLAN_RATE_LONG_MS) {
+            n_long++;
+            if (at[i] < first_long)
+                first_long = at[i];
+        }
         if (at[i] > now - PLAN_RATE_MS) {
             n_short++;
             if (at[i] < first_short)
@@ -162,129 +162,33 @@ int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t th
     return r > now ? r : now + 1;
 }
 
-/* Line for line the C above (Lua's numbers are doubles: the divisions are
- * floored, as the C's integer ones of non-negative numbers are). */
+/* The functions above and pace.c's that they call, in Lua: src/plan_lua.inc,
+ * which contrib/c2lua.py translates from the C (`make plan-lua`), and the
+ * constants it names (PLAN_LUA_CONSTANTS) written in from here. */
+#include "plan_lua.inc"
+
 int plan_lua(char *buf, size_t len)
 {
-    int n = snprintf(
-        buf, len,
-        "local PLAN_LEAD, PLAN_RATE, PLAN_RATE_LONG, PLAN_SPAN, PLAN_MIN_WAIT, PLAN_EPISODE, PLAN_DRIFT,"
-        " PLAN_DEMAND_MAX = %d, %d, %d, %d, %d, %d, %d, %d\n"
-        "local function plan_late_span(k)\n"
-        "  local span = PLAN_SPAN - (k.hold_ms - PLAN_LEAD)\n"
-        "  if span > 0 then return span end\n"
-        "  return 0\n"
-        "end\n"
-        "local function plan_headroom(k)\n"
-        "  local span = plan_late_span(k)\n"
-        "  local a = math.floor(k.arrivals * span / PLAN_RATE)\n"
-        "  local b = math.floor(k.arrivals_long * span / PLAN_RATE_LONG)\n"
-        "  local h = a > b and a or b\n"
-        "  if h > k.budget then return k.budget end\n"
-        "  return h\n"
-        "end\n"
-        "local function plan_may_reserve(k, busiest)\n"
-        "  return busiest + 1 <= k.budget\n"
-        "end\n"
-        "local function plan_busiest(ev, t, from)\n"
-        "  local lo = t - PLAN_SPAN + 1\n"
-        "  if from and from > lo then lo = from end\n"
-        "  local n, best, i, j = #ev, 0, 1, 1\n"
-        "  while i <= n and ev[i] < lo do i = i + 1 end\n"
-        "  local w = lo\n"
-        "  while true do\n"
-        "    while j <= n and ev[j] < w + PLAN_SPAN do j = j + 1 end\n"
-        "    if j - i > best then best = j - i end\n"
-        "    while i <= n and ev[i] <= w do i = i + 1 end\n"
-        "    local nx = t\n"
-        "    if i <= n and ev[i] <= t then nx = ev[i] end\n"
-        "    if nx <= w then break end\n"
-        "    w = nx\n"
-        "  end\n"
-        "  return best\n"
-        "end\n"
-        "local function plan_room(k)\n"
-        "  local room = k.budget - k.busiest\n"
-        "  local late = k.budget - k.busiest_late - plan_headroom(k)\n"
-        "  if late < room then return late end\n"
-        "  return room\n"
-        "end\n"
-        "local function plan_may_read(k, t, now)\n"
-        "  if t.reserved and now >= t.resv_at then return 'last' end\n"
-        "  if t.reserved and t.drifted and now + t.next_gap > t.resv_at then return 'no' end\n"
-        "  if k.recent + k.demand + k.arrivals * k.schedule_reads <= k.budget then return 'early' end\n"
-        "  local room = plan_room(k)\n"
-        "  if room < 1 then return 'no' end\n"
-        "  if room < k.eligible and t.early_reads > 0 and k.starved then return 'no' end\n"
-        "  return 'early'\n"
-        "end\n"
-        "local function plan_wait_at(ws, step)\n"
-        "  local w = ws[math.min(step, #ws - 1) + 1]\n"
-        "  if w > PLAN_MIN_WAIT then return w end\n"
-        "  return PLAN_MIN_WAIT\n"
-        "end\n"
-        "local function plan_in_episode(reads, last_start, now)\n"
-        "  return reads > 0 and now - last_start <= PLAN_EPISODE\n"
-        "end\n"
-        "local function plan_demand(ws, w, now)\n"
-        "  if w.hold_until <= now then return 1 end\n"
-        "  local reads = 0\n"
-        "  if plan_in_episode(w.reads, w.last_start, now) then reads = w.reads end\n"
-        "  local t = now\n"
-        "  if reads > 0 then t = w.last_start + plan_wait_at(ws, reads) end\n"
-        "  if t < now then t = now end\n"
-        "  local n = 0\n"
-        "  while t <= w.hold_until and n < PLAN_DEMAND_MAX do\n"
-        "    n = n + 1\n"
-        "    t = t + plan_wait_at(ws, reads + n)\n"
-        "  end\n"
-        "  return n\n"
-        "end\n"
-        "local function plan_ready(ws, w, now)\n"
-        "  if w.busy_until > now or w.not_before > now then return false end\n"
-        "  return not plan_in_episode(w.reads, w.last_start, now) or w.last_start + plan_wait_at(ws, w.reads) <= now\n"
-        "end\n"
-        "local function plan_next_gap(ws, reads)\n"
-        "  return plan_wait_at(ws, reads + 1)\n"
-        "end\n"
-        "local function plan_drifted(ws, resv_at, reads, withheld, now)\n"
-        "  local due = resv_at\n"
-        "  for i = 1, #ws do due = due - ws[i] end\n"
-        "  for i = 1, reads do due = due + plan_wait_at(ws, i) end\n"
-        "  return withheld and now > due + PLAN_DRIFT\n"
-        "end\n"
-        "local function plan_arrival_rate(k, n_short, first_short, n_long, first_long)\n"
-        "  k.arrivals, k.arrivals_long = n_short, n_long\n"
-        "  local thins = nil\n"
-        "  if n_short > 0 then thins = first_short + PLAN_RATE + 1 end\n"
-        "  if n_long > n_short and (not thins or first_long + PLAN_RATE_LONG + 1 < thins) then\n"
-        "    thins = first_long + PLAN_RATE_LONG + 1\n"
-        "  end\n"
-        "  return thins\n"
-        "end\n"
-        "local function plan_arrivals(k, at, now)\n"
-        "  local n_short, n_long, first_short, first_long = 0, 0, nil, nil\n"
-        "  for i = 1, #at do\n"
-        "    if at[i] > now - PLAN_RATE_LONG then\n"
-        "      n_long = n_long + 1\n"
-        "      if not first_long or at[i] < first_long then first_long = at[i] end\n"
-        "      if at[i] > now - PLAN_RATE then\n"
-        "        n_short = n_short + 1\n"
-        "        if not first_short or at[i] < first_short then first_short = at[i] end\n"
-        "      end\n"
-        "    end\n"
-        "  end\n"
-        "  return plan_arrival_rate(k, n_short, first_short, n_long, first_long)\n"
-        "end\n"
-        "local function plan_retry(t, ev, thins, recheck, now)\n"
-        "  local r = now + recheck\n"
-        "  if #ev > 0 and ev[1] + PLAN_SPAN + 1 < r then r = ev[1] + PLAN_SPAN + 1 end\n"
-        "  if t.reserved and t.resv_at < r then r = t.resv_at end\n"
-        "  if thins and thins < r then r = thins end\n"
-        "  if r > now then return r end\n"
-        "  return now + 1\n"
-        "end\n",
-        PLAN_LEAD_MS, PLAN_RATE_MS, PLAN_RATE_LONG_MS, PLAN_BUDGET_SPAN_MS, PACE_MIN_WAIT_MS, PACE_EPISODE_MS,
-        PLAN_DRIFT_MS, PLAN_DEMAND_MAX);
-    return n < 0 || (size_t)n >= len ? -1 : n;
+#define PLAN_LUA_CONSTANT(c) {#c, (long long)(c)},
+    static const struct {
+        const char *name;
+        long long value;
+    } consts[] = {PLAN_LUA_CONSTANTS(PLAN_LUA_CONSTANT)};
+#undef PLAN_LUA_CONSTANT
+    size_t n_consts = sizeof consts / sizeof consts[0];
+    size_t at = 0;
+    for (size_t i = 0; i < 2 * n_consts + 1; i++) {
+        /* "local A, B = 1, 2\n": the names, then the values */
+        int n;
+        if (i < n_consts)
+            n = snprintf(buf + at, len - at, "%s%s", i == 0 ? "local " : ", ", consts[i].name);
+        else if (i < 2 * n_consts)
+            n = snprintf(buf + at, len - at, "%s%lld", i == n_consts ? " = " : ", ", consts[i - n_consts].value);
+        else
+            n = snprintf(buf + at, len - at, "\n%s", plan_lua_text);
+        if (n < 0 || (size_t)n >= len - at)
+            return -1;
+        at += (size_t)n;
+    }
+    return (int)at;
 }

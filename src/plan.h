@@ -161,24 +161,20 @@ int64_t plan_arrival_rate(struct plan_key *k, int n_short, int64_t first_short, 
  * latest `recheck` ms from now (another's turn). Always after now. */
 int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now);
 
-/* The functions above in Lua 5.1 (Redis's), for a script that must decide
- * as this module does: local functions plan_late_span(k), plan_headroom(k),
- * plan_room(k),
- * plan_may_reserve(k, busiest), plan_busiest(ev, t, from) (ev a sorted
- * array, from nil for no bound) and plan_may_read(k, t, now) returning
- * 'no', 'early' or 'last'; k and t are tables with the fields of struct
- * plan_key and struct plan_tx (the booleans as Lua booleans); and
- * plan_demand(ws, w, now), plan_ready(ws, w, now), plan_next_gap(ws, reads)
- * plan_drifted(ws, resv_at, reads, withheld, now), plan_arrivals(k, at,
- * now) and plan_arrival_rate(k, n_short, first_short, n_long, first_long)
- * (nil for INT64_MAX; a first_* may be nil when its count is 0) and plan_retry(t, ev, thins, recheck, now)
- * (thins may be nil), ws being the
- * schedule's waits as an array (wait_ms[i] at ws[i + 1]) and w a table with
- * the fields of struct plan_waiter. The
- * constants are this module's, written in by the C: no number is typed in
- * the Lua. Written into buf (NUL-terminated); returns its length, or -1
- * when buf is too small. tests/unit/plan_vectors.txt holds the cases both
- * versions must decide alike (tests/unit/test_plan.c for the C,
+/* The functions above, and pace.c's pace_sum, pace_in_episode, pace_wait
+ * and pace_next_read, in Lua 5.1 (Redis's), for a script that must decide
+ * as this module does: not written by hand but translated from the C by
+ * contrib/c2lua.py into src/plan_lua.inc (`make plan-lua`;
+ * tests/layout/check_plan_lua fails while it is behind the C). Each
+ * function keeps its C name and parameters: a struct pointer is a table
+ * with the struct's fields (the booleans Lua's), an array a table indexed
+ * from 0 with its length passed as in C, INT64_MAX and INT64_MIN are
+ * math.huge and -math.huge, and plan_may_read() answers PLAN_NO,
+ * PLAN_EARLY or PLAN_LAST_CHANCE. The constants they name are this
+ * module's and pace.h's, written in from the C: no number is typed in the
+ * Lua. Written into buf (NUL-terminated); returns its length, or -1 when
+ * buf is too small. tests/unit/plan_vectors.txt holds the cases both must
+ * decide alike (tests/unit/test_plan.c for the C,
  * tests/integration/test_plan_lua.py for the Lua on a real Redis). */
 int plan_lua(char *buf, size_t len);
 

@@ -19,12 +19,10 @@
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
     "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
-    "local function wait_for(waits, reads)\n"                                              \
-    "  local ws = {}\n"                                                                    \
-    "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
-    "  local w = ws[math.min(reads, #ws - 1) + 1] or MIN_WAIT\n"                           \
-    "  if w < MIN_WAIT then w = MIN_WAIT end\n"                                            \
-    "  return w\n"                                                                         \
+    "local function schedule(waits)\n" /* struct pace_schedule, for plan_lua()'s functions */ \
+    "  local ps = {n = 0, wait_ms = {}}\n"                                                 \
+    "  for w in string.gmatch(waits, '%d+') do ps.wait_ms[ps.n] = tonumber(w); ps.n = ps.n + 1 end\n" \
+    "  return ps\n"                                                                        \
     "end\n"
 
 /* A final status may replace what is known (state_tell's order)? */
@@ -42,8 +40,7 @@
     "  if s and fu > now then msg = 'F ' .. rkey .. ' ' .. id .. ' ' .. (fu - now) .. ' ' .. s\n" \
     "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
     "  else\n"                                                                             \
-    "    local nx = now\n"                                                                 \
-    "    if n > 0 and now - ls <= EPISODE then nx = math.max(nx, ls + wait_for(waits, n)) end\n" \
+    "    local nx = math.max(now, pace_next_read(schedule(waits), n, ls, now))\n"         \
     "    if le > 0 then nx = math.max(nx, le + FLOOR) end\n"                                \
     "    nx = math.max(nx, ra, kp)\n"                                                      \
     "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
@@ -125,14 +122,19 @@
     "  end\n"                                                                              \
     "  return walk, done\n"                                                                \
     "end\n"                                                                                \
-    "local function plan_events(kb, kr)\n" /* after prune_waiting(): an overdue reservation at now */ \
+    /* after prune_waiting(): the spans' times, sorted, an overdue           \
+     * reservation at now, as plan_busiest() takes them (from 0) and their  \
+     * number */                                                            \
+    "local function plan_events(kb, kr)\n"                                                 \
     "  redis.call('ZREMRANGEBYSCORE', kb, '-inf', now - BUDGET_SPAN)\n"                    \
     "  local ev, rd = {}, redis.call('ZRANGEBYSCORE', kb, '-inf', '(+inf', 'WITHSCORES')\n" \
     "  for i = 2, #rd, 2 do ev[#ev + 1] = tonumber(rd[i]) end\n"                           \
     "  rd = redis.call('ZRANGE', kr, 0, -1, 'WITHSCORES')\n"                               \
     "  for i = 2, #rd, 2 do ev[#ev + 1] = math.max(tonumber(rd[i]), now) end\n"            \
     "  table.sort(ev)\n"                                                                   \
-    "  return ev\n"                                                                        \
+    "  local z = {}\n"                                                                     \
+    "  for i = 1, #ev do z[i - 1] = ev[i] end\n"                                           \
+    "  return z, #ev\n"                                                                    \
     "end\n"                                                                                \
     "local counted = {}\n"                                                                 \
     "local function span_count(kb, kr, from, to)\n" /* plan_events()' times in [from, to) */ \
@@ -144,7 +146,11 @@
     "  counted[memo] = c\n"                                                                \
     "  return c\n"                                                                         \
     "end\n"                                                                                \
-    "local function first_event(kb, kr)\n" /* plan_events()[1], nil for none */            \
+    "local function busiest_at(kb, kr, t)\n" /* plan_busiest() of plan_events(), no bound */ \
+    "  local ev, nev = plan_events(kb, kr)\n"                                              \
+    "  return plan_busiest(ev, nev, t, -math.huge)\n"                                      \
+    "end\n"                                                                                \
+    "local function first_event(kb, kr)\n" /* plan_events()[0], nil for none */            \
     "  local b = redis.call('ZRANGEBYSCORE', kb, '-inf', '(+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n" \
     "  local r = redis.call('ZRANGE', kr, 0, 0, 'WITHSCORES')\n"                            \
     "  local t = b[2] and tonumber(b[2])\n"                                                \
@@ -158,11 +164,7 @@
     "  if from and from > lo then lo = from end\n"                                         \
     "  return math.max(span_count(kb, kr, lo, lo + BUDGET_SPAN), span_count(kb, kr, t, t + BUDGET_SPAN))\n" \
     "end\n"                                                                                \
-    "local function schedule(waits)\n"                                                     \
-    "  local ws = {}\n"                                                                    \
-    "  for w in string.gmatch(waits, '%d+') do ws[#ws + 1] = tonumber(w) end\n"            \
-    "  return ws\n"                                                                        \
-    "end\n"
+    ""
 
 /* The 404 quarter {K}n: the key's reads that ended 404 (member: the
  * read's name, scored by its start), and its reads of ids never answered
@@ -239,8 +241,9 @@ static const char lua_claim[] =
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
     "if ra > now then return {'wait', ra - now, 'retry'} end\n"
     "local me = tx_fields(KEYS[1])\n" /* before the episode's reads are reset below */
-    "if n > 0 and now - ls <= EPISODE then\n"
-    "  local nx = ls + wait_for(ARGV[1], n)\n"
+    "local ws = schedule(ARGV[1])\n"
+    "if pace_in_episode(n, ls, now) then\n"
+    "  local nx = pace_next_read(ws, n, ls, now)\n"
     "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
     "else\n"
     "  n = 0\n"
@@ -270,23 +273,22 @@ static const char lua_claim[] =
     /* plan.c's decision on what plan_gather() and st_plan_verdict() gather,
      * every host's: the reads of the last 60 s, the waiting transactions
      * (their reservations, demand, pace) and the arrivals */
-    "local kind, rv, er = 'early', me.rv, me.er\n"
+    "local kind, rv, er = PLAN_EARLY, me.rv, me.er\n"
     "if n == 0 then er = 0 end\n"
     "if ARGV[6] == '1' then\n"
-    "  local ws = schedule(ARGV[1])\n"
     "  prune_waiting(KEYS[5], KEYS[7])\n"
     "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[13]), demand = 0,\n"
     "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
     "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - PLAN_RATE_LONG)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - PLAN_RATE_LONG_MS)\n"
     /* plan_arrivals() from counts (ZCOUNT), the arrivals not read */
     "  local function since(span)\n" /* the arrivals after now - span, the earliest of them */
     "    local n = redis.call('ZCOUNT', KEYS[6], '(' .. (now - span), '+inf')\n"
     "    local f = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
-    "    return n, f[2] and tonumber(f[2])\n"
+    "    return n, f[2] and tonumber(f[2]) or math.huge\n"
     "  end\n"
-    "  local n_short, first_short = since(PLAN_RATE)\n"
-    "  local n_long, first_long = since(PLAN_RATE_LONG)\n"
+    "  local n_short, first_short = since(PLAN_RATE_MS)\n"
+    "  local n_long, first_long = since(PLAN_RATE_LONG_MS)\n"
     "  local thins = plan_arrival_rate(pk, n_short, first_short, n_long, first_long)\n"
     "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
     "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
@@ -302,18 +304,19 @@ static const char lua_claim[] =
     "  pk.recent = span_count(KEYS[3], KEYS[7], now - BUDGET_SPAN + 1, now + 1)\n"
     "  pk.busiest = busiest_at_least(KEYS[3], KEYS[7], now, nil)\n"
     "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[7], now, now - plan_late_span(pk))\n"
-    "  if plan_may_read(pk, pt, now) == 'no' then\n"
+    "  if plan_may_read(pk, pt, now) == PLAN_NO then\n"
     "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
     "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
-    "    return {'wait', plan_retry(pt, {first_event(KEYS[3], KEYS[7])}, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "    local fe = first_event(KEYS[3], KEYS[7])\n"
+    "    return {'wait', plan_retry(pt, {[0] = fe}, fe and 1 or 0, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
-    "  local ev = plan_events(KEYS[3], KEYS[7])\n"
+    "  local ev, nev = plan_events(KEYS[3], KEYS[7])\n"
     "  pk.recent = 0\n"
-    "  for i = 1, #ev do\n"
+    "  for i = 0, nev - 1 do\n"
     "    if ev[i] <= now and ev[i] > now - BUDGET_SPAN then pk.recent = pk.recent + 1 end\n"
     "  end\n"
-    "  pk.busiest = plan_busiest(ev, now, nil)\n"
-    "  pk.busiest_late = plan_busiest(ev, now, now - plan_late_span(pk))\n"
+    "  pk.busiest = plan_busiest(ev, nev, now, -math.huge)\n"
+    "  pk.busiest_late = plan_busiest(ev, nev, now, now - plan_late_span(pk))\n"
     "  local mine = tx_waits(me) and redis.call('ZSCORE', KEYS[5], ARGV[5]) ~= false\n"
     "  local walk, done = waiters(KEYS[5], KEYS[7], ARGV[7], tonumber(ARGV[8]), ARGV[5])\n"
     /* The others' demand counts only in plan_may_read's `plenty` test
@@ -339,7 +342,7 @@ static const char lua_claim[] =
      * answer is then the one the whole count gives. */
     "  pk.eligible, pk.starved = 1, false\n"
     "  kind = plan_may_read(pk, pt, now)\n"
-    "  if kind == 'early' and pt.early_reads > 0 then\n"
+    "  if kind == PLAN_EARLY and pt.early_reads > 0 then\n"
     "    local room = plan_room(pk)\n"
     "    i = 0\n"
     "    while pk.eligible <= room or not pk.starved do\n"
@@ -354,19 +357,23 @@ static const char lua_claim[] =
     "    kind = plan_may_read(pk, pt, now)\n"
     "  end\n"
     "  done()\n"
-    "  if kind == 'no' then\n"
+    "  if kind == PLAN_NO then\n"
     "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
     "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
-    "    return {'wait', plan_retry(pt, ev, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "    return {'wait', plan_retry(pt, ev, nev, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
-    "  if kind == 'last' then\n"
+    "  if kind == PLAN_LAST_CHANCE then\n"
     /* requests held later than the one it was for keep a chance too
      * (state_claim): the spans then hold this read where the reservation
      * was, at now */
     "    rv = 0\n"
-    "    if not mine then ev[#ev + 1] = now; table.sort(ev) end\n"
-    "    local at = me.hu - PLAN_LEAD\n"
-    "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, at, nil)) then rv = at end\n"
+    "    if not mine then\n" /* now into the sorted times */
+    "      local j = nev\n"
+    "      while j > 0 and ev[j - 1] > now do ev[j] = ev[j - 1]; j = j - 1 end\n"
+    "      ev[j], nev = now, nev + 1\n"
+    "    end\n"
+    "    local at = me.hu - PLAN_LEAD_MS\n"
+    "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, nev, at, -math.huge)) then rv = at end\n"
     "    if mine and rv ~= 0 then\n"
     "      redis.call('ZADD', KEYS[7], rv, ARGV[5])\n"
     "      keep_until(KEYS[7], me.hu + MARGIN)\n"
@@ -379,16 +386,16 @@ static const char lua_claim[] =
      * ended 404, or are of ids never answered and under way, are
      * ARGV[19] in the span ending now, an id never answered reads only
      * with a held request's last-chance read (granted by the plan, or
-     * within PLAN_LEAD of its deadline) */
-    "if not s and kind ~= 'last' and not (me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD <= now) then\n"
+     * within PLAN_LEAD_MS of its deadline) */
+    "if not s and kind ~= PLAN_LAST_CHANCE and not (me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS <= now) then\n"
     "  local free = nf_spent(KEYS[4], tonumber(ARGV[19]), tonumber(ARGV[3]))\n"
     "  if free > now then\n"
-    "    if me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD < free then free = me.hu - PLAN_LEAD end\n"
+    "    if me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS < free then free = me.hu - PLAN_LEAD_MS end\n"
     "    if me.rv > now and me.rv < free then free = me.rv end\n"
     "    return {'wait', math.max(free - now, 1), 'budget'}\n"
     "  end\n"
     "end\n"
-    "if kind ~= 'last' then er = er + 1 end\n"
+    "if kind ~= PLAN_LAST_CHANCE then er = er + 1 end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
     "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[14], 'qt', now)\n"
@@ -408,7 +415,7 @@ static const char lua_claim[] =
     "  redis.call('ZADD', KEYS[4], now, 'p:' .. ARGV[14])\n"
     "  redis.call('PEXPIREAT', KEYS[4], now + BUDGET_SPAN + MARGIN)\n"
     "end\n"
-    "return {'go', ser, kind}\n";
+    "return {'go', ser, kind == PLAN_LAST_CHANCE and 'last' or 'early'}\n";
 
 /* A request for the transaction is held on host ARGV[1] (state_hold): the
  * hold as state_hold() makes it, every host's. KEYS: tx, its holders (host
@@ -451,15 +458,15 @@ static const char lua_held[] =
     "  if added then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
     "  keep_until(KEYS[3], hu + MARGIN)\n"
     "  redis.call('ZADD', KEYS[4], now, now .. ':' .. ARGV[3])\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - PLAN_RATE_LONG)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - PLAN_RATE_LONG_MS)\n"
     "  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -(tonumber(ARGV[8]) + 1))\n"
-    "  redis.call('PEXPIREAT', KEYS[4], now + PLAN_RATE_LONG + MARGIN)\n"
-    "  local at = dl - PLAN_LEAD\n"
+    "  redis.call('PEXPIREAT', KEYS[4], now + PLAN_RATE_LONG_MS + MARGIN)\n"
+    "  local at = dl - PLAN_LEAD_MS\n"
     "  if ARGV[6] == '1' and at > now then\n"
     "    local bk = {budget = tonumber(ARGV[5])}\n" /* a full span refuses it without reading the spans */
     "    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - BUDGET_SPAN)\n"
     "    if plan_may_reserve(bk, busiest_at_least(KEYS[5], KEYS[6], at, nil))\n"
-    "       and plan_may_reserve(bk, plan_busiest(plan_events(KEYS[5], KEYS[6]), at, nil)) then\n"
+    "       and plan_may_reserve(bk, busiest_at(KEYS[5], KEYS[6], at)) then\n"
     "      rv = at\n"
     "      redis.call('HSET', KEYS[1], 'rv', rv)\n"
     "      if added then\n" /* the spans count the reservations of the waiting set's */
@@ -644,10 +651,10 @@ static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell, l
 char *state_redis_script_text(int script)
 {
     const char *body = scripts[script];
-    char prelude[2048], plan[8192] = "";
+    char prelude[2048], plan[16384] = "";
     int n = rules_lua_prelude(prelude, sizeof prelude);
-    /* the claim and a hold decide as plan.c */
-    int m = script == SCRIPT_CLAIM || script == SCRIPT_HELD ? plan_lua(plan, sizeof plan) : 0;
+    /* the scripts with LUA_HEAD pace and plan as pace.c and plan.c */
+    int m = script != SCRIPT_LEFT && script != SCRIPT_SEED ? plan_lua(plan, sizeof plan) : 0;
     if (n < 0 || m < 0)
         return NULL;
     size_t len = (size_t)n + (size_t)m + strlen(body) + 1;

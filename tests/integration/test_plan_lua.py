@@ -1,8 +1,8 @@
 """The budget plan decided alike in C and in Redis's Lua (issue 16: where
 Redis decides on its side, its Lua decides exactly what plan.c does).
 
-plan_lua() (plan.h) writes plan.c's functions in Lua, with plan.c's
-constants written in by the C. This test runs that Lua, as
+plan_lua() (plan.h) gives plan.c's functions in Lua, as contrib/c2lua.py
+translates them from the C, with plan.c's constants written in by the C. This test runs that Lua, as
 tests/unit/plan-lua prints it, on a real redis-server (EVAL, Redis's own
 Lua 5.1) for every case of tests/unit/plan_vectors.txt and asserts the
 answer the file gives, the one tests/unit/test_plan.c asserts of plan.c:
@@ -24,15 +24,15 @@ for _, f in ipairs({'budget', 'recent', 'schedule_reads', 'demand', 'busiest', '
                     'arrivals', 'arrivals_long', 'eligible', 'hold_ms'}) do k[f] = 0 end
 for _, f in ipairs({'resv_at', 'next_gap', 'early_reads'}) do t[f] = 0 end
 k.starved, t.reserved, t.drifted = false, false, false
-local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {}, false
-local now, at, tt, from, thins, recheck = 0, 0, 0, nil, nil, 0
-local first_short, first_long = nil, nil
+local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {n = 0, wait_ms = {}}, false
+local now, at, tt, from, thins, recheck, nev = 0, 0, 0, -math.huge, math.huge, 0, 0
+local first_short, first_long = math.huge, math.huge
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
-    for x in string.gmatch(val, '-?%d+') do ev[#ev + 1] = tonumber(x) end
+    for x in string.gmatch(val, '-?%d+') do ev[nev] = tonumber(x); nev = nev + 1 end
   elseif name == 'ws' then
-    for x in string.gmatch(val, '-?%d+') do ws[#ws + 1] = tonumber(x) end
+    for x in string.gmatch(val, '-?%d+') do ws.wait_ms[ws.n] = tonumber(x); ws.n = ws.n + 1 end
   elseif name == 'withheld' then withheld = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name == 'starved' then k.starved = val == '1'
@@ -53,17 +53,18 @@ if op == 'late_span' then return tostring(plan_late_span(k)) end
 if op == 'headroom' then return tostring(plan_headroom(k)) end
 if op == 'room' then return tostring(plan_room(k)) end
 if op == 'reserve' then return plan_may_reserve(k, at) and '1' or '0' end
-if op == 'busiest' then return tostring(plan_busiest(ev, tt, from)) end
-if op == 'read' then return plan_may_read(k, t, now) end
+local function thinning(th) if th == math.huge then return 'none' end return tostring(th) end
+if op == 'busiest' then return tostring(plan_busiest(ev, nev, tt, from)) end
+if op == 'read' then return ({[PLAN_NO] = 'no', [PLAN_EARLY] = 'early', [PLAN_LAST_CHANCE] = 'last'})[plan_may_read(k, t, now)] end
 if op == 'arrivals' then
-  local th = plan_arrivals(k, ev, now)
-  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. (th and tostring(th) or 'none')
+  local th = plan_arrivals(k, ev, nev, now)
+  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. thinning(th)
 end
 if op == 'arrival_rate' then
   local th = plan_arrival_rate(k, k.arrivals, first_short, k.arrivals_long, first_long)
-  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. (th and tostring(th) or 'none')
+  return k.arrivals .. ',' .. k.arrivals_long .. ',' .. thinning(th)
 end
-if op == 'retry' then return tostring(plan_retry(t, ev, thins, recheck, now)) end
+if op == 'retry' then return tostring(plan_retry(t, ev, nev, thins, recheck, now)) end
 if op == 'demand' then return tostring(plan_demand(ws, w, now)) end
 if op == 'ready' then return plan_ready(ws, w, now) and '1' or '0' end
 if op == 'gap' then return tostring(plan_next_gap(ws, w.reads)) end
@@ -114,6 +115,44 @@ def test_the_lua_plan_has_no_number_of_its_own(tmpdir):
     # the line that names them) hold no number but 0 and 1
     body = plan_lua().split("\n", 1)[1]
     assert_eq(sorted(set(re.findall(r"\b\d+\b", body))), ["0", "1"])
+
+
+def c2lua():
+    import importlib.util
+    path = os.path.join(harness.top_srcdir(), "contrib", "c2lua.py")
+    spec = importlib.util.spec_from_file_location("c2lua", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@harness.timeout(60)
+def test_c2lua_refuses_the_c_that_lua_would_read_otherwise(tmpdir):
+    # what Lua would decide differently is refused, with the place: an int
+    # as a condition (Lua holds 0 true), a ?: whose first branch may be
+    # false, a continue (Lua 5.1 has none), a name that is a word of Lua's
+    mod = c2lua()
+    cases = {
+        "int f(int n)\n{\n    if (n)\n        return 1;\n    return 0;\n}\n": "not a truth value",
+        "bool f(bool a, int n)\n{\n    return n > 0 ? a : false;\n}\n": "must be a number",
+        "int f(int n)\n{\n    for (int i = 0; i < n; i++)\n        continue;\n    return 0;\n}\n": "continue",
+        "int f(int end)\n{\n    return end + 1;\n}\n": "word of Lua's",
+    }
+    for src, why in cases.items():
+        f = mod.functions("t.c", src)["f"]
+        try:
+            mod.Translator(f, set(), set(), set()).function()
+        except mod.Refused as e:
+            assert why in str(e) and "t.c:" in str(e), str(e)
+        else:
+            raise AssertionError("c2lua translated: %s" % src)
+    # and what it takes it translates: C's division truncates
+    f = mod.functions("t.c", "int f(int a, int b)\n{\n    return a / b;\n}\n")["f"]
+    tr = mod.Translator(f, set(), set(), set())
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c:
+        lua = mod.C_DIV + tr.function() + "return {f(7, 2), f(-7, 2), f(6, 3)}"
+        assert_eq(c.cmd("EVAL", lua, "0"), [3, -3, 2])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-/* plan_lua_print.c - print plan_lua() (plan.h), the budget plan's Lua twin,
+/* plan_lua_print.c - print plan_lua() (plan.h), the budget plan's Lua (translated from the C),
  * for tests/integration/test_plan_lua.py to run on a real Redis. */
 #include <stdio.h>
 
