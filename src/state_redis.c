@@ -65,13 +65,6 @@ bool state_redis_client_id(const struct state_redis *r, const char *addr, struct
     return true;
 }
 
-/* VPREFIX{K}what (state_redis_name.h) */
-static void rkey_name(char *out, size_t cap, const char *vprefix, const struct state_redis_id *k, const char *what,
-                      const char *tail)
-{
-    state_redis_key(out, cap, vprefix, k, what, tail);
-}
-
 static void waits_csv(const struct pace_schedule *s, char *out, size_t cap)
 {
     size_t n = 0;
@@ -421,25 +414,39 @@ static void client_args(char *limit, size_t limitlen, char *window, size_t windo
     snprintf(window, windowlen, "%lld", (long long)STATE_CLIENT_WINDOW_MS);
 }
 
-/* The names of a client's keys under k, tier by tier (block, 404s, reads
- * in flight: x:C, c:C, f:C) from names[0]; how many were written (0 for
- * no client). */
-static int client_keys(const struct state_redis *r, const struct state_redis_id *k,
-                       const struct state_redis_client *client, char names[][STATE_REDIS_KEY_MAX])
+/* EVALSHA script `script` with the keys it takes for (k, id, client)
+ * (state_redis_script_keys) and args[0..nargs), as op. false when it
+ * could not be sent (op is freed then). */
+static bool send_script(struct state_redis *r, int script, const struct state_redis_id *k, const char *id,
+                        const struct state_redis_client *client, const char *const *args, int nargs,
+                        struct state_redis_op *op)
 {
-    if (client == NULL)
-        return 0;
-    int n = 0;
-    for (int t = 0; t < client->n && t < STATE_CLIENT_TIERS; t++) {
-        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "x:", client->tier[t].hex);
-        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "c:", client->tier[t].hex);
-        rkey_name(names[n++], STATE_REDIS_KEY_MAX, r->vprefix, k, "f:", client->tier[t].hex);
+    char keys[STATE_REDIS_SCRIPT_KEYS_MAX][STATE_REDIS_KEY_MAX], snkeys[8];
+    int nkeys = state_redis_script_keys(script, r->vprefix, k, id, client, keys);
+    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
+    int argc = 3 + nkeys + nargs;
+    const char **argv = calloc((size_t)argc, sizeof *argv);
+    size_t *lens = calloc((size_t)argc, sizeof *lens);
+    bool ok = false;
+    if (argv != NULL && lens != NULL) {
+        int n = 0;
+        argv[n++] = "EVALSHA";
+        argv[n++] = r->sha[script];
+        argv[n++] = snkeys;
+        for (int i = 0; i < nkeys; i++)
+            argv[n++] = keys[i];
+        for (int i = 0; i < nargs; i++)
+            argv[n++] = args[i];
+        for (int i = 0; i < argc; i++)
+            lens[i] = strlen(argv[i]);
+        ok = state_redis_op_send(r->main, op, argc, argv, lens);
+        op = NULL; /* sent or freed */
     }
-    return n;
+    free(op);
+    free(argv);
+    free(lens);
+    return ok;
 }
-
-#define CLAIM_KEYS 8  /* before the client's */
-#define CLAIM_ARGS 19
 
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
                                          const struct pace_schedule *s, int budget, int64_t lease_ms,
@@ -449,20 +456,8 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL; /* decided on this host */
-    char keys[CLAIM_KEYS + 3 * STATE_CLIENT_TIERS][STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX],
-        waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[48], cwin[24], crecheck[24], shold[24], scap[16],
-        sreads[16], sgrace[24], snf[16], snkeys[8];
-    rkey_name(keys[0], sizeof keys[0], r->vprefix, &k, "t:", id);
-    rkey_name(keys[1], sizeof keys[1], r->vprefix, &k, "k", NULL);
-    rkey_name(keys[2], sizeof keys[2], r->vprefix, &k, "b", NULL);
-    rkey_name(keys[3], sizeof keys[3], r->vprefix, &k, "n", NULL);
-    rkey_name(keys[4], sizeof keys[4], r->vprefix, &k, "w", NULL);
-    rkey_name(keys[5], sizeof keys[5], r->vprefix, &k, "a", NULL);
-    rkey_name(keys[6], sizeof keys[6], r->vprefix, &k, "r", NULL);
-    rkey_name(keys[7], sizeof keys[7], r->vprefix, &k, "g", NULL);
-    int nkeys = CLAIM_KEYS + client_keys(r, &k, client, keys + CLAIM_KEYS);
-    rkey_name(ptx, sizeof ptx, r->vprefix, &k, "t:", NULL);
-    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
+    char waits[PACE_MAX_STEPS * 12], sb[16], sl[24], climit[48], cwin[24], crecheck[24], shold[24], scap[16],
+        sreads[16], sgrace[24], snf[16];
     snprintf(sgrace, sizeof sgrace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(crecheck, sizeof crecheck, "%lld", (long long)STATE_CLIENT_RECHECK_MS);
@@ -473,27 +468,15 @@ struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secr
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(snf, sizeof snf, "%d", rules_not_found_cap(budget > 0 ? budget : 1));
     snprintf(sl, sizeof sl, "%lld", (long long)(lease_ms > 0 ? lease_ms : 1000));
-    const char *args[CLAIM_ARGS] = {waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", ptx, scap,
-                                    climit, cwin, crecheck, shold, sreads, count->member, r->channel, k.hex,
-                                    count->lost ? "1" : "0", sgrace, snf};
-    const char *argv[3 + CLAIM_KEYS + 3 * STATE_CLIENT_TIERS + CLAIM_ARGS];
-    size_t lens[sizeof argv / sizeof argv[0]];
-    int argc = 0;
-    argv[argc++] = "EVALSHA";
-    argv[argc++] = r->sha[SCRIPT_CLAIM];
-    argv[argc++] = snkeys;
-    for (int i = 0; i < nkeys; i++)
-        argv[argc++] = keys[i];
-    for (int i = 0; i < CLAIM_ARGS; i++)
-        argv[argc++] = args[i];
-    for (int i = 0; i < argc; i++)
-        lens[i] = strlen(argv[i]);
+    const char *args[] = {waits, sb, sl, client ? "1" : "0", id, plan->plans ? "1" : "0", scap,
+                          climit, cwin, crecheck, shold, sreads, count->member, r->channel, k.hex,
+                          count->lost ? "1" : "0", sgrace, snf};
     struct state_redis_op *op = state_redis_op_new(r, OP_CLAIM);
     if (op == NULL)
         return NULL;
     op->fn = fn;
     op->data = data;
-    if (!state_redis_op_send(r->main, op, argc, argv, lens))
+    if (!send_script(r, SCRIPT_CLAIM, &k, id, client, args, (int)(sizeof args / sizeof args[0]), op))
         return NULL;
     r->m.claims++;
     return op;
@@ -507,32 +490,19 @@ struct state_redis_op *state_redis_held(struct state_redis *r, const char *secre
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return NULL; /* decided on this host */
-    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], karr[STATE_REDIS_KEY_MAX],
-        kbud[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ptx[STATE_REDIS_KEY_MAX], sdl[24], sb[16], scap[16], sarr[16],
-        sstamp[24];
-    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
-    rkey_name(khold, sizeof khold, r->vprefix, &k, "o:", id);
-    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
-    rkey_name(karr, sizeof karr, r->vprefix, &k, "a", NULL);
-    rkey_name(kbud, sizeof kbud, r->vprefix, &k, "b", NULL);
-    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
-    rkey_name(ptx, sizeof ptx, r->vprefix, &k, "t:", NULL);
+    char sdl[24], sb[16], scap[16], sarr[16], sstamp[24];
     snprintf(sdl, sizeof sdl, "%lld", (long long)(deadline_ms > 0 ? deadline_ms : 0));
     snprintf(sb, sizeof sb, "%d", budget > 0 ? budget : 1);
     snprintf(scap, sizeof scap, "%d", STATE_WAITING_MAX);
     snprintf(sarr, sizeof sarr, "%d", STATE_ARRIVALS);
     snprintf(sstamp, sizeof sstamp, "%llu", (unsigned long long)stamp);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_HELD], "6", ktx, khold, kwait, karr, kbud, kres,
-                          host->hex, sdl, id, ptx, sb, plan->plans ? "1" : "0", scap, sarr, sstamp};
-    size_t lens[sizeof argv / sizeof argv[0]];
-    for (size_t i = 0; i < sizeof argv / sizeof argv[0]; i++)
-        lens[i] = strlen(argv[i]);
+    const char *args[] = {host->hex, sdl, id, sb, plan->plans ? "1" : "0", scap, sarr, sstamp};
     struct state_redis_op *op = state_redis_op_new(r, OP_HELD);
     if (op == NULL)
         return NULL;
     op->held_fn = fn;
     op->data = data;
-    if (!state_redis_op_send(r->main, op, (int)(sizeof argv / sizeof argv[0]), argv, lens))
+    if (!send_script(r, SCRIPT_HELD, &k, id, NULL, args, (int)(sizeof args / sizeof args[0]), op))
         return NULL;
     return op;
 }
@@ -548,76 +518,35 @@ void state_redis_cancel(struct state_redis_op *op)
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void fire(struct state_redis *r, int argc, const char **argv);
-
 void state_redis_left(struct state_redis *r, const char *secret, const char *id, const struct state_redis_id *host,
                       uint64_t stamp)
 {
     struct state_redis_id k;
     if (!state_redis_up(r) || !state_redis_name(secret, &k))
         return;
-    char ktx[STATE_REDIS_KEY_MAX], khold[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX],
-        sstamp[24];
+    char sstamp[24];
     snprintf(sstamp, sizeof sstamp, "%llu", (unsigned long long)stamp);
-    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
-    rkey_name(khold, sizeof khold, r->vprefix, &k, "o:", id);
-    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_LEFT], "4", ktx, khold, kwait, kres, host->hex, id, sstamp};
-    fire(r, ARGC(argv), argv);
-}
-
-/* Send a script whose reply matters only for a finish that charged a
- * client (shop and id non-NULL): 1 means its block started. */
-static void fire_for(struct state_redis *r, int argc, const char **argv, const char *shop, const char *id)
-{
-    size_t lens[48];
-    if (argc > 48)
-        return;
-    for (int i = 0; i < argc; i++)
-        lens[i] = strlen(argv[i]);
+    const char *args[] = {host->hex, id, sstamp};
     struct state_redis_op *op = state_redis_op_new(r, OP_FIRE);
-    if (op == NULL)
-        return;
-    if (shop != NULL && id != NULL) {
-        op->charge = true;
-        util_copy(op->shop, sizeof op->shop, shop);
-        util_copy(op->id, sizeof op->id, id);
-    }
-    state_redis_op_send(r->main, op, argc, argv, lens);
-}
-
-static void fire(struct state_redis *r, int argc, const char **argv)
-{
-    fire_for(r, argc, argv, NULL, NULL);
+    if (op != NULL)
+        send_script(r, SCRIPT_LEFT, &k, id, NULL, args, ARGC(args), op);
 }
 
 /* EVALSHA the tell script for (key k, id) as op (NULL: fire and forget).
  * false when it could not be sent (op is freed then). */
-static bool send_tell_op(struct state_redis *r, const struct state_redis_id *kp, const char *id, const char *word,
+static bool send_tell_op(struct state_redis *r, const struct state_redis_id *k, const char *id, const char *word,
                          bool final, const struct pace_schedule *sched, int64_t ttl_ms, struct state_redis_op *op)
 {
-    const struct state_redis_id k = *kp;
-    char ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24],
-        waits[PACE_MAX_STEPS * 12];
-    rkey_name(ktx, sizeof ktx, r->vprefix, &k, "t:", id);
-    rkey_name(kwait, sizeof kwait, r->vprefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, r->vprefix, &k, "r", NULL);
+    char ttl[24], waits[PACE_MAX_STEPS * 12];
     snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_ms);
     if (sched != NULL) /* the others' next read, by the pace the reads made */
         waits_csv(sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *argv[] = {"EVALSHA", r->sha[SCRIPT_TELL], "3", ktx, kwait, kres, word, final ? "1" : "0", ttl, waits, id,
-                          r->channel, k.hex};
-    if (op == NULL) {
-        fire(r, ARGC(argv), argv);
-        return true;
-    }
-    size_t lens[ARGC(argv)];
-    for (int i = 0; i < ARGC(argv); i++)
-        lens[i] = strlen(argv[i]);
-    return state_redis_op_send(r->main, op, ARGC(argv), argv, lens);
+    const char *args[] = {word, final ? "1" : "0", ttl, waits, id, r->channel, k->hex};
+    if (op == NULL && (op = state_redis_op_new(r, OP_FIRE)) == NULL)
+        return false;
+    return send_script(r, SCRIPT_TELL, k, id, NULL, args, ARGC(args), op);
 }
 
 static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
@@ -689,43 +618,28 @@ void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, 
     int m = budget_seed(at, n, now, idx, ago);
     if (m == 0)
         return;
-    int argc = 6 + 2 * m;
-    const char **argv = calloc((size_t)argc, sizeof *argv);
-    size_t *lens = calloc((size_t)argc, sizeof *lens);
+    int nargs = 1 + 2 * m;
+    const char **args = calloc((size_t)nargs, sizeof *args);
     char (*names)[BUDGET_MEMBER_MAX] = calloc((size_t)m, sizeof *names);
     char (*ages)[24] = calloc((size_t)m, sizeof *ages);
-    struct state_redis_op *op = argv && lens && names && ages ? state_redis_op_new(r, OP_FIRE) : NULL;
+    struct state_redis_op *op = args && names && ages ? state_redis_op_new(r, OP_FIRE) : NULL;
     if (op != NULL) {
-        char kb[STATE_REDIS_KEY_MAX], kg[STATE_REDIS_KEY_MAX];
-        rkey_name(kb, sizeof kb, r->vprefix, rkey, "b", NULL);
-        rkey_name(kg, sizeof kg, r->vprefix, rkey, "g", NULL);
-        argv[0] = "EVALSHA";
-        argv[1] = r->sha[SCRIPT_SEED];
-        argv[2] = "2";
-        argv[3] = kb;
-        argv[4] = kg;
         char grace[24];
         snprintf(grace, sizeof grace, "%lld", (long long)budget_grace_ms(r->cfg.sentinel));
-        argv[5] = grace;
+        args[0] = grace;
         for (int i = 0; i < m; i++) {
             budget_member(names[i], sizeof names[i], host->hex, at[idx[i]]);
             snprintf(ages[i], sizeof ages[i], "%lld", (long long)ago[i]);
-            argv[6 + 2 * i] = names[i];
-            argv[7 + 2 * i] = ages[i];
+            args[1 + 2 * i] = names[i];
+            args[2 + 2 * i] = ages[i];
         }
-        for (int i = 0; i < argc; i++)
-            lens[i] = strlen(argv[i]);
-        if (state_redis_op_send(r->main, op, argc, argv, lens))
+        if (send_script(r, SCRIPT_SEED, rkey, NULL, NULL, args, nargs, op))
             r->m.seeded += m;
     }
-    free(argv);
-    free(lens);
+    free(args);
     free(names);
     free(ages);
 }
-
-#define FINISH_KEYS 5 /* before the client's */
-#define FINISH_ARGS 18
 
 void state_redis_finish(struct state_redis *r, const char *secret, const char *id,
                         const struct state_redis_outcome *o)
@@ -740,19 +654,12 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
     struct state_redis_id k;
     if (!state_redis_name(secret, &k))
         return; /* as if Redis were down for this read: the others read it themselves */
-    char keys[FINISH_KEYS + 3 * STATE_CLIENT_TIERS][STATE_REDIS_KEY_MAX], ser[24], sent[24], ttl[24], nfttl[24],
-        rw[24], kw[24], climit[48], cwin[24], cblock[24], snkeys[8], cl[STATE_CLIENT_TIERS * 33 + 1] = "-";
+    char ser[24], sent[24], ttl[24], nfttl[24], rw[24], kw[24], climit[48], cwin[24], cblock[24],
+        cl[STATE_CLIENT_TIERS * 33 + 1] = "-";
     char waits[PACE_MAX_STEPS * 12];
-    rkey_name(keys[0], sizeof keys[0], r->vprefix, &k, "t:", id);
-    rkey_name(keys[1], sizeof keys[1], r->vprefix, &k, "k", NULL);
-    rkey_name(keys[2], sizeof keys[2], r->vprefix, &k, "w", NULL);
-    rkey_name(keys[3], sizeof keys[3], r->vprefix, &k, "r", NULL);
-    rkey_name(keys[4], sizeof keys[4], r->vprefix, &k, "n", NULL);
-    int nkeys = FINISH_KEYS + client_keys(r, &k, o->has_client ? &o->client : NULL, keys + FINISH_KEYS);
     if (o->has_client) /* the tiers' names, for the blocks' messages */
         for (int t = 0, n = 0; t < o->client.n && t < STATE_CLIENT_TIERS; t++)
             n += snprintf(cl + n, sizeof cl - (size_t)n, "%s%s", t ? "," : "", o->client.tier[t].hex);
-    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
     client_args(climit, sizeof climit, cwin, sizeof cwin);
     snprintf(cblock, sizeof cblock, "%lld", (long long)STATE_CLIENT_BLOCK_MS);
     snprintf(ser, sizeof ser, "%llu", (unsigned long long)o->serial);
@@ -766,20 +673,18 @@ void state_redis_finish(struct state_redis *r, const char *secret, const char *i
         waits_csv(o->sched, waits, sizeof waits);
     else
         snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *args[FINISH_ARGS] = {ser, sent, o->word ? o->word : "", o->final ? "1" : "0", ttl,
-                                     o->not_found ? "1" : "0", nfttl, o->charge && o->has_client ? "1" : "0", rw,
-                                     kw, waits, id, r->channel, k.hex, cl, climit, cwin, cblock};
-    const char *argv[3 + FINISH_KEYS + 3 * STATE_CLIENT_TIERS + FINISH_ARGS];
-    int argc = 0;
-    argv[argc++] = "EVALSHA";
-    argv[argc++] = r->sha[SCRIPT_FINISH];
-    argv[argc++] = snkeys;
-    for (int i = 0; i < nkeys; i++)
-        argv[argc++] = keys[i];
-    for (int i = 0; i < FINISH_ARGS; i++)
-        argv[argc++] = args[i];
-    bool charge = o->charge && o->has_client;
-    fire_for(r, argc, argv, charge ? o->shop_id : NULL, charge ? id : NULL);
+    const char *args[] = {ser, sent, o->word ? o->word : "", o->final ? "1" : "0", ttl,
+                          o->not_found ? "1" : "0", nfttl, o->charge && o->has_client ? "1" : "0", rw,
+                          kw, waits, id, r->channel, k.hex, cl, climit, cwin, cblock};
+    struct state_redis_op *op = state_redis_op_new(r, OP_FIRE);
+    if (op == NULL)
+        return;
+    if (o->charge && o->has_client) { /* a reply of 1: its block started */
+        op->charge = true;
+        util_copy(op->shop, sizeof op->shop, o->shop_id);
+        util_copy(op->id, sizeof op->id, id);
+    }
+    send_script(r, SCRIPT_FINISH, &k, id, o->has_client ? &o->client : NULL, args, ARGC(args), op);
 }
 
 void state_redis_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
@@ -862,7 +767,7 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], ktx[STATE_REDIS_KEY_MAX], kwait[STATE_REDIS_KEY_MAX], kres[STATE_REDIS_KEY_MAX], ttl[24], waits[32],
+    char db[16], ttl[24], waits[32],
         channel[STATE_REDIS_VPREFIX_MAX + 8], vprefix[STATE_REDIS_VPREFIX_MAX];
     snprintf(db, sizeof db, "%d", cfg->db);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
@@ -894,9 +799,9 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
         goto out;
     }
     state_redis_prefix(vprefix, sizeof vprefix, cfg->prefix, cfg->schema);
-    rkey_name(ktx, sizeof ktx, vprefix, &k, "t:", id);
-    rkey_name(kwait, sizeof kwait, vprefix, &k, "w", NULL);
-    rkey_name(kres, sizeof kres, vprefix, &k, "r", NULL);
+    char keys[STATE_REDIS_SCRIPT_KEYS_MAX][STATE_REDIS_KEY_MAX], snkeys[8];
+    int nkeys = state_redis_script_keys(SCRIPT_TELL, vprefix, &k, id, NULL, keys);
+    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
     snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
     snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     snprintf(channel, sizeof channel, "%swake", vprefix);
@@ -905,8 +810,14 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    const char *argv[] = {"EVAL", text, "3", ktx, kwait, kres, word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
-    x = sync_cmd(c, ARGC(argv), argv, err, errlen);
+    const char *argv[3 + STATE_REDIS_SCRIPT_KEYS_MAX + 7] = {"EVAL", text, snkeys};
+    int argc = 3;
+    for (int i = 0; i < nkeys; i++)
+        argv[argc++] = keys[i];
+    const char *args[] = {word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
+    for (int i = 0; i < ARGC(args); i++)
+        argv[argc++] = args[i];
+    x = sync_cmd(c, argc, argv, err, errlen);
     free(text);
     if (x == NULL)
         goto out;

@@ -1,5 +1,8 @@
 /* state_redis_lua.c - the Redis store's scripts (Redis's Lua 5.1), run on
- * Redis's clock, and their composition with the rules' prelude. */
+ * Redis's clock: their text, composed with the rules' prelude and the
+ * plan's translated functions, and the keys each takes (each kind of key
+ * declared once, each script's listed by kind, named in its text by the
+ * same table). */
 #include "state_redis_private.h"
 
 #include <stdio.h>
@@ -14,7 +17,7 @@
 #define LUA_HEAD                                                                           \
     "local t = redis.call('TIME')\n"                                                       \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
-    "local h = redis.call('HMGET', KEYS[1], 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le')\n" \
+    "local h = redis.call('HMGET', K_TX, 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le')\n" \
     "local s = h[1]\n"                                                                     \
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
@@ -47,8 +50,61 @@
     "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
-    "  local hu = tonumber(redis.call('HGET', KEYS[1], 'hu')) or 0\n" /* held: kept as long */    \
-    "  redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP, hu) + MARGIN)\n" \
+    "  local hu = tonumber(redis.call('HGET', K_TX, 'hu')) or 0\n" /* held: kept as long */    \
+    "  redis.call('PEXPIREAT', K_TX, math.max(now + KEEP, fu, nf, ra, lu, ls + KEEP, hu) + MARGIN)\n" \
+    "end\n"
+
+/* A transaction's fields (tx_fields), whether it waits (st_waiting_tx:
+ * some host holds a request for it whose deadline has not passed, and no
+ * final status or 404 is cached), and the copy of them the key keeps for
+ * the waiting set (K_WAITERS, id -> packed: the plan's walk over the
+ * waiting transactions reads only the keys a script is passed). Every
+ * script that changes a transaction's fields ends with follow(), and
+ * every one that drops an id from the waiting set drops its copy. */
+#define LUA_TX                                                                             \
+    "local function tx_fields(k)\n"                                                        \
+    "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh')\n" \
+    "  local x = {s = f[1]}\n"                                                              \
+    "  local names = {'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh'}\n" \
+    "  for i = 1, #names do x[names[i]] = tonumber(f[i + 1]) or 0 end\n"                   \
+    "  return x\n"                                                                         \
+    "end\n"                                                                                \
+    "local function tx_waits(f)\n"                                                         \
+    "  return f.ho > 0 and f.hu > now and not ((f.s and f.fu > now) or f.nf > now)\n"       \
+    "end\n"                                                                                \
+    "local function keep_until(k, t)\n" /* k (if it exists) lives at least until t */      \
+    "  local px = redis.call('PTTL', k)\n"                                                 \
+    "  if px == -1 or (px >= 0 and now + px < t) then redis.call('PEXPIREAT', k, t) end\n" \
+    "end\n"                                                                                \
+    "local COPIED = {'fu', 'nf', 'hu', 'ho', 'n', 'ls', 'lu', 'ra', 'le', 'er'}\n"        \
+    "local function copy_of(f)\n" /* the status first ('-': none), then COPIED */       \
+    "  local out = {f.s or '-'}\n"                                                       \
+    "  for i = 1, #COPIED do out[i + 1] = string.format('%.0f', f[COPIED[i]]) end\n"      \
+    "  return table.concat(out, ' ')\n"                                                  \
+    "end\n"                                                                              \
+    "local function from_copy(id, text)\n" /* tx_fields() as copy_of() kept them */     \
+    "  local x, i = {id = id}, 0\n"                                                      \
+    "  for w in string.gmatch(text, '%S+') do\n"                                         \
+    "    if i == 0 then\n"                                                               \
+    "      if w ~= '-' then x.s = w end\n"                                               \
+    "    else\n"                                                                         \
+    "      x[COPIED[i]] = tonumber(w)\n"                                                 \
+    "    end\n"                                                                          \
+    "    i = i + 1\n"                                                                    \
+    "  end\n"                                                                            \
+    "  for j = 1, #COPIED do x[COPIED[j]] = x[COPIED[j]] or 0 end\n"                     \
+    "  return x\n"                                                                       \
+    "end\n"                                                                              \
+    /* K_TX's copy follows it while it is in kw; f: its fields as they are \
+     * now, when the caller has them (else they are read) */               \
+    "local function follow(kw, kv, id, f)\n"                                             \
+    "  if redis.call('ZSCORE', kw, id) then\n"                                           \
+    "    redis.call('HSET', kv, id, copy_of(f or tx_fields(K_TX)))\n"                    \
+    "    local px = redis.call('PTTL', kw)\n"                                            \
+    "    if px > 0 then keep_until(kv, now + px) end\n"                                  \
+    "  else\n"                                                                           \
+    "    redis.call('HDEL', kv, id)\n"                                                   \
+    "  end\n"                                                                            \
     "end\n"
 
 /* What the budget's plan gathers (plan_gather in state_budget.c) from
@@ -67,16 +123,6 @@
  * read for them, and a claim or a hold costs what its decision needs, not
  * one HMGET per waiting transaction. */
 #define LUA_PLAN                                                                           \
-    "local function tx_fields(k)\n"                                                        \
-    "  local f = redis.call('HMGET', k, 's', 'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh')\n" \
-    "  local x = {s = f[1]}\n"                                                              \
-    "  local names = {'fu', 'nf', 'hu', 'ho', 'rv', 'n', 'ls', 'lu', 'ra', 'le', 'er', 'wh'}\n" \
-    "  for i = 1, #names do x[names[i]] = tonumber(f[i + 1]) or 0 end\n"                   \
-    "  return x\n"                                                                         \
-    "end\n"                                                                                \
-    "local function tx_waits(f)\n"                                                         \
-    "  return f.ho > 0 and f.hu > now and not ((f.s and f.fu > now) or f.nf > now)\n"       \
-    "end\n"                                                                                \
     "local function tx_waiter(f)\n" /* struct plan_waiter, as tx_waiter() fills it */      \
     "  local nb = f.ra\n"                                                                  \
     "  if f.le > 0 and f.le + FLOOR > nb then nb = f.le + FLOOR end\n"                     \
@@ -84,21 +130,21 @@
     "  if f.ho > 0 then hu = f.hu end\n"                                                   \
     "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb}\n" \
     "end\n"                                                                                \
-    "local function keep_until(k, t)\n" /* k (if it exists) lives at least until t */      \
-    "  local px = redis.call('PTTL', k)\n"                                                 \
-    "  if px == -1 or (px >= 0 and now + px < t) then redis.call('PEXPIREAT', k, t) end\n" \
-    "end\n"                                                                                \
-    "local function prune_waiting(kw, kr)\n" /* the ids whose deadline passed leave w and r */ \
+    "local function prune_waiting(kw, kr, kv)\n" /* the ids whose deadline passed leave w, r and v */ \
     "  local gone = redis.call('ZRANGEBYSCORE', kw, '-inf', now)\n"                        \
-    "  for i = 1, #gone, 256 do redis.call('ZREM', kr, unpack(gone, i, math.min(i + 255, #gone))) end\n" \
+    "  for i = 1, #gone, 256 do\n"                                                         \
+    "    redis.call('ZREM', kr, unpack(gone, i, math.min(i + 255, #gone)))\n"              \
+    "    redis.call('HDEL', kv, unpack(gone, i, math.min(i + 255, #gone)))\n"              \
+    "  end\n"                                                                              \
     "  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', kw, '-inf', now) end\n"                                  \
     "end\n"                                                                                \
     /* The waiting transactions but `skip`, in the set's order (the first   \
      * cap of it): walk(i) gives the i-th one's fields (f.id), nil past the \
-     * last; they are read only as far as a caller asks. An id found not    \
-     * waiting any more is dropped from w and r by done(). */                \
-    "local function waiters(kw, kr, prefix, cap, skip)\n"                                  \
-    "  local seen, stale, ids, at, rank = {}, {}, {}, 1, 0\n" /* ids[at..]: fetched, not read */ \
+     * last, from their copies (K_WAITERS), 16 at a time and only as far as \
+     * a caller asks. An id found not waiting any more, or without a copy   \
+     * (evicted), is dropped from w, r and v by done(). */                  \
+    "local function waiters(kw, kr, kv, cap, skip)\n"                                      \
+    "  local seen, stale, ids, fs, at, rank = {}, {}, {}, {}, 1, 0\n" /* ids[at..]: fetched, not read */ \
     "  local function walk(i)\n"                                                           \
     "    while #seen < i do\n"                                                             \
     "      if at > #ids then\n"                                                            \
@@ -106,19 +152,21 @@
     "        ids, at = redis.call('ZRANGE', kw, rank, math.min(rank + 16, cap) - 1), 1\n"  \
     "        if #ids == 0 then break end\n"                                                \
     "        rank = rank + #ids\n"                                                         \
+    "        fs = redis.call('HMGET', kv, unpack(ids))\n"                                  \
     "      end\n"                                                                          \
-    "      local id = ids[at]\n"                                                           \
+    "      local id, text = ids[at], fs[at]\n"                                             \
     "      at = at + 1\n"                                                                  \
     "      if id ~= skip then\n"                                                           \
-    "        local f = tx_fields(prefix .. id)\n"                                          \
-    "        f.id = id\n"                                                                  \
-    "        if tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = id end\n"    \
+    "        local f = text and from_copy(id, text)\n"                                     \
+    "        if f and tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = id end\n" \
     "      end\n"                                                                          \
     "    end\n"                                                                            \
     "    return seen[i]\n"                                                                 \
     "  end\n"                                                                              \
     "  local function done()\n"                                                            \
-    "    for i = 1, #stale do redis.call('ZREM', kw, stale[i]); redis.call('ZREM', kr, stale[i]) end\n" \
+    "    for i = 1, #stale do\n"                                                           \
+    "      redis.call('ZREM', kw, stale[i]); redis.call('ZREM', kr, stale[i]); redis.call('HDEL', kv, stale[i])\n" \
+    "    end\n"                                                                            \
     "  end\n"                                                                              \
     "  return walk, done\n"                                                                \
     "end\n"                                                                                \
@@ -191,24 +239,21 @@
     "  return math.max(t, now)\n"                                                         \
     "end\n"
 
-/* KEYS: 1 tx, 2 key, 3 budget, 4 the 404 quarter, 5 waiting, 6 arrivals, 7
- * reservations, 8 the key's grace (budget.h); then for each of the
- * client's tiers (none: no client; its address, then an IPv6 address's
- * /56 and /48) its block, its 404s and its reads in flight. ARGV: 1 waits,
- * 2 budget, 3 lease_ms, 4 has_client, 5 id, 6 '1' to plan the budget
- * (plan.h; '0': first come, first served), 7 the tx keys' prefix
- * (PREFIX{K}t:), 8 the waiting set's cap, 9 each tier's 404s that block
- * (with its reads in flight: "5,10,20"), 10 their window (ms), 11 the
- * recheck (ms) of a client at its count, 12 a hold's length (ms,
- * rules_hold_ms), 13 a whole schedule's reads within a hold
- * (pace_reads_within), 14 the read's name in the key's count
- * (budget_member), 15 the channel, 16 the key's name (K), 17 '1' when a
- * count found gone was lost (budget_count_lost), 18 the grace (ms,
- * budget_grace_ms), 19 the 404 quarter (rules_not_found_cap). Returns
- * {'go', serial, 'early'|'last'} or why not. */
+/* The keys (K_*) are the ones scripts[] below gives the claim; after them
+ * (from FIXED_KEYS + 1), for each of the client's tiers (none: no client;
+ * its address, then an IPv6 address's /56 and /48) its block, its 404s and
+ * its reads in flight. ARGV: 1 waits, 2 budget, 3 lease_ms, 4 has_client,
+ * 5 id, 6 '1' to plan the budget (plan.h; '0': first come, first served),
+ * 7 the waiting set's cap, 8 each tier's 404s that block (with its reads
+ * in flight: "5,10,20"), 9 their window (ms), 10 the recheck (ms) of a
+ * client at its count, 11 a hold's length (ms, rules_hold_ms), 12 a whole
+ * schedule's reads within a hold (pace_reads_within), 13 the read's name
+ * in the key's count (budget_member), 14 the channel, 15 the key's name
+ * (K), 16 '1' when a count found gone was lost (budget_count_lost), 17 the
+ * grace (ms, budget_grace_ms), 18 the 404 quarter (rules_not_found_cap).
+ * Returns {'go', serial, 'early'|'last'} or why not. */
 static const char lua_claim[] =
-    LUA_HEAD LUA_PLAN LUA_NF_QUARTER
-    "local CLAIM_KEYS = 8\n" /* before the client's */
+    LUA_HEAD LUA_TX LUA_PLAN LUA_NF_QUARTER
     "if s and fu > now then return {'final', fu - now, s} end\n"
     "if nf > now then return {'nf', nf - now} end\n"
     "if lu > now then return {'busy', lu - now} end\n"
@@ -220,27 +265,27 @@ static const char lua_claim[] =
     "local tiers = {}\n" /* tier i: KEYS[base], [base + 1], [base + 2]: block, 404s, in flight */
     "if fly then\n"
     "  local lim = {}\n"
-    "  for a in string.gmatch(ARGV[9], '%d+') do lim[#lim + 1] = tonumber(a) end\n"
-    "  for base = CLAIM_KEYS + 1, #KEYS - 2, 3 do tiers[#tiers + 1] = {base = base, allow = lim[#tiers + 1]} end\n"
+    "  for a in string.gmatch(ARGV[8], '%d+') do lim[#lim + 1] = tonumber(a) end\n"
+    "  for base = FIXED_KEYS + 1, #KEYS - 2, 3 do tiers[#tiers + 1] = {base = base, allow = lim[#tiers + 1]} end\n"
     "  local bl = 0\n" /* blocked until the last of its tiers' blocks ends */
     "  for _, t in ipairs(tiers) do bl = math.max(bl, redis.call('PTTL', KEYS[t.base])) end\n"
     "  if bl > 0 then return {'blocked', bl} end\n"
     "  for _, t in ipairs(tiers) do\n"
     "    local kc, kf = KEYS[t.base + 1], KEYS[t.base + 2]\n"
     "    redis.call('ZREMRANGEBYSCORE', kf, '-inf', now)\n"
-    "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - tonumber(ARGV[10]))\n"
+    "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - tonumber(ARGV[9]))\n"
     "    if redis.call('ZCARD', kc) + redis.call('ZCARD', kf) >= t.allow then\n"
     "      local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
-    "      local w = tonumber(ARGV[11])\n"
+    "      local w = tonumber(ARGV[10])\n"
     "      if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
     "      return {'wait', w, 'client'}\n"
     "    end\n"
     "  end\n"
     "end\n"
-    "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
+    "local kp = tonumber(redis.call('HGET', K_KEY, 'p')) or 0\n"
     "if kp > now then return {'wait', kp - now, 'key'} end\n"
     "if ra > now then return {'wait', ra - now, 'retry'} end\n"
-    "local me = tx_fields(KEYS[1])\n" /* before the episode's reads are reset below */
+    "local me = tx_fields(K_TX)\n" /* before the episode's reads are reset below */
     "local ws = schedule(ARGV[1])\n"
     "if pace_in_episode(n, ls, now) then\n"
     "  local nx = pace_next_read(ws, n, ls, now)\n"
@@ -252,22 +297,22 @@ static const char lua_claim[] =
     "if le > 0 and le + FLOOR > now then return {'wait', le + FLOOR - now, 'pace'} end\n"
     /* the key's count (budget.h): its mark '~' (scored +inf, never a
      * read) says it is whole; found gone, every host is asked for its
-     * reads, and when this host read with the key lately (ARGV[17]: it was
+     * reads, and when this host read with the key lately (ARGV[16]: it was
      * lost, not forgotten) nothing is granted for GRACE while they come */
-    "if not redis.call('ZSCORE', KEYS[3], '~') then\n"
-    "  redis.call('ZADD', KEYS[3], '+inf', '~')\n"
-    "  redis.call('PUBLISH', ARGV[15], 'S ' .. ARGV[16])\n"
-    "  if ARGV[17] == '1' then redis.call('SET', KEYS[8], '1', 'PX', ARGV[18]) end\n"
+    "if not redis.call('ZSCORE', K_BUDGET, '~') then\n"
+    "  redis.call('ZADD', K_BUDGET, '+inf', '~')\n"
+    "  redis.call('PUBLISH', ARGV[14], 'S ' .. ARGV[15])\n"
+    "  if ARGV[16] == '1' then redis.call('SET', K_GRACE, '1', 'PX', ARGV[17]) end\n"
     "end\n"
-    "local grace = redis.call('PTTL', KEYS[8])\n"
+    "local grace = redis.call('PTTL', K_GRACE)\n"
     "if grace > 0 then\n"
-    "  redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
+    "  redis.call('PEXPIRE', K_BUDGET, MARK_KEEP)\n"
     "  return {'wait', grace, 'seed'}\n"
     "end\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - BUDGET_SPAN)\n"
-    "local used = redis.call('ZCOUNT', KEYS[3], '-inf', '(+inf')\n"
+    "redis.call('ZREMRANGEBYSCORE', K_BUDGET, '-inf', now - BUDGET_SPAN)\n"
+    "local used = redis.call('ZCOUNT', K_BUDGET, '-inf', '(+inf')\n"
     "if used >= tonumber(ARGV[2]) then\n"
-    "  local o = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')\n"
+    "  local o = redis.call('ZRANGE', K_BUDGET, 0, 0, 'WITHSCORES')\n"
     "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
     "end\n"
     /* plan.c's decision on what plan_gather() and st_plan_verdict() gather,
@@ -276,15 +321,15 @@ static const char lua_claim[] =
     "local kind, rv, er = PLAN_EARLY, me.rv, me.er\n"
     "if n == 0 then er = 0 end\n"
     "if ARGV[6] == '1' then\n"
-    "  prune_waiting(KEYS[5], KEYS[7])\n"
-    "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[13]), demand = 0,\n"
+    "  prune_waiting(K_WAITING, K_RESERVED, K_WAITERS)\n"
+    "  local pk = {budget = tonumber(ARGV[2]), recent = 0, schedule_reads = tonumber(ARGV[12]), demand = 0,\n"
     "              busiest = 0, busiest_late = 0, arrivals = 0, arrivals_long = 0, eligible = 1,\n"
-    "              starved = false, hold_ms = tonumber(ARGV[12])}\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - PLAN_RATE_LONG_MS)\n"
+    "              starved = false, hold_ms = tonumber(ARGV[11])}\n"
+    "  redis.call('ZREMRANGEBYSCORE', K_ARRIVALS, '-inf', now - PLAN_RATE_LONG_MS)\n"
     /* plan_arrivals() from counts (ZCOUNT), the arrivals not read */
     "  local function since(span)\n" /* the arrivals after now - span, the earliest of them */
-    "    local n = redis.call('ZCOUNT', KEYS[6], '(' .. (now - span), '+inf')\n"
-    "    local f = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
+    "    local n = redis.call('ZCOUNT', K_ARRIVALS, '(' .. (now - span), '+inf')\n"
+    "    local f = redis.call('ZRANGEBYSCORE', K_ARRIVALS, '(' .. (now - span), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)\n"
     "    return n, f[2] and tonumber(f[2]) or math.huge\n"
     "  end\n"
     "  local n_short, first_short = since(PLAN_RATE_MS)\n"
@@ -301,24 +346,24 @@ static const char lua_claim[] =
      * spans plan_busiest counts), demand this transaction's only. Each
      * only lowers plan_room() or the `plenty` sum, and eligible = 1 never
      * refuses: a 'no' here is the answer the whole gather gives. */
-    "  pk.recent = span_count(KEYS[3], KEYS[7], now - BUDGET_SPAN + 1, now + 1)\n"
-    "  pk.busiest = busiest_at_least(KEYS[3], KEYS[7], now, nil)\n"
-    "  pk.busiest_late = busiest_at_least(KEYS[3], KEYS[7], now, now - plan_late_span(pk))\n"
+    "  pk.recent = span_count(K_BUDGET, K_RESERVED, now - BUDGET_SPAN + 1, now + 1)\n"
+    "  pk.busiest = busiest_at_least(K_BUDGET, K_RESERVED, now, nil)\n"
+    "  pk.busiest_late = busiest_at_least(K_BUDGET, K_RESERVED, now, now - plan_late_span(pk))\n"
     "  if plan_may_read(pk, pt, now) == PLAN_NO then\n"
-    "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
-    "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
-    "    local fe = first_event(KEYS[3], KEYS[7])\n"
+    "    redis.call('HSET', K_TX, 'wh', 1)\n"
+    "    if redis.call('PTTL', K_TX) < 0 then redis.call('PEXPIREAT', K_TX, now + KEEP + MARGIN) end\n"
+    "    local fe = first_event(K_BUDGET, K_RESERVED)\n"
     "    return {'wait', plan_retry(pt, {[0] = fe}, fe and 1 or 0, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
-    "  local ev, nev = plan_events(KEYS[3], KEYS[7])\n"
+    "  local ev, nev = plan_events(K_BUDGET, K_RESERVED)\n"
     "  pk.recent = 0\n"
     "  for i = 0, nev - 1 do\n"
     "    if ev[i] <= now and ev[i] > now - BUDGET_SPAN then pk.recent = pk.recent + 1 end\n"
     "  end\n"
     "  pk.busiest = plan_busiest(ev, nev, now, -math.huge)\n"
     "  pk.busiest_late = plan_busiest(ev, nev, now, now - plan_late_span(pk))\n"
-    "  local mine = tx_waits(me) and redis.call('ZSCORE', KEYS[5], ARGV[5]) ~= false\n"
-    "  local walk, done = waiters(KEYS[5], KEYS[7], ARGV[7], tonumber(ARGV[8]), ARGV[5])\n"
+    "  local mine = tx_waits(me) and redis.call('ZSCORE', K_WAITING, ARGV[5]) ~= false\n"
+    "  local walk, done = waiters(K_WAITING, K_RESERVED, K_WAITERS, tonumber(ARGV[7]), ARGV[5])\n"
     /* The others' demand counts only in plan_may_read's `plenty` test
      * (recent + demand + arrivals * schedule_reads <= budget), and grows
      * with each: once the sum passes the budget no later one changes the
@@ -358,8 +403,8 @@ static const char lua_claim[] =
     "  end\n"
     "  done()\n"
     "  if kind == PLAN_NO then\n"
-    "    redis.call('HSET', KEYS[1], 'wh', 1)\n"
-    "    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIREAT', KEYS[1], now + KEEP + MARGIN) end\n"
+    "    redis.call('HSET', K_TX, 'wh', 1)\n"
+    "    if redis.call('PTTL', K_TX) < 0 then redis.call('PEXPIREAT', K_TX, now + KEEP + MARGIN) end\n"
     "    return {'wait', plan_retry(pt, ev, nev, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
     "  end\n"
     "  if kind == PLAN_LAST_CHANCE then\n"
@@ -375,20 +420,20 @@ static const char lua_claim[] =
     "    local at = me.hu - PLAN_LEAD_MS\n"
     "    if me.ho > 0 and at >= now + MIN_WAIT and plan_may_reserve(pk, plan_busiest(ev, nev, at, -math.huge)) then rv = at end\n"
     "    if mine and rv ~= 0 then\n"
-    "      redis.call('ZADD', KEYS[7], rv, ARGV[5])\n"
-    "      keep_until(KEYS[7], me.hu + MARGIN)\n"
+    "      redis.call('ZADD', K_RESERVED, rv, ARGV[5])\n"
+    "      keep_until(K_RESERVED, me.hu + MARGIN)\n"
     "    else\n"
-    "      redis.call('ZREM', KEYS[7], ARGV[5])\n"
+    "      redis.call('ZREM', K_RESERVED, ARGV[5])\n"
     "    end\n"
     "  end\n"
     "end\n"
     /* the 404 quarter (state.c's compute): while the key's reads that
      * ended 404, or are of ids never answered and under way, are
-     * ARGV[19] in the span ending now, an id never answered reads only
+     * ARGV[18] in the span ending now, an id never answered reads only
      * with a held request's last-chance read (granted by the plan, or
      * within PLAN_LEAD_MS of its deadline) */
     "if not s and kind ~= PLAN_LAST_CHANCE and not (me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS <= now) then\n"
-    "  local free = nf_spent(KEYS[4], tonumber(ARGV[19]), tonumber(ARGV[3]))\n"
+    "  local free = nf_spent(K_NOT_FOUND, tonumber(ARGV[18]), tonumber(ARGV[3]))\n"
     "  if free > now then\n"
     "    if me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS < free then free = me.hu - PLAN_LEAD_MS end\n"
     "    if me.rv > now and me.rv < free then free = me.rv end\n"
@@ -398,11 +443,11 @@ static const char lua_claim[] =
     "if kind ~= PLAN_LAST_CHANCE then er = er + 1 end\n"
     "ser = ser + 1\n"
     "lu = now + tonumber(ARGV[3])\n"
-    "redis.call('HSET', KEYS[1], 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[14], 'qt', now)\n"
-    "redis.call('PEXPIREAT', KEYS[1], math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
-    "redis.call('ZADD', KEYS[3], now, ARGV[14])\n" /* the read's name on its host (budget_member) */
-    "redis.call('PUBLISH', ARGV[15], 'R ' .. ARGV[16] .. ' ' .. ARGV[14])\n" /* every host counts it too */
-    "redis.call('PEXPIRE', KEYS[3], MARK_KEEP)\n"
+    "redis.call('HSET', K_TX, 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[13], 'qt', now)\n"
+    "redis.call('PEXPIREAT', K_TX, math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
+    "redis.call('ZADD', K_BUDGET, now, ARGV[13])\n" /* the read's name on its host (budget_member) */
+    "redis.call('PUBLISH', ARGV[14], 'R ' .. ARGV[15] .. ' ' .. ARGV[13])\n" /* every host counts it too */
+    "redis.call('PEXPIRE', K_BUDGET, MARK_KEEP)\n"
     "for _, t in ipairs(tiers) do\n" /* in flight for each tier until its lease ends */
     "  local kf = KEYS[t.base + 2]\n"
     "  redis.call('ZADD', kf, lu, ARGV[5])\n"
@@ -412,138 +457,139 @@ static const char lua_claim[] =
     /* an id never answered: counted in the 404 quarter until its read
      * ends otherwise (finish) or its lease ends (nf_spent) */
     "if not s then\n"
-    "  redis.call('ZADD', KEYS[4], now, 'p:' .. ARGV[14])\n"
-    "  redis.call('PEXPIREAT', KEYS[4], now + BUDGET_SPAN + MARGIN)\n"
+    "  redis.call('ZADD', K_NOT_FOUND, now, 'p:' .. ARGV[13])\n"
+    "  redis.call('PEXPIREAT', K_NOT_FOUND, now + BUDGET_SPAN + MARGIN)\n"
     "end\n"
+    "follow(K_WAITING, K_WAITERS, ARGV[5])\n"
     "return {'go', ser, kind == PLAN_LAST_CHANCE and 'last' or 'early'}\n";
 
 /* A request for the transaction is held on host ARGV[1] (state_hold): the
- * hold as state_hold() makes it, every host's. KEYS: tx, its holders (host
- * -> the newest stamp of its holds), waiting, arrivals, budget,
- * reservations. ARGV: 1 host, 2 the deadline (ms from now), 3 id, 4 the tx
- * keys' prefix, 5 budget, 6 '1' to plan, 7 the waiting set's cap, 8 the
- * arrivals' cap, 9 the hold's stamp (state_hold). Returns the
- * transaction's reservation in ms from now (0: due), -1 for none. */
+ * hold as state_hold() makes it, every host's. ARGV: 1 host, 2 the
+ * deadline (ms from now), 3 id, 4 budget, 5 '1' to plan, 6 the waiting
+ * set's cap, 7 the arrivals' cap, 8 the hold's stamp (state_hold). Returns
+ * the transaction's reservation in ms from now (0: due), -1 for none. */
 static const char lua_held[] =
-    LUA_HEAD LUA_PLAN
-    "local me = tx_fields(KEYS[1])\n"
+    LUA_HEAD LUA_TX LUA_PLAN
+    "local me = tx_fields(K_TX)\n"
     "local dl = now + tonumber(ARGV[2])\n"
     "local hu, ho, rv = me.hu, me.ho, me.rv\n"
     "local fresh = ho <= 0 or hu <= now\n"
     "if fresh then\n" /* a new holding period; hosts past their deadline may still leave */
-    "  hu, rv, ho = 0, 0, redis.call('HLEN', KEYS[2])\n"
-    "  redis.call('HSET', KEYS[1], 'wh', 0)\n"
-    "  redis.call('ZREM', KEYS[6], ARGV[3])\n"
+    "  hu, rv, ho = 0, 0, redis.call('HLEN', K_HOLDERS)\n"
+    "  redis.call('HSET', K_TX, 'wh', 0)\n"
+    "  redis.call('ZREM', K_RESERVED, ARGV[3])\n"
     "end\n"
-    "local st = redis.call('HGET', KEYS[2], ARGV[1])\n"
+    "local st = redis.call('HGET', K_HOLDERS, ARGV[1])\n"
     "if not st then ho = ho + 1 end\n"
-    "if not st or tonumber(st) < tonumber(ARGV[9]) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[9]) end\n"
+    "if not st or tonumber(st) < tonumber(ARGV[8]) then redis.call('HSET', K_HOLDERS, ARGV[1], ARGV[8]) end\n"
     "if dl > hu then hu = dl end\n"
-    "redis.call('HSET', KEYS[1], 'hu', hu, 'ho', ho, 'rv', rv)\n"
-    "keep_until(KEYS[1], hu + MARGIN)\n"
-    "keep_until(KEYS[2], hu + MARGIN)\n"
+    "redis.call('HSET', K_TX, 'hu', hu, 'ho', ho, 'rv', rv)\n"
+    "keep_until(K_TX, hu + MARGIN)\n"
+    "keep_until(K_HOLDERS, hu + MARGIN)\n"
     "me.hu, me.ho = hu, ho\n"
     "if tx_waits(me) and not fresh then\n" /* its score follows the latest deadline, and so do w's and r's lives */
-    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then\n"
-    "    redis.call('ZADD', KEYS[3], hu, ARGV[3])\n"
-    "    keep_until(KEYS[3], hu + MARGIN)\n"
-    "    keep_until(KEYS[6], hu + MARGIN)\n"
+    "  if redis.call('ZSCORE', K_WAITING, ARGV[3]) then\n"
+    "    redis.call('ZADD', K_WAITING, hu, ARGV[3])\n"
+    "    keep_until(K_WAITING, hu + MARGIN)\n"
+    "    keep_until(K_RESERVED, hu + MARGIN)\n"
     "  end\n"
     "elseif tx_waits(me) then\n"
     /* st_waiting_add: the stale ones dropped, added unless the cap waits */
-    "  prune_waiting(KEYS[3], KEYS[6])\n"
-    "  local others = redis.call('ZCARD', KEYS[3])\n"
-    "  if redis.call('ZSCORE', KEYS[3], ARGV[3]) then others = others - 1 end\n"
-    "  local added = others < tonumber(ARGV[7])\n"
-    "  if added then redis.call('ZADD', KEYS[3], hu, ARGV[3]) end\n"
-    "  keep_until(KEYS[3], hu + MARGIN)\n"
-    "  redis.call('ZADD', KEYS[4], now, now .. ':' .. ARGV[3])\n"
-    "  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - PLAN_RATE_LONG_MS)\n"
-    "  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -(tonumber(ARGV[8]) + 1))\n"
-    "  redis.call('PEXPIREAT', KEYS[4], now + PLAN_RATE_LONG_MS + MARGIN)\n"
+    "  prune_waiting(K_WAITING, K_RESERVED, K_WAITERS)\n"
+    "  local others = redis.call('ZCARD', K_WAITING)\n"
+    "  if redis.call('ZSCORE', K_WAITING, ARGV[3]) then others = others - 1 end\n"
+    "  local added = others < tonumber(ARGV[6])\n"
+    "  if added then redis.call('ZADD', K_WAITING, hu, ARGV[3]) end\n"
+    "  keep_until(K_WAITING, hu + MARGIN)\n"
+    "  redis.call('ZADD', K_ARRIVALS, now, now .. ':' .. ARGV[3])\n"
+    "  redis.call('ZREMRANGEBYSCORE', K_ARRIVALS, '-inf', now - PLAN_RATE_LONG_MS)\n"
+    "  redis.call('ZREMRANGEBYRANK', K_ARRIVALS, 0, -(tonumber(ARGV[7]) + 1))\n"
+    "  redis.call('PEXPIREAT', K_ARRIVALS, now + PLAN_RATE_LONG_MS + MARGIN)\n"
     "  local at = dl - PLAN_LEAD_MS\n"
-    "  if ARGV[6] == '1' and at > now then\n"
-    "    local bk = {budget = tonumber(ARGV[5])}\n" /* a full span refuses it without reading the spans */
-    "    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - BUDGET_SPAN)\n"
-    "    if plan_may_reserve(bk, busiest_at_least(KEYS[5], KEYS[6], at, nil))\n"
-    "       and plan_may_reserve(bk, busiest_at(KEYS[5], KEYS[6], at)) then\n"
+    "  if ARGV[5] == '1' and at > now then\n"
+    "    local bk = {budget = tonumber(ARGV[4])}\n" /* a full span refuses it without reading the spans */
+    "    redis.call('ZREMRANGEBYSCORE', K_BUDGET, '-inf', now - BUDGET_SPAN)\n"
+    "    if plan_may_reserve(bk, busiest_at_least(K_BUDGET, K_RESERVED, at, nil))\n"
+    "       and plan_may_reserve(bk, busiest_at(K_BUDGET, K_RESERVED, at)) then\n"
     "      rv = at\n"
-    "      redis.call('HSET', KEYS[1], 'rv', rv)\n"
+    "      redis.call('HSET', K_TX, 'rv', rv)\n"
     "      if added then\n" /* the spans count the reservations of the waiting set's */
-    "        redis.call('ZADD', KEYS[6], rv, ARGV[3])\n"
-    "        keep_until(KEYS[6], hu + MARGIN)\n"
+    "        redis.call('ZADD', K_RESERVED, rv, ARGV[3])\n"
+    "        keep_until(K_RESERVED, hu + MARGIN)\n"
     "      end\n"
     "    end\n"
     "  end\n"
     "end\n"
+    "follow(K_WAITING, K_WAITERS, ARGV[3], me)\n" /* me: as written above */
     "if rv == 0 then return -1 end\n"
     "return math.max(rv - now, 0)\n";
 
 /* The last request held for the transaction on host ARGV[1] is no longer
- * held (state_unhold). KEYS: tx, its holders, waiting, reservations. ARGV:
- * 1 host, 2 id, 3 its stamp (state_unhold). A hold of the host stamped
+ * held (state_unhold). ARGV: 1 host, 2 id, 3 its stamp (state_unhold). A hold of the host stamped
  * later (another process's, on another connection, come first) stays.
  * When no host holds it any more its reservation goes (nobody is left to
  * use it). */
 static const char lua_left[] =
-    "local st = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))\n"
+    LUA_HEAD LUA_TX
+    "local st = tonumber(redis.call('HGET', K_HOLDERS, ARGV[1]))\n"
     "if not st or st > tonumber(ARGV[3]) then return 0 end\n"
-    "if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 and redis.call('EXISTS', KEYS[1]) == 1 then\n"
-    "  local ho = (tonumber(redis.call('HGET', KEYS[1], 'ho')) or 1) - 1\n"
+    "if redis.call('HDEL', K_HOLDERS, ARGV[1]) == 1 and redis.call('EXISTS', K_TX) == 1 then\n"
+    "  local ho = (tonumber(redis.call('HGET', K_TX, 'ho')) or 1) - 1\n"
     "  if ho <= 0 then\n"
-    "    redis.call('HSET', KEYS[1], 'ho', 0, 'rv', 0)\n"
-    "    redis.call('ZREM', KEYS[3], ARGV[2])\n"
-    "    redis.call('ZREM', KEYS[4], ARGV[2])\n"
+    "    redis.call('HSET', K_TX, 'ho', 0, 'rv', 0)\n"
+    "    redis.call('ZREM', K_WAITING, ARGV[2])\n"
+    "    redis.call('ZREM', K_RESERVED, ARGV[2])\n"
     "  else\n"
-    "    redis.call('HSET', KEYS[1], 'ho', ho)\n"
+    "    redis.call('HSET', K_TX, 'ho', ho)\n"
     "  end\n"
     "end\n"
+    "follow(K_WAITING, K_WAITERS, ARGV[2])\n"
     "return 1\n";
 
 /* A final status or a 404 cached: the transaction no longer waits
- * (tx_waits), it leaves the key's waiting set and its reservations. KEYS
- * names: waiting, reservations; ARGV: id. */
+ * (tx_waits), it leaves the key's waiting set, its reservations and the
+ * waiting ones' fields (kw, kr, kv). */
 #define LUA_UNWAIT                                                                         \
-    "local function unwait(kw, kr, id)\n"                                                  \
+    "local function unwait(kw, kr, kv, id)\n"                                              \
     "  if (s and fu > now) or nf > now then\n"                                             \
     "    redis.call('ZREM', kw, id)\n"                                                     \
     "    redis.call('ZREM', kr, id)\n"                                                     \
+    "    redis.call('HDEL', kv, id)\n"                                                     \
     "  end\n"                                                                              \
     "end\n"
 
-/* KEYS: 1 tx, 2 key, 3 waiting, 4 reservations, 5 the 404 quarter; then
- * for each of the client's tiers (as the claim's) its block, its 404s and
- * its reads in flight. ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl,
+/* A read's end. After its keys (scripts[]), for each of the client's
+ * tiers (as the claim's) its block, its 404s and its reads in flight. ARGV: 1 serial, 2 sent_ms, 3 word, 4 final, 5 ttl,
  *       6 not_found, 7 nf ttl, 8 charge, 9 retry_ms, 10 key_pause_ms, 11
  *       waits, 12 id, 13 channel, 14 rkey, 15 the client's tiers' names
  *       ("C,C56,C48"; '-': none), 16 each tier's 404s that block
  *       ("5,10,20"), 17 their window (ms), 18 the block (ms). Returns 1
  *       when this started a block of any tier. */
 static const char lua_finish[] =
-    LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
+    LUA_HEAD LUA_TX LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local known, current = s, false\n"
     /* the floor at Kasera counts from any read's end */
     "le = now\n"
-    "redis.call('HSET', KEYS[1], 'le', le)\n"
+    "redis.call('HSET', K_TX, 'le', le)\n"
     /* the 404 quarter: this read no longer under way; counted on if it
      * ended 404 (any id's, as st_budget_not_found) */
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser then\n"
-    "  local q = redis.call('HMGET', KEYS[1], 'qn', 'qt')\n"
+    "  local q = redis.call('HMGET', K_TX, 'qn', 'qt')\n"
     "  if q[1] then\n"
-    "    redis.call('ZREM', KEYS[5], 'p:' .. q[1])\n"
+    "    redis.call('ZREM', K_NOT_FOUND, 'p:' .. q[1])\n"
     "    if ARGV[6] == '1' and tonumber(q[2]) > now - BUDGET_SPAN then\n"
-    "      redis.call('ZADD', KEYS[5], tonumber(q[2]), q[1])\n"
-    "      redis.call('PEXPIREAT', KEYS[5], tonumber(q[2]) + BUDGET_SPAN + MARGIN)\n"
+    "      redis.call('ZADD', K_NOT_FOUND, tonumber(q[2]), q[1])\n"
+    "      redis.call('PEXPIREAT', K_NOT_FOUND, tonumber(q[2]) + BUDGET_SPAN + MARGIN)\n"
     "    end\n"
-    "    redis.call('HDEL', KEYS[1], 'qn', 'qt')\n"
+    "    redis.call('HDEL', K_TX, 'qn', 'qt')\n"
     "  end\n"
     "end\n"
     "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
     "  current = lu > now\n" /* ended within its lease */
     "  if current then ls = ls + tonumber(ARGV[2]) end\n"
     "  lu = 0\n"
-    "  redis.call('HDEL', KEYS[1], 'lu')\n"
-    "  redis.call('HSET', KEYS[1], 'ls', ls)\n"
+    "  redis.call('HDEL', K_TX, 'lu')\n"
+    "  redis.call('HSET', K_TX, 'ls', ls)\n"
     "end\n"
     /* a stale read's pending or 404 only where nothing is known */
     "local open = current or (not s and nf <= now)\n"
@@ -552,38 +598,39 @@ static const char lua_finish[] =
     "if word ~= '' and ARGV[4] == '1' then\n"
     "  if forward(s, word) or (current and not fin) then\n"
     "    s, fu, nf = word, now + tonumber(ARGV[5]), 0\n"
-    "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
-    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "    redis.call('HSET', K_TX, 's', s, 'fu', fu)\n"
+    "    redis.call('HDEL', K_TX, 'nf')\n"
     "  end\n"
     "elseif word ~= '' then\n"
     "  if not fin and open then\n"
     "    s, fu, nf = word, 0, 0\n"
-    "    redis.call('HSET', KEYS[1], 's', s, 'fu', 0)\n"
-    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "    redis.call('HSET', K_TX, 's', s, 'fu', 0)\n"
+    "    redis.call('HDEL', K_TX, 'nf')\n"
     "  end\n"
     "elseif ARGV[6] == '1' then\n"
     "  if not fin and open then\n"
     "    nf = now + tonumber(ARGV[7])\n"
-    "    redis.call('HSET', KEYS[1], 'nf', nf)\n"
+    "    redis.call('HSET', K_TX, 'nf', nf)\n"
     "  end\n"
     "end\n"
-    "local kp = tonumber(redis.call('HGET', KEYS[2], 'p')) or 0\n"
+    "local kp = tonumber(redis.call('HGET', K_KEY, 'p')) or 0\n"
     "local rw, kw = tonumber(ARGV[9]), tonumber(ARGV[10])\n"
     "if kw > 0 and now + kw > kp then\n"
     "  kp = now + kw\n"
-    "  redis.call('HSET', KEYS[2], 'p', kp)\n"
-    "  redis.call('PEXPIREAT', KEYS[2], kp + MARGIN)\n"
+    "  redis.call('HSET', K_KEY, 'p', kp)\n"
+    "  redis.call('PEXPIREAT', K_KEY, kp + MARGIN)\n"
     "end\n"
     "if rw > 0 and now + rw > ra then\n"
     "  ra = now + rw\n"
-    "  redis.call('HSET', KEYS[1], 'ra', ra)\n"
+    "  redis.call('HSET', K_TX, 'ra', ra)\n"
     "end\n"
     "local blocked = 0\n"
     "local names, lim = {}, {}\n"
     "for x in string.gmatch(ARGV[15], '%x+') do names[#names + 1] = x end\n"
     "for x in string.gmatch(ARGV[16], '%d+') do lim[#lim + 1] = tonumber(x) end\n"
-    "for i = 1, math.floor((#KEYS - 5) / 3) do\n" /* each tier: block, 404s, in flight */
-    "  local kx, kc, kf = KEYS[3 * i + 3], KEYS[3 * i + 4], KEYS[3 * i + 5]\n"
+    "for i = 1, math.floor((#KEYS - FIXED_KEYS) / 3) do\n" /* each tier: block, 404s, in flight */
+    "  local b = FIXED_KEYS + 3 * i - 2\n"
+    "  local kx, kc, kf = KEYS[b], KEYS[b + 1], KEYS[b + 2]\n"
     "  redis.call('ZREM', kf, ARGV[12])\n" /* no longer in flight */
     "  if ARGV[8] == '1' and not known then\n"
     "    local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
@@ -597,35 +644,37 @@ static const char lua_finish[] =
     "    end\n"
     "  end\n"
     "end\n"
-    "unwait(KEYS[3], KEYS[4], ARGV[12])\n"
+    "unwait(K_WAITING, K_RESERVED, K_WAITERS, ARGV[12])\n"
+    "follow(K_WAITING, K_WAITERS, ARGV[12])\n"
     "publish(ARGV[11], ARGV[13], ARGV[14], ARGV[12], kp)\n"
     "return blocked\n";
 
-/* KEYS: tx, waiting, reservations. ARGV: 1 word, 2 final, 3 ttl, 4 waits,
- * 5 id, 6 channel, 7 rkey.
+/* A status told (a notify, or one written back). ARGV: 1 word, 2 final, 3
+ * ttl, 4 waits, 5 id, 6 channel, 7 rkey.
  * Returns '' when recorded, else the final status known that stays. */
 static const char lua_tell[] =
-    LUA_HEAD LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
+    LUA_HEAD LUA_TX LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local kept = ''\n"
     "if ARGV[2] == '1' then\n"
     "  if forward(s, ARGV[1]) then\n"
     "    s, fu, nf = ARGV[1], now + tonumber(ARGV[3]), 0\n"
-    "    redis.call('HSET', KEYS[1], 's', s, 'fu', fu)\n"
-    "    redis.call('HDEL', KEYS[1], 'nf')\n"
+    "    redis.call('HSET', K_TX, 's', s, 'fu', fu)\n"
+    "    redis.call('HDEL', K_TX, 'nf')\n"
     "  else kept = s end\n"
     /* pending replaces nothing final, cached or not: only nothing, pending or an unknown word */
     "elseif not (s and R[s]) then\n"
     "  s, nf = ARGV[1], 0\n"
-    "  redis.call('HSET', KEYS[1], 's', s)\n"
-    "  redis.call('HDEL', KEYS[1], 'nf')\n"
+    "  redis.call('HSET', K_TX, 's', s)\n"
+    "  redis.call('HDEL', K_TX, 'nf')\n"
     "else kept = s end\n"
-    "unwait(KEYS[2], KEYS[3], ARGV[5])\n"
+    "unwait(K_WAITING, K_RESERVED, K_WAITERS, ARGV[5])\n"
+    "follow(K_WAITING, K_WAITERS, ARGV[5])\n"
     "publish(ARGV[4], ARGV[6], ARGV[7], ARGV[5], 0)\n"
     "return kept\n";
 
 /* A host's own reads of the span, for the key's count (budget.h: what
  * Redis did not have, after an outage, a stall, a restart or a flush).
- * KEYS: the key's count, its grace. ARGV: 1 the grace (ms,
+ * ARGV: 1 the grace (ms,
  * budget_grace_ms), then pairs of a read's name (budget_member) and its
  * age in ms. A name already counted is not counted again (NX); when any
  * was new, the count is marked whole again and grants nothing for the
@@ -637,29 +686,116 @@ static const char lua_seed[] =
     "local added = 0\n"
     "for i = 2, #ARGV - 1, 2 do\n"
     "  local at = now - tonumber(ARGV[i + 1])\n"
-    "  if at > now - BUDGET_SPAN then added = added + redis.call('ZADD', KEYS[1], 'NX', at, ARGV[i]) end\n"
+    "  if at > now - BUDGET_SPAN then added = added + redis.call('ZADD', K_BUDGET, 'NX', at, ARGV[i]) end\n"
     "end\n"
     "if added > 0 then\n"
-    "  redis.call('ZADD', KEYS[1], '+inf', '~')\n"
-    "  redis.call('PEXPIRE', KEYS[1], MARK_KEEP)\n"
-    "  redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])\n"
+    "  redis.call('ZADD', K_BUDGET, '+inf', '~')\n"
+    "  redis.call('PEXPIRE', K_BUDGET, MARK_KEEP)\n"
+    "  redis.call('SET', K_GRACE, '1', 'PX', ARGV[1])\n"
     "end\n"
     "return added\n";
 
-static const char *const scripts[SCRIPT_N] = {lua_claim, lua_finish, lua_tell, lua_held, lua_left, lua_seed};
+/* ---- the keys: each kind once, each script's by kind ---- */
+
+/* What each kind of key is named (VPREFIX{K}WHAT, then the id for a
+ * transaction's, a client tier's name for a client's: state_redis_key) and
+ * the local the scripts know it by. */
+static const struct {
+    const char *what;
+    const char *lua;
+} kinds[RK_N] = {
+    [RK_TX] = {"t:", "K_TX"},             /* the transaction's fields */
+    [RK_HOLDERS] = {"o:", "K_HOLDERS"},   /* its holders: host -> the newest stamp of its holds */
+    [RK_KEY] = {"k", "K_KEY"},            /* the key's fields (p: its pause) */
+    [RK_BUDGET] = {"b", "K_BUDGET"},      /* the key's count of reads (budget.h) */
+    [RK_NOT_FOUND] = {"n", "K_NOT_FOUND"}, /* the 404 quarter */
+    [RK_WAITING] = {"w", "K_WAITING"},    /* the waiting transactions, by deadline */
+    [RK_WAITERS] = {"v", "K_WAITERS"},    /* their fields, for the plan's walk (LUA_TX) */
+    [RK_ARRIVALS] = {"a", "K_ARRIVALS"},  /* the first holds of the last PLAN_RATE_LONG_MS */
+    [RK_RESERVED] = {"r", "K_RESERVED"},  /* the reservations, by time */
+    [RK_GRACE] = {"g", "K_GRACE"},        /* the count's grace (budget.h) */
+};
+
+/* The kinds of a client tier's keys, in the order they follow a script's
+ * own: its block, its 404s and its reads in flight. */
+static const char *const tier_whats[3] = {"x:", "c:", "f:"};
+
+/* Each script: its text, its keys by kind (KEYS[1..n], named by the
+ * locals the script text declares), whether a client's tiers' keys follow
+ * them (FIXED_KEYS is then where they start), whether it paces and plans
+ * (plan_lua). */
+static const struct {
+    const char *name;
+    const char *body;
+    enum rkey_kind keys[10];
+    int nkeys;
+    bool tiers, plans;
+} scripts[SCRIPT_N] = {
+    [SCRIPT_CLAIM] = {"claim", lua_claim,
+                      {RK_TX, RK_KEY, RK_BUDGET, RK_NOT_FOUND, RK_WAITING, RK_ARRIVALS, RK_RESERVED, RK_GRACE, RK_WAITERS},
+                      9, true, true},
+    [SCRIPT_FINISH] = {"finish", lua_finish, {RK_TX, RK_KEY, RK_WAITING, RK_RESERVED, RK_NOT_FOUND, RK_WAITERS}, 6, true,
+                       true},
+    [SCRIPT_TELL] = {"tell", lua_tell, {RK_TX, RK_WAITING, RK_RESERVED, RK_WAITERS}, 4, false, true},
+    [SCRIPT_HELD] = {"held", lua_held, {RK_TX, RK_HOLDERS, RK_WAITING, RK_ARRIVALS, RK_BUDGET, RK_RESERVED, RK_WAITERS},
+                     7, false, true},
+    [SCRIPT_LEFT] = {"left", lua_left, {RK_TX, RK_HOLDERS, RK_WAITING, RK_RESERVED, RK_WAITERS}, 5, false, true},
+    [SCRIPT_SEED] = {"seed", lua_seed, {RK_BUDGET, RK_GRACE}, 2, false, false},
+};
+
+const char *state_redis_script_name(int script)
+{
+    return script >= 0 && script < SCRIPT_N ? scripts[script].name : NULL;
+}
+
+int state_redis_script_keys(int script, const char *vprefix, const struct state_redis_id *k, const char *id,
+                            const struct state_redis_client *client, char names[][STATE_REDIS_KEY_MAX])
+{
+    int n = 0;
+    for (int i = 0; i < scripts[script].nkeys; i++) {
+        enum rkey_kind kind = scripts[script].keys[i];
+        bool per_id = kind == RK_TX || kind == RK_HOLDERS;
+        state_redis_key(names[n++], STATE_REDIS_KEY_MAX, vprefix, k, kinds[kind].what, per_id ? id : NULL);
+    }
+    for (int t = 0; scripts[script].tiers && client != NULL && t < client->n && t < STATE_CLIENT_TIERS; t++)
+        for (int w = 0; w < 3; w++)
+            state_redis_key(names[n++], STATE_REDIS_KEY_MAX, vprefix, k, tier_whats[w], client->tier[t].hex);
+    return n;
+}
+
+/* "local K_TX, K_KEY = KEYS[1], KEYS[2]\nlocal FIXED_KEYS = 2\n" for the
+ * script's keys, into buf; its length, or -1 when it does not fit. */
+static int key_locals(int script, char *buf, size_t len)
+{
+    size_t at = 0;
+    int nk = scripts[script].nkeys;
+    for (int i = 0; i < 2 * nk + 1; i++) {
+        int n;
+        if (i < nk)
+            n = snprintf(buf + at, len - at, "%s%s", i == 0 ? "local " : ", ", kinds[scripts[script].keys[i]].lua);
+        else if (i < 2 * nk)
+            n = snprintf(buf + at, len - at, "%sKEYS[%d]", i == nk ? " = " : ", ", i - nk + 1);
+        else
+            n = snprintf(buf + at, len - at, "\nlocal FIXED_KEYS = %d\n", nk);
+        if (n < 0 || (size_t)n >= len - at)
+            return -1;
+        at += (size_t)n;
+    }
+    return (int)at;
+}
 
 char *state_redis_script_text(int script)
 {
-    const char *body = scripts[script];
-    char prelude[2048], plan[16384] = "";
+    const char *body = scripts[script].body;
+    char prelude[2048], plan[16384] = "", locals[512];
     int n = rules_lua_prelude(prelude, sizeof prelude);
-    /* the scripts with LUA_HEAD pace and plan as pace.c and plan.c */
-    int m = script != SCRIPT_LEFT && script != SCRIPT_SEED ? plan_lua(plan, sizeof plan) : 0;
-    if (n < 0 || m < 0)
+    int m = scripts[script].plans ? plan_lua(plan, sizeof plan) : 0;
+    int q = key_locals(script, locals, sizeof locals);
+    if (n < 0 || m < 0 || q < 0)
         return NULL;
-    size_t len = (size_t)n + (size_t)m + strlen(body) + 1;
+    size_t len = (size_t)n + (size_t)m + (size_t)q + strlen(body) + 1;
     char *t = malloc(len);
     if (t != NULL)
-        snprintf(t, len, "%s%s%s", prelude, plan, body);
+        snprintf(t, len, "%s%s%s%s", prelude, plan, locals, body);
     return t;
 }

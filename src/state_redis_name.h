@@ -24,8 +24,10 @@
  * both run (a rolling upgrade: see docs/redis.md, "Upgrading several hosts") and never read
  * or write the other's. Bump it with any change to those.
  * 1: the names without a version (releases before this one);
- * 2: the version in the names; the wake channel's S and R lines. */
-#define STATE_REDIS_SCHEMA 2
+ * 2: the version in the names; the wake channel's S and R lines;
+ * 3: the waiting transactions' fields copied for the plan ({K}v), the
+ *    scripts' keys by kind (state_redis_lua.c) and no key prefix passed. */
+#define STATE_REDIS_SCHEMA 3
 #define STATE_REDIS_SCHEMA_MAX 12 /* the most "v" SCHEMA ":" adds to the prefix */
 
 /* PREFIX "v" SCHEMA ":" into out (cap bytes); schema <= 0 means

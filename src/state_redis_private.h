@@ -24,6 +24,16 @@
 
 enum { SCRIPT_CLAIM, SCRIPT_FINISH, SCRIPT_TELL, SCRIPT_HELD, SCRIPT_LEFT, SCRIPT_SEED, SCRIPT_N };
 
+/* The kinds of key kept for one API key (state_redis_lua.c names them
+ * and says which script takes which). */
+enum rkey_kind {
+    RK_TX, RK_HOLDERS, RK_KEY, RK_BUDGET, RK_NOT_FOUND, RK_WAITING, RK_WAITERS, RK_ARRIVALS, RK_RESERVED, RK_GRACE,
+    RK_N
+};
+
+/* the most keys a script takes: its own, then a client's tiers' */
+#define STATE_REDIS_SCRIPT_KEYS_MAX (10 + 3 * STATE_CLIENT_TIERS)
+
 struct rconn {
     struct state_redis *r;    /* NULL once it is not r's any more */
     redisAsyncContext *ac;
@@ -151,6 +161,18 @@ static inline int64_t reply_int(const redisReply *x)
  * functions translated from the C (plan_lua), then its body. Returns NULL
  * when out of memory; the caller frees it. */
 char *state_redis_script_text(int script);
+
+/* The names of the keys script `script` takes (KEYS, in its order) for API
+ * key k and transaction id (used only by the kinds of a transaction; may
+ * be NULL for a script that has none), then, for the claim and the finish
+ * when client is not NULL, each of its tiers' block, 404s and reads in
+ * flight; VPREFIX from state_redis_prefix(). Written into names (room for
+ * STATE_REDIS_SCRIPT_KEYS_MAX); returns how many. Can't fail. */
+int state_redis_script_keys(int script, const char *vprefix, const struct state_redis_id *k, const char *id,
+                            const struct state_redis_client *client, char names[][STATE_REDIS_KEY_MAX]);
+
+/* The script's name ("claim", ...), NULL for no such script. */
+const char *state_redis_script_name(int script);
 
 /* ---- state_redis_conn.c ---- */
 

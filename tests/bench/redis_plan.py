@@ -12,8 +12,8 @@ pass/fail. Run by hand, from the build directory:
 
     make bench-redis    (or: top_builddir=$PWD top_srcdir=.. python3 ../tests/bench/redis_plan.py)
 
-Extra keys and arguments are harmless to an older script: the same bench
-measures main's scripts (build main, point top_builddir at it).
+The keys and arguments are those of this version's scripts (the printer
+gives the keys): to measure another version, run its own bench.
 
 A fresh hold's cost is measured on ids held once each (the hold's cleanup
 runs as EVAL, which commandstats counts apart from EVALSHA)."""
@@ -39,33 +39,45 @@ ROUNDS = 5    # the median round's figure: other work on the machine comes and g
 K = "bench:{k}"
 
 # Test set-up only: undo one fresh hold of ARGV[1] (KEYS: tx, holders,
-# waiting, arrivals, reservations).
+# waiting, reservations, the waiting ones' fields).
 UNDO = """
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 return 1
 """
 
 
+def printer():
+    return os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
+
+
 def script(name):
-    exe = os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
-    return subprocess.run([exe, name], check=True, capture_output=True, text=True).stdout
+    return subprocess.run([printer(), name], check=True, capture_output=True, text=True).stdout
 
 
-def held_keys(i):
-    return [K + "t:%d" % i, K + "o:%d" % i, K + "w", K + "a", K + "b", K + "r"]
+_KEYS = {}
+
+
+def keys(name, i):
+    """The keys kembali passes script `name` for transaction i (no client):
+    the printer's (state_redis_script_keys)."""
+    if name not in _KEYS:
+        _KEYS[name] = subprocess.run([printer(), "keys", name, "bench:", "k", "@ID@"], check=True,
+                                     capture_output=True, text=True).stdout.split()
+    return [n.replace("@ID@", str(i)) for n in _KEYS[name]]
 
 
 def hold(c, sha, text, i, host="h1"):
-    ks = held_keys(i)
-    return c.cmd("EVALSHA", sha, str(len(ks)), *ks, host, str(HOLD_MS), str(i), K + "t:", str(BUDGET), "1",
+    ks = keys("held", i)
+    return c.cmd("EVALSHA", sha, str(len(ks)), *ks, host, str(HOLD_MS), str(i), str(BUDGET), "1",
                  str(CAP), str(ARRIVALS_CAP), str(i))
 
 
 def claim(c, sha, text, i):
-    ks = [K + "t:%d" % i, K + "k", K + "b", K + "n", K + "w", K + "a", K + "r", K + "g"]  # no client
-    return c.cmd("EVALSHA", sha, str(len(ks)), *ks, WAITS, str(BUDGET), "10000", "0", str(i), "1", K + "t:",
+    ks = keys("claim", i)
+    return c.cmd("EVALSHA", sha, str(len(ks)), *ks, WAITS, str(BUDGET), "10000", "0", str(i), "1",
                  str(CAP), "5,10,20", "600000", "250", str(HOLD_MS), str(SCHEDULE_READS), "h1:%d" % i, "bench:wake",
                  "k", "0", "2000", str(max(BUDGET // 4, 1)))
 
@@ -111,7 +123,7 @@ def case(redis, n, sha, text):
             c.cmd("CONFIG", "RESETSTAT")
             for i in range(200000 + rnd * CALLS, 200000 + (rnd + 1) * CALLS):
                 hold(c, sha["held"], text["held"], i, host="h2")
-                c.cmd("EVAL", UNDO, "5", K + "t:%d" % i, K + "o:%d" % i, K + "w", K + "a", K + "r", str(i))
+                c.cmd("EVAL", UNDO, "5", K + "t:%d" % i, K + "o:%d" % i, K + "w", K + "r", K + "v", str(i))
             holds.append(usec(c, "evalsha")[0])
         waiting = c.cmd("ZCARD", K + "w")
     return sorted(claims)[ROUNDS // 2], sorted(holds)[ROUNDS // 2], waiting

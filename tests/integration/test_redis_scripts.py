@@ -27,8 +27,32 @@ HOLD_MS = 34000
 CAP = 512
 
 
+def printer():
+    return os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
+
+
+_KEYS = {}
+
+
+def keys(name, tx, tiers=()):
+    """The keys kembali passes script `name` (the printer's, built by
+    state_redis_script_keys) for transaction tx and a client's tiers."""
+    if (name, len(tiers)) not in _KEYS:
+        tier_marks = ["@T%d@" % i for i in range(len(tiers))]
+        out = subprocess.run([printer(), "keys", name, "test:", "k", "@ID@"] + tier_marks, check=True,
+                             capture_output=True, text=True).stdout
+        _KEYS[(name, len(tiers))] = out.split()
+    names = []
+    for n in _KEYS[(name, len(tiers))]:
+        n = n.replace("@ID@", tx)
+        for i, t in enumerate(tiers):
+            n = n.replace("@T%d@" % i, t)
+        names.append(n)
+    return names
+
+
 def scripts(c):
-    exe = os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
+    exe = printer()
     sha = {}
     for name in ("claim", "finish", "tell", "held", "left", "seed"):
         text = subprocess.run([exe, name], check=True, capture_output=True, text=True).stdout
@@ -37,36 +61,32 @@ def scripts(c):
 
 
 def held(c, sha, tx, host, deadline_ms, stamp):
-    keys = [K + "t:" + tx, K + "o:" + tx, K + "w", K + "a", K + "b", K + "r"]
-    return c.cmd("EVALSHA", sha["held"], str(len(keys)), *keys, host, str(deadline_ms), tx, K + "t:", str(BUDGET),
+    ks = keys("held", tx)
+    return c.cmd("EVALSHA", sha["held"], str(len(ks)), *ks, host, str(deadline_ms), tx, str(BUDGET),
                  "1", str(CAP), "64", str(stamp))
 
 
 def left(c, sha, tx, host, stamp):
-    keys = [K + "t:" + tx, K + "o:" + tx, K + "w", K + "r"]
-    return c.cmd("EVALSHA", sha["left"], str(len(keys)), *keys, host, tx, str(stamp))
+    ks = keys("left", tx)
+    return c.cmd("EVALSHA", sha["left"], str(len(ks)), *ks, host, tx, str(stamp))
 
 
 def tell(c, sha, tx, word):
-    keys = [K + "t:" + tx, K + "w", K + "r"]
-    return c.cmd("EVALSHA", sha["tell"], str(len(keys)), *keys, word, "1", "600000", WAITS, tx, "test:wake", "k")
+    ks = keys("tell", tx)
+    return c.cmd("EVALSHA", sha["tell"], str(len(ks)), *ks, word, "1", "600000", WAITS, tx, "test:wake", "k")
 
 
 LIMITS = "5,10,20"  # STATE_CLIENT_404S_AT: an address (an IPv6 /64), a /56, a /48
 LEASE_MS = 10000
 
 
-def client_keys(tiers):
-    return [K + w + t for t in tiers for w in ("x:", "c:", "f:")]
-
-
 def claim(c, sha, tx, budget=BUDGET, lost=False, member=None, tiers=(), quarter=None, plan=True):
     """The claim of a read of tx; `tiers`: the client's names (its address,
     then an IPv6 address's /56 and /48; none: no client); `quarter`: the
     404 quarter's cap (rules_not_found_cap: budget / 4)."""
-    keys = [K + "t:" + tx, K + "k", K + "b", K + "n", K + "w", K + "a", K + "r", K + "g"] + client_keys(tiers)
-    return c.cmd("EVALSHA", sha["claim"], str(len(keys)), *keys, WAITS, str(budget), str(LEASE_MS),
-                 "1" if tiers else "0", tx, "1" if plan else "0", K + "t:", str(CAP), LIMITS, "600000", "250",
+    ks = keys("claim", tx, tiers)
+    return c.cmd("EVALSHA", sha["claim"], str(len(ks)), *ks, WAITS, str(budget), str(LEASE_MS),
+                 "1" if tiers else "0", tx, "1" if plan else "0", str(CAP), LIMITS, "600000", "250",
                  str(HOLD_MS), "7", member or "h1:" + tx, "test:wake", "k", "1" if lost else "0", "2000",
                  str(quarter if quarter is not None else max(budget // 4, 1)))
 
@@ -74,15 +94,16 @@ def claim(c, sha, tx, budget=BUDGET, lost=False, member=None, tiers=(), quarter=
 def finish(c, sha, tx, serial, word="", final=False, not_found=False, tiers=()):
     """A read's outcome (the 404 charged to the client when nothing was
     known of tx); returns 1 when it started a block."""
-    keys = [K + "t:" + tx, K + "k", K + "w", K + "r", K + "n"] + client_keys(tiers)
-    return c.cmd("EVALSHA", sha["finish"], str(len(keys)), *keys, str(serial), "0", word, "1" if final else "0",
+    ks = keys("finish", tx, tiers)
+    return c.cmd("EVALSHA", sha["finish"], str(len(ks)), *ks, str(serial), "0", word, "1" if final else "0",
                  "600000", "1" if not_found else "0", "600000", "1" if not_found and tiers else "0", "0", "0",
                  WAITS, tx, "test:wake", "k", ",".join(tiers) or "-", LIMITS, "600000", "600000")
 
 
 def seed(c, sha, reads, grace=2000):
     """A host's reads (name, ms ago) sent to the key's count."""
-    return c.cmd("EVALSHA", sha["seed"], "2", K + "b", K + "g", str(grace),
+    ks = keys("seed", "")
+    return c.cmd("EVALSHA", sha["seed"], str(len(ks)), *ks, str(grace),
                  *[x for name, ago in reads for x in (name, str(ago))])
 
 
@@ -244,8 +265,8 @@ def fair_share_case(c, sha, others):
     c.cmd("FLUSHALL")
     budget = 10
     for tx in ["A"] + ["W%d" % i for i in range(others)]:
-        keys = [K + "t:" + tx, K + "o:" + tx, K + "w", K + "a", K + "b", K + "r"]
-        c.cmd("EVALSHA", sha["held"], str(len(keys)), *keys, "h1", str(HOLD_MS), tx, K + "t:", str(budget), "0",
+        ks = keys("held", tx)
+        c.cmd("EVALSHA", sha["held"], str(len(ks)), *ks, "h1", str(HOLD_MS), tx, str(budget), "0",
               str(CAP), "64", "1")  # '0': no reservation
     c.cmd("DEL", K + "a")  # no rush: no headroom
     now = now_ms(c)
@@ -380,6 +401,77 @@ def test_the_404_quarter(tmpdir):
             c.cmd("ZADD", K + "n", str(now - LEASE_MS - 1000), "p:h9:%d" % i)
         assert_eq(claim(c, sha, "N", quarter=3, plan=False)[0], "go")
         assert_eq(c.cmd("ZRANGE", K + "n", "0", "-1"), ["p:h1:N"])
+
+
+def monitor_args(line):
+    """A MONITOR line's command, as its words (Redis writes each quoted,
+    with backslash escapes)."""
+    words, i = [], line.index("] ") + 2
+    while i < len(line):
+        if line[i] != '"':
+            i += 1
+            continue
+        i += 1
+        w = bytearray()
+        while line[i] != '"':
+            if line[i] == "\\":
+                i += 1
+                if line[i] == "x":
+                    w.append(int(line[i + 1:i + 3], 16))
+                    i += 3
+                    continue
+                w += {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b"}.get(line[i], line[i].encode())
+            else:
+                w += line[i].encode()
+            i += 1
+        words.append(w.decode("utf-8", "surrogateescape"))
+        i += 1
+    return words
+
+
+@harness.timeout(120)
+def test_every_script_touches_only_the_keys_it_is_passed(tmpdir):
+    """Redis's scripting contract (and a Cluster's slots): a script names
+    every key it reads or writes in KEYS. Every command the scripts run
+    (MONITOR logs them) is asked for its keys (COMMAND GETKEYS), which must
+    be among the ones its EVALSHA passed: holds, a claim that walks the
+    waiting transactions, a client's claim and finish, a tell, a leave and
+    a seed."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c, redis.client() as m:
+        sha = scripts(c)
+        m.cmd("MONITOR")
+        fair_share_case(c, sha, 3)  # holds, and a claim that walks the others
+        tiers = (p64(1), p64(2), p64(3))
+        r = claim(c, sha, "U", tiers=tiers)
+        assert_eq(r[0], "go")
+        finish(c, sha, "U", r[1], not_found=True, tiers=tiers)
+        tell(c, sha, "W0", "succeeded")
+        left(c, sha, "W1", "h1", 2)
+        seed(c, sha, [("h2:1", 1000)])
+        c.cmd("ECHO", "monitored-end")
+        passed, checked, wrong, scripts_seen = None, 0, [], set()
+        while True:
+            line = m.reply(timeout=5)
+            args = monitor_args(line)
+            if args[:2] == ["ECHO", "monitored-end"]:
+                break
+            if "[0 lua]" not in line:
+                if args and args[0].upper() == "EVALSHA":
+                    passed = set(args[3:3 + int(args[2])])
+                    scripts_seen.add(args[1])
+                continue
+            try:
+                touched = c.cmd("COMMAND", "GETKEYS", *args)
+            except harness.RedisError:
+                continue  # no key (TIME, PUBLISH)
+            checked += 1
+            for k in touched:
+                if k not in passed:
+                    wrong.append("%s touches %s, not passed" % (args[0], k))
+        assert_eq(sorted(set(wrong)), [])
+        assert_eq(scripts_seen, set(sha.values()))
+        assert checked > 50, "only %d commands checked" % checked
 
 
 if __name__ == "__main__":
