@@ -130,6 +130,124 @@ static void on_sub_reply(struct state_redis *r, const redisReply *x)
 }
 
 
+/* ---- a reply handler per operation: x the reply (NULL when the
+ * connection dropped it), failed when there is none or it is an error
+ * (Redis is then left already), r NULL when the connection is not r's
+ * any more ---- */
+
+typedef void reply_fn(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed);
+
+static void reply_claim(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    if (op->fn == NULL)
+        return; /* cancelled */
+    struct state_redis_claim c;
+    claim_verdict(failed ? NULL : x, &c);
+    if (c.v == STATE_REDIS_DOWN && r != NULL && !failed)
+        state_redis_went_down(r, "a claim's answer makes no sense");
+    op->r->m.granted += c.v == STATE_REDIS_GO;
+    op->fn(op->data, &c);
+}
+
+static void reply_tell(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    if (op->told_fn == NULL)
+        return;
+    struct state_redis_told t = {.down = true};
+    if (!failed && reply_is(x, REDIS_REPLY_STRING) && x->len == 0) {
+        t.down = false;
+    } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && ids_valid_word(x->str, x->len)) {
+        t.down = false;
+        t.kept = true;
+        util_copy(t.word, sizeof t.word, x->str);
+    } else if (r != NULL && !failed) {
+        state_redis_went_down(r, "a told status's answer makes no sense");
+    }
+    op->told_fn(op->data, &t);
+}
+
+static void reply_held(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    if (op->held_fn == NULL)
+        return;
+    struct state_redis_held h = {.down = true};
+    if (!failed && reply_is(x, REDIS_REPLY_INTEGER)) {
+        h.down = false;
+        h.reserved = x->integer >= 0;
+        h.resv_ms = x->integer >= 0 ? x->integer : 0;
+    } else if (r != NULL && !failed) {
+        state_redis_went_down(r, "a hold's answer makes no sense");
+    }
+    op->held_fn(op->data, &h);
+}
+
+/* a script whose answer matters only for a finish that charged a client:
+ * 1 means its client's block started */
+static void reply_fire(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
+        x->integer == 1)
+        r->on_blocked(r->ctx, op->shop, op->id);
+}
+
+static void reply_join_other(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    (void)op;
+    (void)x;
+    if (!failed && r != NULL && r->phase == PH_JOINING)
+        state_redis_join_step_done(r);
+}
+
+static void reply_join_role(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    (void)op;
+    if (failed || r == NULL || r->phase != PH_JOINING)
+        return;
+    if (reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING) &&
+        strcmp(x->element[0]->str, "master") == 0)
+        state_redis_join_step_done(r);
+    else
+        state_redis_not_a_master(r, x);
+}
+
+static void reply_join_script(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    if (failed || r == NULL || r->phase != PH_JOINING)
+        return;
+    if (!reply_is(x, REDIS_REPLY_STRING) || x->len != 40) {
+        state_redis_went_down(r, "SCRIPT LOAD gave no digest");
+    } else {
+        memcpy(r->sha[op->script], x->str, 41);
+        state_redis_join_step_done(r);
+    }
+}
+
+/* a PING's answer matters only by coming (the slow timer) */
+static void reply_none(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
+{
+    (void)r;
+    (void)op;
+    (void)x;
+    (void)failed;
+}
+
+/* OP_S_AUTH, OP_S_ASK (the Sentinel's) and OP_SUBSCRIBE are answered
+ * before these (state_redis_on_reply). */
+static reply_fn *const reply_of[] = {
+    [OP_CLAIM] = reply_claim,
+    [OP_TELL] = reply_tell,
+    [OP_HELD] = reply_held,
+    [OP_FIRE] = reply_fire,
+    [OP_PING] = reply_none,
+    [OP_JOIN_SCRIPT] = reply_join_script,
+    [OP_JOIN_OTHER] = reply_join_other,
+    [OP_JOIN_ROLE] = reply_join_role,
+    [OP_SUBSCRIBE] = reply_none,
+    [OP_S_AUTH] = reply_none,
+    [OP_S_ASK] = reply_none,
+};
+_Static_assert(sizeof reply_of / sizeof reply_of[0] == OP_N, "a reply handler for every operation");
+
 /* Every reply, and every operation dropped with its connection (reply NULL). */
 void state_redis_on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -162,80 +280,7 @@ void state_redis_on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             snprintf(why, sizeof why, "the password is refused (redis_password_file)");
         state_redis_went_down(r, why);
     }
-    switch (op->kind) {
-    case OP_CLAIM:
-        if (op->fn != NULL) {
-            struct state_redis_claim c;
-            claim_verdict(failed ? NULL : x, &c);
-            if (c.v == STATE_REDIS_DOWN && r != NULL && !failed)
-                state_redis_went_down(r, "a claim's answer makes no sense");
-            op->r->m.granted += c.v == STATE_REDIS_GO;
-            op->fn(op->data, &c);
-        }
-        break;
-    case OP_TELL:
-        if (op->told_fn != NULL) {
-            struct state_redis_told t = {.down = true};
-            if (!failed && reply_is(x, REDIS_REPLY_STRING) && x->len == 0) {
-                t.down = false;
-            } else if (!failed && reply_is(x, REDIS_REPLY_STRING) && ids_valid_word(x->str, x->len)) {
-                t.down = false;
-                t.kept = true;
-                util_copy(t.word, sizeof t.word, x->str);
-            } else if (r != NULL && !failed) {
-                state_redis_went_down(r, "a told status's answer makes no sense");
-            }
-            op->told_fn(op->data, &t);
-        }
-        break;
-    case OP_HELD:
-        if (op->held_fn != NULL) {
-            struct state_redis_held h = {.down = true};
-            if (!failed && reply_is(x, REDIS_REPLY_INTEGER)) {
-                h.down = false;
-                h.reserved = x->integer >= 0;
-                h.resv_ms = x->integer >= 0 ? x->integer : 0;
-            } else if (r != NULL && !failed) {
-                state_redis_went_down(r, "a hold's answer makes no sense");
-            }
-            op->held_fn(op->data, &h);
-        }
-        break;
-    case OP_JOIN_OTHER:
-        if (!failed && r != NULL && r->phase == PH_JOINING)
-            state_redis_join_step_done(r);
-        break;
-    case OP_JOIN_ROLE:
-        if (!failed && r != NULL && r->phase == PH_JOINING) {
-            if (reply_is(x, REDIS_REPLY_ARRAY) && x->elements >= 1 && reply_is(x->element[0], REDIS_REPLY_STRING) &&
-                strcmp(x->element[0]->str, "master") == 0)
-                state_redis_join_step_done(r);
-            else
-                state_redis_not_a_master(r, x);
-        }
-        break;
-    case OP_S_AUTH: /* answered above, by sentinel_reply */
-    case OP_S_ASK:
-        break;
-    case OP_JOIN_SCRIPT:
-        if (!failed && r != NULL && r->phase == PH_JOINING) {
-            if (!reply_is(x, REDIS_REPLY_STRING) || x->len != 40) {
-                state_redis_went_down(r, "SCRIPT LOAD gave no digest");
-            } else {
-                memcpy(r->sha[op->script], x->str, 41);
-                state_redis_join_step_done(r);
-            }
-        }
-        break;
-    case OP_FIRE:
-        if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
-            x->integer == 1)
-            r->on_blocked(r->ctx, op->shop, op->id);
-        break;
-    case OP_PING:
-    case OP_SUBSCRIBE:
-        break;
-    }
+    reply_of[op->kind](r, op, x, failed);
     free(op);
 }
 
