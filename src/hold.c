@@ -62,6 +62,8 @@ void hold_step(struct state *st, const struct state_key *key, const char *id,
 {
     out->claimed = false;
     state_lookup(st, key, id, sched, budget, now, &out->fact);
+    if (out->fact.withheld) /* for these waiters: the plan holds their read back */
+        state_hold_back(st, key, id, now);
     hold_plan(&out->fact, ours, stopping, w, n, now, answer, &out->plan);
     if (!out->plan.claim)
         return;

@@ -59,7 +59,9 @@ static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_
 }
 
 /* The fact about e (NULL: untracked) of key k (NULL: unused) at `now`;
- * *kind (may be NULL) says what a read started now would be. */
+ * *kind (may be NULL) says what a read started now would be. Writes
+ * nothing: a lookup is a query (a withheld read is recorded by the claim,
+ * or by hold_back). */
 static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct pace_schedule *sched,
                     int budget, int64_t now, struct state_fact *f, enum plan_read *kind)
 {
@@ -120,8 +122,6 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             raise_to(&f->next_read, &f->wait, retry, WAIT_BUDGET);
             f->withheld = true;
             f->withheld_own = own;
-            if (e != NULL)
-                e->withheld = 1;
         }
         if (kind != NULL)
             *kind = r;
@@ -152,6 +152,15 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
 {
     st_lock(st, now);
     compute(st, st_tx_find(st, key, id), st_key_get(st, key, now, false), sched, budget, now, out, NULL);
+    st_unlock(st);
+}
+
+void state_hold_back(struct state *st, const struct state_key *key, const char *id, int64_t now)
+{
+    st_lock(st, now);
+    struct st_tx *e = st_tx_find(st, key, id);
+    if (e != NULL)
+        e->withheld = 1;
     st_unlock(st);
 }
 
@@ -193,6 +202,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     struct st_keyent *k = st_key_get(st, key, now, false);
     enum plan_read kind;
     compute(st, e, k, sched, budget, now, out, &kind);
+    if (out->withheld && e != NULL)
+        e->withheld = 1; /* the plan held this read back (plan_drifted) */
     if (out->final || out->not_found || out->in_flight || out->next_read > now)
         goto done;
     if (k == NULL)

@@ -2,6 +2,7 @@
  * leases and eviction, all with simulated `now` values (the clients' 404s
  * are test_state_client.c). */
 #include "state_fixture.h"
+#include "state_private.h" /* st_tx_find: the entry a lookup must not change */
 
 /* ---- basics ---- */
 
@@ -2463,10 +2464,60 @@ static void test_learn_not_found(void **unused)
     state_free(st);
 }
 
+/* A lookup is a query: in a flash sale, a read the plan holds back
+ * (fact.withheld) is recorded by state_hold_back() (hold_step, for the
+ * requests that wait for it) or by a refused claim, never by the lookup
+ * that finds it; and once recorded it stays for the hold. */
+static void test_a_lookup_changes_nothing(void **unused)
+{
+    (void)unused;
+    enum { SALE = 40, SALE_BUDGET = 20 };
+    struct state *st = mk(256);
+    struct state_key k = key_of(st, "sk_test_sale");
+    struct pace_schedule s = sched_default();
+    char ids[SALE][16];
+    int64_t deadline[SALE];
+    bool seen = false;
+    for (int i = 0; i < SALE; i++)
+        snprintf(ids[i], sizeof ids[i], "sale-%d", i);
+    for (int64_t now = T0; now < T0 + 40000 && !seen; now += 50) {
+        for (int i = 0; i < SALE; i++)
+            if (now == T0 + i * 500) {
+                uint64_t stamp;
+                deadline[i] = now + pace_hold_ms(&s);
+                assert_true(state_hold(st, &k, ids[i], &s, SALE_BUDGET, deadline[i], now, &stamp));
+            }
+        for (int i = 0; i < SALE && !seen && now >= T0 + i * 500; i++) {
+            if (now >= deadline[i])
+                continue;
+            struct state_fact f;
+            state_lookup(st, &k, ids[i], &s, SALE_BUDGET, now, &f);
+            struct st_tx *e = st_tx_find(st, &k, ids[i]);
+            assert_non_null(e);
+            if (f.withheld) {
+                assert_int_equal(e->withheld, 0);
+                state_hold_back(st, &k, ids[i], now);
+                assert_int_equal(e->withheld, 1);
+                state_lookup(st, &k, ids[i], &s, SALE_BUDGET, now, &f);
+                assert_int_equal(e->withheld, 1);
+                seen = true;
+            } else if (!f.final && !f.in_flight && f.next_read <= now) {
+                struct state_ticket t;
+                struct state_fact g;
+                assert_true(state_claim(st, &k, ids[i], &s, SALE_BUDGET, TIMEOUT, now, &t, &g));
+                finish(st, &t, "shop", oc_status(TXS_PENDING, "pending"), now + 100);
+            }
+        }
+    }
+    assert_true(seen);
+    state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_claim_fresh),
+        cmocka_unit_test(test_a_lookup_changes_nothing),
         cmocka_unit_test(test_claim_while_in_flight),
         cmocka_unit_test(test_pending_next_read),
         cmocka_unit_test(test_pace_counts_from_send),
