@@ -1,7 +1,6 @@
 /* plan.c - see plan.h. */
 #include "plan.h"
 
-#include <stdio.h>
 
 int64_t plan_late_span(const struct plan_key *k)
 {
@@ -79,6 +78,20 @@ enum plan_read plan_may_read(const struct plan_key *k, const struct plan_tx *t, 
     if (room < k->eligible && t->early_reads > 0 && k->starved)
         return PLAN_NO;
     return PLAN_EARLY;
+}
+
+bool plan_waits(const struct plan_facts *x, int64_t now)
+{
+    return x->holders > 0 && x->hold_until > now && x->cached_until <= now;
+}
+
+void plan_waiter_of(const struct plan_facts *x, struct plan_waiter *w)
+{
+    w->reads = x->reads;
+    w->last_start = x->last_start;
+    w->hold_until = x->holders > 0 ? x->hold_until : 0;
+    w->busy_until = x->busy_until;
+    w->not_before = x->floor_until > x->not_before ? x->floor_until : x->not_before;
 }
 
 int plan_demand(const struct pace_schedule *s, const struct plan_waiter *w, int64_t now)
@@ -160,35 +173,4 @@ int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t th
     if (thins < r)
         r = thins;
     return r > now ? r : now + 1;
-}
-
-/* The functions above and pace.c's that they call, in Lua: src/plan_lua.inc,
- * which contrib/c2lua.py translates from the C (`make plan-lua`), and the
- * constants it names (PLAN_LUA_CONSTANTS) written in from here. */
-#include "plan_lua.inc"
-
-int plan_lua(char *buf, size_t len)
-{
-#define PLAN_LUA_CONSTANT(c) {#c, (long long)(c)},
-    static const struct {
-        const char *name;
-        long long value;
-    } consts[] = {PLAN_LUA_CONSTANTS(PLAN_LUA_CONSTANT)};
-#undef PLAN_LUA_CONSTANT
-    size_t n_consts = sizeof consts / sizeof consts[0];
-    size_t at = 0;
-    for (size_t i = 0; i < 2 * n_consts + 1; i++) {
-        /* "local A, B = 1, 2\n": the names, then the values */
-        int n;
-        if (i < n_consts)
-            n = snprintf(buf + at, len - at, "%s%s", i == 0 ? "local " : ", ", consts[i].name);
-        else if (i < 2 * n_consts)
-            n = snprintf(buf + at, len - at, "%s%lld", i == n_consts ? " = " : ", ", consts[i - n_consts].value);
-        else
-            n = snprintf(buf + at, len - at, "\n%s", plan_lua_text);
-        if (n < 0 || (size_t)n >= len - at)
-            return -1;
-        at += (size_t)n;
-    }
-    return (int)at;
 }

@@ -124,6 +124,29 @@ struct plan_waiter {
     int64_t not_before; /* no read before then: Retry-After, the floor, another host's word */
 };
 
+/* A transaction as a store keeps it, for the plan's count of the waiting
+ * ones: the mapped-file store fills it from its entry, Redis's scripts
+ * from the transaction's hash (the same functions decide for both:
+ * plan_lua.h). */
+struct plan_facts {
+    int holders;          /* holds of it (processes', or hosts') */
+    int64_t hold_until;   /* their latest deadline */
+    int64_t cached_until; /* a final status or a 404 is cached until then (0: none) */
+    int reads;            /* reads so far */
+    int64_t last_start;   /* the last read's start */
+    int64_t floor_until;  /* no read before then: the floor after the last read's end (rules_floor) */
+    int64_t busy_until;   /* a read of it is in flight until then */
+    int64_t not_before;   /* no read before then: Retry-After, another host's word */
+};
+
+/* Does the transaction wait: a request for it held, its deadline not
+ * passed, and no final status or 404 cached (those answer from the cache
+ * from now on)? Can't fail. */
+bool plan_waits(const struct plan_facts *x, int64_t now);
+
+/* x as the plan counts a waiting transaction, into *w. Can't fail. */
+void plan_waiter_of(const struct plan_facts *x, struct plan_waiter *w);
+
 /* Reads the schedule s still wants for w from `now` to its deadline, at
  * most PLAN_DEMAND_MAX (one, for a transaction not held: the read asked
  * for). Can't fail. */
@@ -160,22 +183,5 @@ int64_t plan_arrival_rate(struct plan_key *k, int n_short, int64_t first_short, 
  * coming, the rush thinning (`thins`, from plan_arrivals), or at the
  * latest `recheck` ms from now (another's turn). Always after now. */
 int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now);
-
-/* The functions above, and pace.c's pace_sum, pace_in_episode, pace_wait
- * and pace_next_read, in Lua 5.1 (Redis's), for a script that must decide
- * as this module does: not written by hand but translated from the C by
- * contrib/c2lua.py into src/plan_lua.inc (`make plan-lua`;
- * tests/layout/check_plan_lua fails while it is behind the C). Each
- * function keeps its C name and parameters: a struct pointer is a table
- * with the struct's fields (the booleans Lua's), an array a table indexed
- * from 0 with its length passed as in C, INT64_MAX and INT64_MIN are
- * math.huge and -math.huge, and plan_may_read() answers PLAN_NO,
- * PLAN_EARLY or PLAN_LAST_CHANCE. The constants they name are this
- * module's and pace.h's, written in from the C: no number is typed in the
- * Lua. Written into buf (NUL-terminated); returns its length, or -1 when
- * buf is too small. tests/unit/plan_vectors.txt holds the cases both must
- * decide alike (tests/unit/test_plan.c for the C,
- * tests/integration/test_plan_lua.py for the Lua on a real Redis). */
-int plan_lua(char *buf, size_t len);
 
 #endif

@@ -152,12 +152,12 @@ int rules_lua_prelude(char *buf, size_t len)
 {
     size_t off = 0;
     int n = snprintf(buf, len,
-                     "local MIN_WAIT, EPISODE, FLOOR, PLAN_RECHECK, BUDGET_SPAN = %d, %d, %lld, %d, %d\n"
+                     "local MIN_WAIT, EPISODE, PLAN_RECHECK, BUDGET_SPAN = %d, %d, %d, %d\n"
                      "local MARGIN = %lld\n" /* Redis keeps a key this much longer than it matters */
                      "local KEEP = EPISODE + MARGIN\n"
                      "local MARK_KEEP = %lld\n" /* budget.h */
                      "local R = {}\n",
-                     PACE_MIN_WAIT_MS, PACE_EPISODE_MS, (long long)RULES_FLOOR_MS, RULES_PLAN_RECHECK_MS,
+                     PACE_MIN_WAIT_MS, PACE_EPISODE_MS, RULES_PLAN_RECHECK_MS,
                      PLAN_BUDGET_SPAN_MS, (long long)RULES_KEEP_MARGIN_MS,
                      (long long)BUDGET_MARK_KEEP_MS);
     if (n < 0 || (size_t)n >= len)

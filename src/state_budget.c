@@ -170,16 +170,27 @@ void st_budget_unpush(struct st_keyent *k, int64_t t)
 /* ---- the budget plan (plan.h): who waits, what is reserved ---- */
 
 /* Entry idx of the key's waiting set still waits at `now`. */
+/* e as the plan reads a transaction (plan.h), whichever store keeps it */
+static struct plan_facts tx_facts(const struct st_tx *e)
+{
+    struct plan_facts x = {.holders = e->holders, .hold_until = e->hold_until, .reads = e->reads,
+                           .last_start = e->last_start};
+    x.cached_until = e->not_found || tx_status_final((enum tx_status)e->status) ? e->known_until : 0;
+    x.floor_until = rules_floor(e->last_end);
+    x.busy_until = e->inflight_until > e->remote_until ? e->inflight_until : e->remote_until;
+    x.not_before = e->not_before > e->remote_not_before ? e->not_before : e->remote_not_before;
+    return x;
+}
+
 struct st_tx *st_waiting_tx(struct state *st, const struct st_keyent *k, int32_t idx, int64_t now)
 {
     if (idx < 0 || idx >= st->txn)
         return NULL;
     struct st_tx *e = &st->txs[idx];
-    if (e->used != 1 || memcmp(e->key.b, k->key.b, 16) != 0 || e->holders <= 0 || e->hold_until <= now)
+    if (e->used != 1 || memcmp(e->key.b, k->key.b, 16) != 0)
         return NULL;
-    if (e->known_until > now && (e->not_found || tx_status_final((enum tx_status)e->status)))
-        return NULL; /* answered from the cache from now on */
-    return e;
+    struct plan_facts x = tx_facts(e);
+    return plan_waits(&x, now) ? e : NULL; /* (a cached answer: from the cache from now on) */
 }
 
 void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t now)
@@ -199,12 +210,9 @@ void st_waiting_add(struct state *st, struct st_keyent *k, int32_t idx, int64_t 
 /* e as the plan counts a waiting transaction (plan.h). */
 static struct plan_waiter tx_waiter(const struct st_tx *e)
 {
-    struct plan_waiter w = {.reads = e->reads, .last_start = e->last_start};
-    w.hold_until = e->holders > 0 ? e->hold_until : 0;
-    w.busy_until = e->inflight_until > e->remote_until ? e->inflight_until : e->remote_until;
-    w.not_before = e->not_before > e->remote_not_before ? e->not_before : e->remote_not_before;
-    if (rules_floor(e->last_end) > w.not_before)
-        w.not_before = rules_floor(e->last_end);
+    struct plan_facts x = tx_facts(e);
+    struct plan_waiter w;
+    plan_waiter_of(&x, &w);
     return w;
 }
 

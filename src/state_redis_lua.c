@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "plan.h"
+#include "plan_lua.h"
 #include "rules.h"
 
 /* ---- the scripts (Redis's Lua 5.1), run on Redis's clock ---- */
@@ -44,7 +44,7 @@
     "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
     "  else\n"                                                                             \
     "    local nx = math.max(now, pace_next_read(schedule(waits), n, ls, now))\n"         \
-    "    if le > 0 then nx = math.max(nx, le + FLOOR) end\n"                                \
+    "    nx = math.max(nx, rules_floor(le))\n"                                              \
     "    nx = math.max(nx, ra, kp)\n"                                                      \
     "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
     "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
@@ -69,8 +69,15 @@
     "  for i = 1, #names do x[names[i]] = tonumber(f[i + 1]) or 0 end\n"                   \
     "  return x\n"                                                                         \
     "end\n"                                                                                \
+    "local function cached_until(fu, nf)\n" /* a final status's or a 404's (fu is a final's only) */ \
+    "  return math.max(fu, nf)\n"                                                          \
+    "end\n"                                                                                \
+    "local function tx_facts(f)\n" /* the hash's fields as struct plan_facts */           \
+    "  return {holders = f.ho, hold_until = f.hu, cached_until = cached_until(f.fu, f.nf), reads = f.n,\n" \
+    "          last_start = f.ls, floor_until = rules_floor(f.le), busy_until = f.lu, not_before = f.ra}\n" \
+    "end\n"                                                                                \
     "local function tx_waits(f)\n"                                                         \
-    "  return f.ho > 0 and f.hu > now and not ((f.s and f.fu > now) or f.nf > now)\n"       \
+    "  return plan_waits(tx_facts(f), now)\n"                                              \
     "end\n"                                                                                \
     "local function keep_until(k, t)\n" /* k (if it exists) lives at least until t */      \
     "  local px = redis.call('PTTL', k)\n"                                                 \
@@ -124,11 +131,9 @@
  * one HMGET per waiting transaction. */
 #define LUA_PLAN                                                                           \
     "local function tx_waiter(f)\n" /* struct plan_waiter, as tx_waiter() fills it */      \
-    "  local nb = f.ra\n"                                                                  \
-    "  if f.le > 0 and f.le + FLOOR > nb then nb = f.le + FLOOR end\n"                     \
-    "  local hu = 0\n"                                                                     \
-    "  if f.ho > 0 then hu = f.hu end\n"                                                   \
-    "  return {reads = f.n, last_start = f.ls, hold_until = hu, busy_until = f.lu, not_before = nb}\n" \
+    "  local w = {}\n"                                                                     \
+    "  plan_waiter_of(tx_facts(f), w)\n"                                                   \
+    "  return w\n"                                                                         \
     "end\n"                                                                                \
     "local function prune_waiting(kw, kr, kv)\n" /* the ids whose deadline passed leave w, r and v */ \
     "  local gone = redis.call('ZRANGEBYSCORE', kw, '-inf', now)\n"                        \
@@ -294,7 +299,7 @@ static const char lua_claim[] =
     "  n = 0\n"
     "end\n"
     /* the floor at Kasera: after the previous read's answer */
-    "if le > 0 and le + FLOOR > now then return {'wait', le + FLOOR - now, 'pace'} end\n"
+    "if rules_floor(le) > now then return {'wait', rules_floor(le) - now, 'pace'} end\n"
     /* the key's count (budget.h): its mark '~' (scored +inf, never a
      * read) says it is whole; found gone, every host is asked for its
      * reads, and when this host read with the key lately (ARGV[16]: it was
@@ -551,7 +556,7 @@ static const char lua_left[] =
  * waiting ones' fields (kw, kr, kv). */
 #define LUA_UNWAIT                                                                         \
     "local function unwait(kw, kr, kv, id)\n"                                              \
-    "  if (s and fu > now) or nf > now then\n"                                             \
+    "  if cached_until(fu, nf) > now then\n"                                               \
     "    redis.call('ZREM', kw, id)\n"                                                     \
     "    redis.call('ZREM', kr, id)\n"                                                     \
     "    redis.call('HDEL', kv, id)\n"                                                     \

@@ -27,6 +27,7 @@ k.starved, t.reserved, t.drifted = false, false, false
 local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {n = 0, wait_ms = {}}, false
 local now, at, tt, from, thins, recheck, nev = 0, 0, 0, -math.huge, math.huge, 0, 0
 local first_short, first_long = math.huge, math.huge
+local x = {holders = 0, cached_until = 0, floor_until = 0}
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
@@ -35,6 +36,7 @@ for i = 2, #ARGV do
     for x in string.gmatch(val, '-?%d+') do ws.wait_ms[ws.n] = tonumber(x); ws.n = ws.n + 1 end
   elseif name == 'withheld' then withheld = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
+  elseif name and x[name] ~= nil then x[name] = tonumber(val)
   elseif name == 'starved' then k.starved = val == '1'
   elseif name == 'reserved' or name == 'drifted' then t[name] = val == '1'
   elseif name == 'now' then now = tonumber(val)
@@ -68,6 +70,13 @@ if op == 'retry' then return tostring(plan_retry(t, ev, nev, thins, recheck, now
 if op == 'demand' then return tostring(plan_demand(ws, w, now)) end
 if op == 'ready' then return plan_ready(ws, w, now) and '1' or '0' end
 if op == 'gap' then return tostring(plan_next_gap(ws, w.reads)) end
+if op == 'waits' or op == 'waiter' then
+  x.reads, x.last_start, x.hold_until, x.busy_until, x.not_before = w.reads, w.last_start, w.hold_until, w.busy_until, w.not_before
+  if op == 'waits' then return plan_waits(x, now) and '1' or '0' end
+  local o = {}
+  plan_waiter_of(x, o)
+  return o.reads .. ',' .. o.last_start .. ',' .. o.hold_until .. ',' .. o.busy_until .. ',' .. o.not_before
+end
 if op == 'drifted' then return plan_drifted(ws, t.resv_at, w.reads, withheld, now) and '1' or '0' end
 return redis.error_reply('unknown op ' .. op)
 """
@@ -99,7 +108,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
     assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
-                                                   "read", "ready", "reserve", "retry", "room"])
+                                                   "read", "ready", "reserve", "retry", "room", "waiter", "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

@@ -2,7 +2,7 @@
  * for tests/integration/test_plan_lua.py to run on a real Redis. */
 #include <stdio.h>
 
-#include "plan.h"
+#include "plan_lua.h"
 
 int main(void)
 {

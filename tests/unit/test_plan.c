@@ -503,6 +503,7 @@ struct vector {
     int64_t thins, recheck;    /* retry */
     bool has_thins;
     int64_t first_short, first_long; /* arrival_rate (with arrivals, arrivals_long) */
+    struct plan_facts x;       /* waits, waiter: holders, cached_until, floor_until (the rest: w's) */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -531,6 +532,8 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"not_before", NULL, &v->w.not_before, NULL}, {"withheld", NULL, NULL, &v->withheld},
         {"thins", NULL, &v->thins, NULL},             {"recheck", NULL, &v->recheck, NULL},
         {"first_short", NULL, &v->first_short, NULL}, {"first_long", NULL, &v->first_long, NULL},
+        {"holders", &v->x.holders, NULL, NULL},       {"cached_until", NULL, &v->x.cached_until, NULL},
+        {"floor_until", NULL, &v->x.floor_until, NULL},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -599,6 +602,20 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         snprintf(out, cap, "%d", plan_ready(&v->ws, &v->w, v->now) ? 1 : 0);
     } else if (strcmp(op, "gap") == 0) {
         snprintf(out, cap, "%lld", (long long)plan_next_gap(&v->ws, v->w.reads));
+    } else if (strcmp(op, "waits") == 0 || strcmp(op, "waiter") == 0) {
+        struct plan_facts x = v->x;
+        x.reads = v->w.reads;
+        x.last_start = v->w.last_start;
+        x.hold_until = v->w.hold_until;
+        x.busy_until = v->w.busy_until;
+        x.not_before = v->w.not_before;
+        struct plan_waiter w;
+        plan_waiter_of(&x, &w);
+        if (strcmp(op, "waits") == 0)
+            snprintf(out, cap, "%d", plan_waits(&x, v->now) ? 1 : 0);
+        else
+            snprintf(out, cap, "%d,%lld,%lld,%lld,%lld", w.reads, (long long)w.last_start, (long long)w.hold_until,
+                     (long long)w.busy_until, (long long)w.not_before);
     } else if (strcmp(op, "drifted") == 0) {
         snprintf(out, cap, "%d", plan_drifted(&v->ws, v->t.resv_at, v->w.reads, v->withheld, v->now) ? 1 : 0);
     } else {

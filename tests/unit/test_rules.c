@@ -174,7 +174,7 @@ static void test_lua_prelude(void **unused)
     char buf[2048];
     int n = rules_lua_prelude(buf, sizeof buf);
     assert_true(n > 0 && (size_t)n == strlen(buf));
-    assert_non_null(strstr(buf, "MIN_WAIT, EPISODE, FLOOR, PLAN_RECHECK, BUDGET_SPAN = 1100, 60000, 1100, 250, 60000\n"));
+    assert_non_null(strstr(buf, "MIN_WAIT, EPISODE, PLAN_RECHECK, BUDGET_SPAN = 1100, 60000, 250, 60000\n"));
     assert_non_null(strstr(buf, "R['expired'] = {['succeeded'] = true, ['failed'] = true, ['canceled'] = true, "
                                 "['expired'] = true, }"));
     assert_non_null(strstr(buf, "R['succeeded'] = {['succeeded'] = true, }"));
