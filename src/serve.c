@@ -313,82 +313,204 @@ static const char *const param_names[P_COUNT] = {
     "REQUEST_METHOD", "QUERY_STRING", "HTTP_HOST", "SERVER_NAME", "KEMBALI_ADMIN", "KEMBALI_SHOP",
     "HTTP_ACCEPT", "HTTP_ORIGIN", "REMOTE_ADDR", "HTTP_KEMBALI_SIGNATURE", "HTTP_SEC_FETCH_DEST"};
 
-/* Answer r, whose parameters are p (param_names), or hold it: the metrics
- * page, a malformed request, the admin notify POST, a method other than
- * GET and HEAD, no shop, a malformed id, a cached answer, a blocked client,
- * else a held request. Returns true when r lives on (held, or a notify
- * waiting for Redis) and owns r->cfg; false when it was answered here and
- * the caller drops r->cfg, the one place that does. */
-static bool route(struct serve_req *r, const char *const *p)
+/* What the routes know of a request so far: its parameters, and what an
+ * earlier route's test found (a route's test may note what it finds here
+ * and in r for the routes after it). */
+struct route_ctx {
+    const char *const *p;       /* param_names' values */
+    char fmt[16];               /* the format parameter */
+    bool admin;                 /* KEMBALI_ADMIN=1: the admin location */
+    struct state_fact f;        /* the lookup (`cached`) */
+};
+
+/* One route: when `takes` r, `answer` answers it; true when r lives on
+ * (held, or a notify waiting for Redis) and owns r->cfg, false when it was
+ * answered and route() drops r->cfg. A route whose test only notes what
+ * it finds has no answer and never takes. */
+struct route {
+    bool (*takes)(struct serve_req *r, struct route_ctx *c);
+    bool (*answer)(struct serve_req *r, struct route_ctx *c);
+};
+
+static bool answer_word(struct serve_req *r, enum word w)
 {
-    struct serve *s = r->s;
-    const char *method = p[P_METHOD], *query = p[P_QUERY], *host = p[P_HOST], *admin = p[P_ADMIN];
-    char fmt[16] = "";
-    request_query_param(query, "format", fmt, sizeof fmt);
-    r->head = method != NULL && strcmp(method, "HEAD") == 0;
-    bool is_admin = admin != NULL && strcmp(admin, "1") == 0;
+    struct answer ans = {.json_status = "unknown", .retry_after_s = -1, .word = w};
+    serve_respond_word(r, &ans);
+    return false;
+}
 
-    if (is_admin && strcmp(fmt, "metrics") == 0) {
-        serve_respond_metrics(r);
-        return false;
-    }
-    r->shop = config_pick_shop(r->cfg, p[P_SHOP], host ? host : p[P_SERVER_NAME]);
-    r->json = strcmp(fmt, "json") == 0 || request_wants_json(p[P_ACCEPT]);
-    if (r->shop != NULL) {
-        const char *origin = p[P_ORIGIN];
-        for (int i = 0; origin && i < r->shop->norigins; i++)
-            if (strcmp(origin, r->shop->origins[i]) == 0)
-                r->origin = r->shop->origins[i];
-    }
-    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
-    if (front_params_too_large(r->fr)) {
-        ans.word = W_INVALID; /* more parameters than any real request has: costs no read */
-        serve_respond_word(r, &ans);
-        return false;
-    }
-    if (is_admin && strcmp(fmt, "notify") == 0 && method != NULL && strcmp(method, "POST") == 0)
-        return serve_respond_notify(r, query, p[P_SIG]);
-    if (method == NULL || (strcmp(method, "GET") != 0 && !r->head)) {
-        serve_respond_405(r);
-        return false;
-    }
-    if (r->shop == NULL) {
-        ans.word = W_UNKNOWN_SHOP;
-        serve_respond_word(r, &ans);
-        return false;
-    }
+/* the metrics page, at the admin location */
+static bool takes_metrics(struct serve_req *r, struct route_ctx *c)
+{
+    (void)r;
+    return c->admin && strcmp(c->fmt, "metrics") == 0;
+}
+
+static bool answer_metrics(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    serve_respond_metrics(r);
+    return false;
+}
+
+/* takes nothing: notes the request's shop, its format and its origin for
+ * the routes after it (the metrics page has none of them) */
+static bool notes_shop(struct serve_req *r, struct route_ctx *c)
+{
+    const char *const *p = c->p;
+    r->shop = config_pick_shop(r->cfg, p[P_SHOP], p[P_HOST] ? p[P_HOST] : p[P_SERVER_NAME]);
+    r->json = strcmp(c->fmt, "json") == 0 || request_wants_json(p[P_ACCEPT]);
+    for (int i = 0; r->shop != NULL && p[P_ORIGIN] != NULL && i < r->shop->norigins; i++)
+        if (strcmp(p[P_ORIGIN], r->shop->origins[i]) == 0)
+            r->origin = r->shop->origins[i];
+    return false;
+}
+
+/* more parameters than any real request has: costs no read */
+static bool takes_too_large(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    return front_params_too_large(r->fr);
+}
+
+static bool answer_invalid(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    return answer_word(r, W_INVALID);
+}
+
+/* the admin notify POST */
+static bool takes_notify(struct serve_req *r, struct route_ctx *c)
+{
+    (void)r;
+    const char *method = c->p[P_METHOD];
+    return c->admin && strcmp(c->fmt, "notify") == 0 && method != NULL && strcmp(method, "POST") == 0;
+}
+
+static bool answer_notify(struct serve_req *r, struct route_ctx *c)
+{
+    return serve_respond_notify(r, c->p[P_QUERY], c->p[P_SIG]);
+}
+
+/* a method other than GET and HEAD */
+static bool takes_other_method(struct serve_req *r, struct route_ctx *c)
+{
+    const char *method = c->p[P_METHOD];
+    return method == NULL || (strcmp(method, "GET") != 0 && !r->head);
+}
+
+static bool answer_405(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    serve_respond_405(r);
+    return false;
+}
+
+/* no shop has the request's host (or KEMBALI_SHOP) */
+static bool takes_no_shop(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    return r->shop == NULL;
+}
+
+static bool answer_unknown_shop(struct serve_req *r, struct route_ctx *c)
+{
+    (void)c;
+    return answer_word(r, W_UNKNOWN_SHOP);
+}
+
+/* a missing or malformed id: costs no read (a good one is noted in r->id) */
+static bool takes_bad_id(struct serve_req *r, struct route_ctx *c)
+{
     char id[STATE_ID_MAX + 2];
-    if (!request_query_param(query, r->shop->id_param, id, sizeof id) || !ids_valid_id(id)) {
-        ans.word = W_INVALID; /* costs no read */
-        serve_respond_word(r, &ans);
-        return false;
-    }
+    if (!request_query_param(c->p[P_QUERY], r->shop->id_param, id, sizeof id) || !ids_valid_id(id))
+        return true;
     util_copy(r->id, sizeof r->id, id);
+    return false;
+}
 
-    /* The hot path: a cached final status or a remembered 404. */
-    struct state_fact f;
-    state_lookup(s->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, r->arrived, &f);
-    if (f.final || f.not_found) {
-        request_answer(&f, r->arrived, &ans);
-        atomic_fetch_add(&s->app->m.cache_answers, 1);
-        serve_respond_word(r, &ans);
-        return false;
-    }
-    /* ids nobody has paid for, from a client that has walked several: no read */
-    const char *addr = p[P_ADDR] ? p[P_ADDR] : "";
+/* the hot path: a cached final status or a remembered 404 */
+static bool takes_cached(struct serve_req *r, struct route_ctx *c)
+{
+    state_lookup(r->s->app->state, &r->shop->key, r->id, &r->cfg->sched, r->shop->read_budget, r->arrived, &c->f);
+    return c->f.final || c->f.not_found;
+}
+
+static bool answer_cached(struct serve_req *r, struct route_ctx *c)
+{
+    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
+    request_answer(&c->f, r->arrived, &ans);
+    atomic_fetch_add(&r->s->app->m.cache_answers, 1);
+    serve_respond_word(r, &ans);
+    return false;
+}
+
+/* ids nobody has paid for, from a client that has walked several: no read
+ * (the client's names are noted in r for the hold) */
+static bool takes_blocked(struct serve_req *r, struct route_ctx *c)
+{
+    struct app *app = r->s->app;
+    const char *addr = c->p[P_ADDR] ? c->p[P_ADDR] : "";
     util_copy(r->addr, sizeof r->addr, addr);
-    state_client_id(s->app->state, &r->shop->key, addr, &r->client);
-    r->has_rclient = state_redis_client_id(s->app->redis, addr, &r->rclient);
-    if (state_fact_unknown(&f) && state_client_blocked(s->app->state, &r->client, r->arrived)) {
-        request_answer(&f, r->arrived, &ans);
-        atomic_fetch_add(&s->app->m.probes_refused, 1);
-        serve_respond_word(r, &ans);
-        return false;
-    }
-    r->stream = stream_wanted(r->json, r->head, p[P_DEST], r->shop->progressive, templates_stream(r->shop->tpl));
-    r->undecided = stream_undecided(&f, true); /* its read, if any, is another request's */
+    state_client_id(app->state, &r->shop->key, addr, &r->client);
+    r->has_rclient = state_redis_client_id(app->redis, addr, &r->rclient);
+    return state_fact_unknown(&c->f) && state_client_blocked(app->state, &r->client, r->arrived);
+}
+
+static bool answer_blocked(struct serve_req *r, struct route_ctx *c)
+{
+    struct answer ans = {.json_status = "unknown", .retry_after_s = -1};
+    request_answer(&c->f, r->arrived, &ans);
+    atomic_fetch_add(&r->s->app->m.probes_refused, 1);
+    serve_respond_word(r, &ans);
+    return false;
+}
+
+/* everything else: held for its read */
+static bool takes_all(struct serve_req *r, struct route_ctx *c)
+{
+    (void)r;
+    (void)c;
+    return true;
+}
+
+static bool answer_held(struct serve_req *r, struct route_ctx *c)
+{
+    r->stream = stream_wanted(r->json, r->head, c->p[P_DEST], r->shop->progressive, templates_stream(r->shop->tpl));
+    r->undecided = stream_undecided(&c->f, true); /* its read, if any, is another request's */
     serve_hold(r); /* takes r->cfg, whatever it does */
     return true;
+}
+
+/* In order: the first route that takes a request answers it. */
+static const struct route routes[] = {
+    {takes_metrics, answer_metrics},
+    {notes_shop, NULL},
+    {takes_too_large, answer_invalid},
+    {takes_notify, answer_notify},
+    {takes_other_method, answer_405},
+    {takes_no_shop, answer_unknown_shop},
+    {takes_bad_id, answer_invalid},
+    {takes_cached, answer_cached},
+    {takes_blocked, answer_blocked},
+    {takes_all, answer_held},
+};
+
+/* Answer r, whose parameters are p (param_names), or hold it, by the
+ * first of routes[] that takes it. Returns true when r lives on (held, or
+ * a notify waiting for Redis) and owns r->cfg; false when it was answered
+ * here and the caller drops r->cfg, the one place that does. */
+static bool route(struct serve_req *r, const char *const *p)
+{
+    struct route_ctx c = {.p = p};
+    const char *method = p[P_METHOD], *admin = p[P_ADMIN];
+    request_query_param(p[P_QUERY], "format", c.fmt, sizeof c.fmt);
+    r->head = method != NULL && strcmp(method, "HEAD") == 0;
+    c.admin = admin != NULL && strcmp(admin, "1") == 0;
+    size_t i = 0;
+    while (!routes[i].takes(r, &c))
+        i++; /* the last takes everything */
+    return routes[i].answer(r, &c);
 }
 
 static void on_request(void *ctx, struct front_req *fr)
