@@ -377,7 +377,7 @@ def test_chromium_sees_the_waiting_top_then_the_result(tmpdir):
     (a screenshot), the waiting message hidden by CSS, and the live region's
     text read from the accessibility tree. The PNGs stay in the test's
     tmpdir (kept when it fails)."""
-    import cdp
+    from testenv import cdp
     sb, k = kit.start(tmpdir, schedule=[0, 1500, 1500, 1500, 1500])
     ng = harness.Nginx(tmpdir, k)
     kit.pending_then(sb, "ref-1001", 3, "succeeded")  # the result 4.5 s after the first read

@@ -15,7 +15,7 @@ re-exports them all; conftest.py loads fixtures.py):
 - sdbus: ``SystemdBus``, a private system bus with a stand-in for systemd's
   manager (the job on a unit: a restart or a stop);
 - chromium: headless Chromium's DOM dumps and screenshots; cdp: Chromium
-  driven over its DevTools protocol (cdp.py re-exports it);
+  driven over its DevTools protocol (``from testenv import cdp``);
 - fixtures: pytest's hooks and fixtures (a folder per test, processes
   killed, final checks, time limits).
 """
