@@ -61,9 +61,7 @@ void hold_step(struct state *st, const struct state_key *key, const char *id,
                struct state_ticket *ticket, struct hold_result *out)
 {
     out->claimed = false;
-    state_lookup(st, key, id, sched, budget, now, &out->fact);
-    if (out->fact.withheld) /* for these waiters: the plan holds their read back */
-        state_hold_back(st, key, id, now);
+    state_lookup_held(st, key, id, sched, budget, now, &out->fact);
     hold_plan(&out->fact, ours, stopping, w, n, now, answer, &out->plan);
     if (!out->plan.claim)
         return;

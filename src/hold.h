@@ -65,7 +65,7 @@ struct hold_result {
 };
 
 /* Look up (key, id) in st at `now` (a read the budget's plan holds back
- * from these waiters is recorded: state_hold_back), plan (see hold_plan),
+ * from these waiters is recorded: state_lookup_held), plan (see hold_plan),
  * and claim a read when the plan says so (a read made with `timeout_ms`: its lease, see
  * state_claim_client, for `client`, who a 404 is charged to: NULL for
  * nobody). When the claim succeeds, every kept JSON waiter gets wants_read

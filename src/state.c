@@ -61,7 +61,7 @@ static void raise_to(int64_t *next, enum state_wait *why, int64_t t, enum state_
 /* The fact about e (NULL: untracked) of key k (NULL: unused) at `now`;
  * *kind (may be NULL) says what a read started now would be. Writes
  * nothing: a lookup is a query (a withheld read is recorded by the claim,
- * or by hold_back). */
+ * or by state_lookup_held). */
 static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, const struct pace_schedule *sched,
                     int budget, int64_t now, struct state_fact *f, enum plan_read *kind)
 {
@@ -155,12 +155,14 @@ void state_lookup(struct state *st, const struct state_key *key, const char *id,
     st_unlock(st);
 }
 
-void state_hold_back(struct state *st, const struct state_key *key, const char *id, int64_t now)
+void state_lookup_held(struct state *st, const struct state_key *key, const char *id,
+                       const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out)
 {
     st_lock(st, now);
     struct st_tx *e = st_tx_find(st, key, id);
-    if (e != NULL)
-        e->withheld = 1;
+    compute(st, e, st_key_get(st, key, now, false), sched, budget, now, out, NULL);
+    if (out->withheld && e != NULL)
+        e->withheld = 1; /* for this hold (plan_drifted) */
     st_unlock(st);
 }
 

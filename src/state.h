@@ -431,12 +431,13 @@ void state_key_id(const struct state *st, const char *secret, struct state_key *
 void state_lookup(struct state *st, const struct state_key *key, const char *id,
                   const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out);
 
-/* The budget's plan held back a read of (key, id) that its held requests
- * wait for (state_lookup() gave fact.withheld): recorded for this hold, so
- * that from now on its reads count as off their schedule when late
- * (plan_drifted). state_claim() records it too when it is refused so. A
- * transaction not tracked is left alone. Can't fail. */
-void state_hold_back(struct state *st, const struct state_key *key, const char *id, int64_t now);
+/* As state_lookup(), for the requests held for (key, id): when the
+ * budget's plan holds their read back (fact.withheld), that is recorded
+ * for this hold, under the same lock, so that from now on its reads count
+ * as off their schedule when late (plan_drifted). state_claim() records
+ * it too when it is refused so. */
+void state_lookup_held(struct state *st, const struct state_key *key, const char *id,
+                       const struct pace_schedule *sched, int budget, int64_t now, struct state_fact *out);
 
 /* The budget's plan for every transaction of `key` at once: false when it
  * holds back every early read of the key now (as state_lookup() finds for

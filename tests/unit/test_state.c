@@ -1660,9 +1660,9 @@ static void test_learn_not_found(void **unused)
 }
 
 /* A lookup is a query: in a flash sale, a read the plan holds back
- * (fact.withheld) is recorded by state_hold_back() (hold_step, for the
- * requests that wait for it) or by a refused claim, never by the lookup
- * that finds it; and once recorded it stays for the hold. */
+ * (fact.withheld) is recorded by state_lookup_held() (hold_step's, for
+ * the requests that wait for it) or by a refused claim, never by
+ * state_lookup(); and once recorded it stays for the hold. */
 static void test_a_lookup_changes_nothing(void **unused)
 {
     (void)unused;
@@ -1691,7 +1691,9 @@ static void test_a_lookup_changes_nothing(void **unused)
             assert_non_null(e);
             if (f.withheld) {
                 assert_int_equal(e->withheld, 0);
-                state_hold_back(st, &k, ids[i], now);
+                struct state_fact g;
+                state_lookup_held(st, &k, ids[i], &s, SALE_BUDGET, now, &g);
+                assert_true(g.withheld);
                 assert_int_equal(e->withheld, 1);
                 state_lookup(st, &k, ids[i], &s, SALE_BUDGET, now, &f);
                 assert_int_equal(e->withheld, 1);
