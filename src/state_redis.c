@@ -280,7 +280,8 @@ void state_redis_on_reply(redisAsyncContext *ac, void *reply, void *privdata)
             snprintf(why, sizeof why, "the password is refused (redis_password_file)");
         state_redis_went_down(r, why);
     }
-    reply_of[op->kind](r, op, x, failed);
+    if (reply_of[op->kind] != NULL) /* every kind has one (the table is complete) */
+        reply_of[op->kind](r, op, x, failed);
     free(op);
 }
 

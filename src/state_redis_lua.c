@@ -146,8 +146,9 @@
     /* The waiting transactions but `skip`, in the set's order (the first   \
      * cap of it): walk(i) gives the i-th one's fields (f.id), nil past the \
      * last, from their copies (K_WAITERS), 16 at a time and only as far as \
-     * a caller asks. An id found not waiting any more, or without a copy   \
-     * (evicted), is dropped from w, r and v by done(). */                  \
+     * a caller asks. An id found not waiting any more is dropped from w, r \
+     * and v by done(); one without a copy (evicted) is passed over and     \
+     * left to leave w and r at its deadline (prune_waiting). */            \
     "local function waiters(kw, kr, kv, cap, skip)\n"                                      \
     "  local seen, stale, ids, fs, at, rank = {}, {}, {}, {}, 1, 0\n" /* ids[at..]: fetched, not read */ \
     "  local function walk(i)\n"                                                           \
@@ -163,7 +164,7 @@
     "      at = at + 1\n"                                                                  \
     "      if id ~= skip then\n"                                                           \
     "        local f = text and from_copy(id, text)\n"                                     \
-    "        if f and tx_waits(f) then seen[#seen + 1] = f else stale[#stale + 1] = id end\n" \
+    "        if f and tx_waits(f) then seen[#seen + 1] = f elseif f then stale[#stale + 1] = id end\n" \
     "      end\n"                                                                          \
     "    end\n"                                                                            \
     "    return seen[i]\n"                                                                 \

@@ -158,8 +158,8 @@ static inline int64_t reply_int(const redisReply *x)
 
 /* Script `script` (SCRIPT_*) as it is loaded: the rules' numbers and
  * replace table (rules_lua_prelude: no number is typed in the Lua), for
- * every script but `left` and `seed` the pace's and the budget plan's
- * functions translated from the C (plan_lua), then its body. Returns NULL
+ * every script but `seed` the pace's and the budget plan's functions
+ * translated from the C (plan_lua), then its keys' locals and its body. Returns NULL
  * when out of memory; the caller frees it. */
 char *state_redis_script_text(int script);
 
