@@ -19,7 +19,8 @@ is a number. Every condition must be a truth value (a comparison, a bool
 variable, field or function): Lua holds 0 true. Translated so:
 
   - a struct pointer is a table with the struct's fields; an array is a
-    table indexed from 0, as in C (its length passed, as in C);
+    table indexed from 0, as in C (its length passed, as in C), of Lua's
+    booleans for a bool array;
   - `/` truncates, as C's integer division (c_div);
   - INT64_MAX and INT64_MIN are math.huge and -math.huge;
   - a name in capitals is a constant: the Lua takes it as a local that
@@ -37,13 +38,15 @@ import sys
 # each after the ones it calls). None: every function in the file.
 SOURCES = [
     ("src/pace.c", ["pace_sum", "pace_in_episode", "pace_wait", "pace_next_read"]),
-    ("src/rules.c", ["rules_floor"]),
+    ("src/rules.c", ["rules_floor", "rules_nf_free", "rules_nf_until"]),
     ("src/plan.c", None),
 ]
-HEADERS = ["src/pace.h", "src/rules.h", "src/plan.h"]
+# the headers of the structs the translated functions take (their bool
+# fields are truth values in the Lua)
+HEADERS = ["src/pace.h", "src/plan.h"]
 OUTPUT = "src/plan_lua.inc"
 
-TYPES = {"int", "int64_t", "bool", "size_t", "long", "unsigned", "const", "struct", "enum", "double"}
+TYPES = {"int", "int64_t", "bool", "size_t", "long", "unsigned", "const", "struct", "enum"}
 LUA_WORDS = {"and", "elseif", "end", "function", "in", "local", "nil", "not", "or", "repeat", "then", "until"}
 SPECIAL = {"INT64_MAX": "math.huge", "INT64_MIN": "(-math.huge)", "true": "true", "false": "false"}
 C_DIV = ("local function c_div(a, b)\n"
@@ -109,7 +112,7 @@ def functions(path, text):
             p = p.strip()
             if p and p != "void":
                 words = re.findall(r"\w+", p)
-                params.append((words[-1], "bool" in words[:-1] and "*" not in p))
+                params.append((words[-1], "bool" in words[:-1] and "*" not in p, "bool" in words[:-1] and "*" in p))
         line = text.count("\n", 0, start) + 1
         out[m.group("name")] = Func(m.group("name"), m.group("ret").split(), params,
                                     text[start + 1:i - 1], path, line)
@@ -124,9 +127,11 @@ def bool_fields(text):
 class Translator:
     """One function's body, C tokens in, Lua text out."""
 
-    def __init__(self, func, bools, bool_funcs, consts):
+    def __init__(self, func, bools, bool_funcs, consts, emitted=None):
         self.f, self.toks, self.i = func, tokens(func.body, func.where, func.line), 0
-        self.bools = set(n for n, b in func.params if b)
+        self.emitted = emitted if emitted is not None else {}  # name: Func, translated before this one
+        self.bools = set(n for n, b, _ in func.params if b)
+        self.bool_arrays = set(n for n, _, a in func.params if a)
         self.bool_fields, self.bool_funcs, self.consts = bools, bool_funcs, consts
         self.uses_div = False
 
@@ -160,7 +165,8 @@ class Translator:
         self.truth(cond, "?:")
         if a[1] or a[0] in ("nil", "false"):
             self.refuse("the first branch of ?: must be a number (Lua's `and`/`or` would pass over false)")
-        return ("(%s and %s or %s)" % (cond[0], a[0], b[0]), b[1] and a[1])
+        self.number(b, "?:")
+        return ("(%s and %s or %s)" % (cond[0], a[0], b[0]), False)
 
     def binary(self, level):
         if level == len(self.BINARY):
@@ -173,18 +179,36 @@ class Translator:
                 self.truth(left, op)
                 self.truth(right, op)
                 left = ("(%s %s %s)" % (left[0], self.LUA_OP[op], right[0]), True)
-            elif op == "/":
-                self.uses_div = True
-                left = ("c_div(%s, %s)" % (left[0], right[0]), False)
             elif op == "%":
                 self.refuse("% is not translated")
+            elif op in ("==", "!="):
+                if left[1] != right[1]:
+                    self.refuse("%s compares a truth value with a number (Lua's true is not 1)" % op)
+                left = ("(%s %s %s)" % (left[0], self.LUA_OP.get(op, op), right[0]), True)
             else:
-                left = ("(%s %s %s)" % (left[0], self.LUA_OP.get(op, op), right[0]), op in ("==", "!=", "<", "<=", ">", ">="))
+                self.number(left, op)
+                self.number(right, op)
+                if op == "/":
+                    self.uses_div = True
+                    left = ("c_div(%s, %s)" % (left[0], right[0]), False)
+                else:
+                    left = ("(%s %s %s)" % (left[0], op, right[0]), op in ("<", "<=", ">", ">="))
         return left
 
     def truth(self, e, where):
         if not e[1]:
             self.refuse("%s takes %s, not a truth value: compare it (Lua holds 0 true)" % (where, e[0]))
+
+    def number(self, e, where):
+        if e[1]:
+            self.refuse("%s takes %s, a truth value, where C would count it as 0 or 1" % (where, e[0]))
+
+    def typed(self, e, want_truth, where):
+        """e where a truth value (want_truth) or a number belongs."""
+        if want_truth:
+            self.truth(e, where)
+        else:
+            self.number(e, where)
 
     def unary(self):
         t = self.peek()
@@ -196,6 +220,7 @@ class Translator:
         if t[1] == "-":
             self.take()
             e = self.unary()
+            self.number(e, "-")
             return ("(-%s)" % e[0], False)
         if t[1] == "(" and self.peek(1)[1] in TYPES:
             while self.take()[1] != ")":
@@ -206,6 +231,9 @@ class Translator:
     def postfix(self, target=False):
         t = self.take()
         if t[0] == "num":
+            if re.match(r"0\d", t[1]):
+                self.i -= 1
+                self.refuse("an octal number")
             e = (t[1], False)
         elif t[1] == "(":
             e = self.expr()
@@ -226,10 +254,18 @@ class Translator:
         while True:
             t = self.peek()
             if t[1] == "(":
+                callee = self.emitted.get(e[0])
+                if callee is None:
+                    self.refuse("calls %s, which is not translated before it" % e[0])
                 self.take()
                 args = []
                 while self.peek()[1] != ")":
-                    args.append(self.expr()[0])
+                    a = self.expr()
+                    if len(args) < len(callee.params):
+                        _, is_bool, is_array = callee.params[len(args)]
+                        if not is_array:
+                            self.typed(a, is_bool, "%s's argument %d" % (e[0], len(args) + 1))
+                    args.append(a[0])
                     if self.peek()[1] == ",":
                         self.take()
                 self.take(")")
@@ -242,7 +278,7 @@ class Translator:
                 self.take()
                 idx = self.expr()
                 self.take("]")
-                e = ("%s[%s]" % (e[0], idx[0]), False)
+                e = ("%s[%s]" % (e[0], idx[0]), e[0] in self.bool_arrays)
             elif t[1] in ("++", "--") and not target:
                 self.refuse("++ and -- only as a statement")
             else:
@@ -271,7 +307,9 @@ class Translator:
                 self.bools.add(name)
             if self.peek()[1] == "=":
                 self.take()
-                lines.append("  " * depth + "local %s = %s" % (name, self.expr()[0]))
+                e = self.expr()
+                self.typed(e, btype, "%s's value" % name)
+                lines.append("  " * depth + "local %s = %s" % (name, e[0]))
             else:
                 lines.append("  " * depth + "local %s" % name)
             if self.peek()[1] != ",":
@@ -292,34 +330,46 @@ class Translator:
             return [pad + "%s = %s %s 1" % (target[0], target[0], t[0])]
         if t == "=":
             self.take()
-            return [pad + "%s = %s" % (target[0], self.expr()[0])]
+            e = self.expr()
+            self.typed(e, target[1], "the value of " + target[0])
+            return [pad + "%s = %s" % (target[0], e[0])]
         if t in ("+=", "-=", "*="):
             self.take()
-            return [pad + "%s = %s %s (%s)" % (target[0], target[0], t[0], self.expr()[0])]
+            e = self.expr()
+            self.number(target, t)
+            self.number(e, t)
+            return [pad + "%s = %s %s (%s)" % (target[0], target[0], t[0], e[0])]
         if target[0].endswith(")"):
             return [pad + target[0]]
         self.refuse("a statement that does nothing")
 
-    def stmt(self, depth, loop_step=None):
+    def body(self, depth):
+        """A statement that is the body of if, else, while or for: a block's
+        statements at depth (the Lua's block is the if's or the loop's)."""
+        if self.peek()[1] != "{":
+            return self.stmt(depth)
+        self.take()
+        out = []
+        while self.peek()[1] != "}":
+            out += self.stmt(depth)
+        self.take("}")
+        return out
+
+    def stmt(self, depth):
         t = self.peek()
         pad = "  " * depth
-        if t[1] == "{":
-            self.take()
-            out = []
-            while self.peek()[1] != "}":
-                out += self.stmt(depth, loop_step)
-            self.take("}")
-            return out
+        if t[1] == "{":  # a block of its own: a scope of its own
+            return [pad + "do"] + self.body(depth + 1) + [pad + "end"]
         if t[1] == "if":
             self.take()
             self.take("(")
             c = self.expr()
             self.truth(c, "if")
             self.take(")")
-            out = [pad + "if %s then" % c[0]] + self.stmt(depth + 1, loop_step)
+            out = [pad + "if %s then" % c[0]] + self.body(depth + 1)
             if self.peek()[1] == "else":
                 self.take()
-                out += [pad + "else"] + self.stmt(depth + 1, loop_step)
+                out += [pad + "else"] + self.body(depth + 1)
             return out + [pad + "end"]
         if t[1] == "while":
             self.take()
@@ -327,7 +377,7 @@ class Translator:
             c = self.expr()
             self.truth(c, "while")
             self.take(")")
-            return [pad + "while %s do" % c[0]] + self.stmt(depth + 1) + [pad + "end"]
+            return [pad + "while %s do" % c[0]] + self.body(depth + 1) + [pad + "end"]
         if t[1] == "for":
             self.take()
             self.take("(")
@@ -345,21 +395,23 @@ class Translator:
             if self.peek()[1] != ")":
                 step = self.simple(depth + 2)
             self.take(")")
-            body = self.stmt(depth + 2)
-            return ([pad + "do"] + init + ["  " * (depth + 1) + "while %s do" % cond] + body + step +
-                    ["  " * (depth + 1) + "end", pad + "end"])
+            # the body in a scope of its own, so that the step sees the loop's names
+            body = self.body(depth + 3)
+            return ([pad + "do"] + init + ["  " * (depth + 1) + "while %s do" % cond, "  " * (depth + 2) + "do"] +
+                    body + ["  " * (depth + 2) + "end"] + step + ["  " * (depth + 1) + "end", pad + "end"])
         if t[1] == "return":
             self.take()
             if self.peek()[1] == ";":
                 self.take()
                 return [pad + "do return end"]
             e = self.expr()
+            self.typed(e, "bool" in self.f.ret, "%s's answer" % self.f.name)
             self.take(";")
             return [pad + "do return %s end" % e[0]]
         if t[1] == "break":
             self.take()
             self.take(";")
-            return [pad + "break"]
+            return [pad + "do break end"]
         if t[1] in ("continue", "goto", "switch", "do"):
             self.refuse("`%s` is not translated (Lua 5.1 has no continue)" % t[1])
         out = self.decl(depth) if self.is_decl() else self.simple(depth)
@@ -370,14 +422,16 @@ class Translator:
         lines = []
         while self.peek()[0] != "end":
             lines += self.stmt(1)
-        # a return ends its block in Lua: `do return x end` only where more follows
+        # a return or a break ends its block in Lua: `do return x end` and
+        # `do break end` only where more follows
         for k, line in enumerate(lines):
-            m = re.fullmatch(r"(\s*)do return (.*) end", line) or re.fullmatch(r"(\s*)do return() end", line)
+            m = (re.fullmatch(r"(\s*)do (return) (.*) end", line) or re.fullmatch(r"(\s*)do (return)() end", line)
+                 or re.fullmatch(r"(\s*)do (break)() end", line))
             if m:
                 nxt = lines[k + 1] if k + 1 < len(lines) else ""
                 if k + 1 == len(lines) or re.match(r"\s*(end|else)\b", nxt):
-                    lines[k] = m.group(1) + ("return " + m.group(2) if m.group(2) else "return")
-        params = ", ".join(n for n, _ in self.f.params)
+                    lines[k] = m.group(1) + m.group(2) + (" " + m.group(3) if m.group(3) else "")
+        params = ", ".join(n for n, _, _ in self.f.params)
         return "local function %s(%s)\n%s\nend\n" % (self.f.name, params, "\n".join(lines))
 
 
@@ -398,10 +452,11 @@ def translate(top):
                 raise Refused("%s: no function %s" % (path, n))
             chosen.append(funcs[n])
     bool_funcs = {f.name for f in chosen if "bool" in f.ret}
-    consts, parts, div = set(), [], False
+    consts, parts, div, emitted = set(), [], False, {}
     for f in chosen:
-        tr = Translator(f, bools, bool_funcs, consts)
+        tr = Translator(f, bools, bool_funcs, consts, emitted)
         parts.append(tr.function())
+        emitted[f.name] = f
         div = div or tr.uses_div
     return (C_DIV if div else "") + "".join(parts), sorted(consts)
 

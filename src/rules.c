@@ -142,6 +142,29 @@ int64_t rules_floor(int64_t last_end)
     return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;
 }
 
+int64_t rules_nf_free(const int64_t *at, const bool *probe, int n, int cap, int64_t recheck, int64_t now)
+{
+    if (n < cap)
+        return now;
+    int64_t t = at[cap - 1] + PLAN_BUDGET_SPAN_MS + 1;
+    for (int i = 0; i < cap - 1; i++)
+        if (probe[i] && now + recheck < t)
+            t = now + recheck;
+    return t > now ? t : now;
+}
+
+int64_t rules_nf_until(int64_t free_at, int holders, int64_t hold_until, int64_t resv_at, int64_t now)
+{
+    int64_t last = holders > 0 && hold_until > now ? hold_until - PLAN_LEAD_MS : 0;
+    if (free_at <= now || (last > 0 && last <= now))
+        return now;
+    if (last > now && last < free_at)
+        free_at = last;
+    if (resv_at > now && resv_at < free_at)
+        free_at = resv_at;
+    return free_at;
+}
+
 int rules_not_found_cap(int budget)
 {
     int cap = budget / RULES_NOT_FOUND_SHARE;

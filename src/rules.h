@@ -121,6 +121,24 @@ int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused);
  * fail. */
 int64_t rules_floor(int64_t last_end);
 
+/* When the 404 quarter has room again, at[0..n) being the times of the
+ * key's reads it counts in the span ending now (those that ended 404, and
+ * those of ids never answered still under way: probe[i]), newest first:
+ * now while there are fewer than cap; else when the cap-th newest leaves
+ * the span, or `recheck` from now when a newer one is under way (it may
+ * end otherwise). Never before now. Both stores gather, this decides
+ * (plan_lua.h). Can't fail. */
+int64_t rules_nf_free(const int64_t *at, const bool *probe, int n, int cap, int64_t recheck, int64_t now);
+
+/* Until when an early read of an id never answered waits for the 404
+ * quarter (free_at: rules_nf_free), for a transaction held by `holders`
+ * until hold_until whose reservation is at resv_at (0: none): not at all
+ * (now) once its last-chance time has come (PLAN_LEAD_MS before the
+ * deadline) or when there is room; else until there is room, its
+ * last-chance time or its reservation, whichever comes first. Can't
+ * fail. */
+int64_t rules_nf_until(int64_t free_at, int holders, int64_t hold_until, int64_t resv_at, int64_t now);
+
 /* The 404 quarter (docs/operations.md, "Ids nobody has paid for"): how many
  * reads that end in 404 (or, still under way, are of ids never answered)
  * a key with `budget` reads per 60 s makes in any 60 s before an id never

@@ -133,14 +133,11 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
      * deadline) */
     if (k != NULL && !elsewhere && r != PLAN_NO && r != PLAN_LAST_CHANCE && (e == NULL || e->status == TXS_NONE) &&
         !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
-        int64_t free_at = st_budget_nf_next(k, budget, st->h->read_timeout_ms + 1000, now);
-        int64_t last = e != NULL && e->holders > 0 && e->hold_until > now ? e->hold_until - PLAN_LEAD_MS : 0;
-        if (free_at > now && !(last > 0 && last <= now)) {
-            if (last > now && last < free_at)
-                free_at = last;
-            if (e != NULL && e->resv_at > now && e->resv_at < free_at)
-                free_at = e->resv_at;
-            raise_to(&f->next_read, &f->wait, free_at, WAIT_BUDGET);
+        int64_t until = rules_nf_until(st_budget_nf_next(k, budget, st->h->read_timeout_ms + 1000, now),
+                                       e != NULL ? e->holders : 0, e != NULL ? e->hold_until : 0,
+                                       e != NULL ? e->resv_at : 0, now);
+        if (until > now) {
+            raise_to(&f->next_read, &f->wait, until, WAIT_BUDGET);
             if (kind != NULL)
                 *kind = PLAN_NO;
         }

@@ -110,25 +110,21 @@ int64_t st_budget_nf_next(const struct st_keyent *k, int budget, int64_t lease_m
     if (k == NULL || budget <= 0)
         return now;
     int cap = rules_not_found_cap(budget), n = 0;
-    int64_t first_probe = 0;
-    for (int32_t j = 0; j < k->ring_n; j++) { /* newest first */
+    int64_t at[STATE_BUDGET_MAX];
+    bool probe[STATE_BUDGET_MAX];
+    for (int32_t j = 0; j < k->ring_n && n < cap; j++) { /* newest first */
         int32_t i = (k->ring_head - 1 - j + 2 * STATE_BUDGET_MAX) % STATE_BUDGET_MAX;
         if (k->ring[i] <= now - PLAN_BUDGET_SPAN_MS)
             break;
         /* a read under way counts until its lease ends (its process may
          * have died: then it never ends) */
-        bool probe = k->ring_nf[i] == RING_NF_PROBE && k->ring[i] + lease_ms > now;
-        if ((k->ring_nf[i] == RING_NF_404 || probe) && ++n >= cap) {
-            /* a read under way ends long before: look again soon */
-            int64_t t = k->ring[i] + PLAN_BUDGET_SPAN_MS + 1;
-            if (first_probe != 0 && first_probe < t)
-                t = first_probe;
-            return t > now ? t : now;
+        bool p = k->ring_nf[i] == RING_NF_PROBE && k->ring[i] + lease_ms > now;
+        if (k->ring_nf[i] == RING_NF_404 || p) {
+            at[n] = k->ring[i];
+            probe[n++] = p;
         }
-        if (probe && first_probe == 0)
-            first_probe = now + ST_PLAN_RETRY_MS;
     }
-    return now;
+    return rules_nf_free(at, probe, n, cap, ST_PLAN_RETRY_MS, now);
 }
 
 bool st_budget_only_404(const struct st_keyent *k, int64_t now)

@@ -224,10 +224,9 @@
  * read's name, scored by its start), and its reads of ids never answered
  * under way ('p:' and the name, from the claim until the finish). At
  * most `cap` of them in the span ending now (st_budget_nf_next):
- * nf_spent(kn, cap, lease) is now while there is room, else when there
- * may be (the cap-th newest leaves the span; sooner, PLAN_RECHECK, when a
- * read under way is among them: it may end otherwise). A read under way
- * counts until its lease ends (its process may have died). */
+ * nf_spent(kn, cap, lease) gathers the newest and rules_nf_free decides
+ * when there is room. A read under way counts until its lease ends (its
+ * process may have died). */
 #define LUA_NF_QUARTER                                                                     \
     "local function nf_spent(kn, cap, lease)\n"                                            \
     "  redis.call('ZREMRANGEBYSCORE', kn, '-inf', now - BUDGET_SPAN)\n"                    \
@@ -237,12 +236,11 @@
     "  for i = 1, #old do if string.sub(old[i], 1, 2) == 'p:' then dead[#dead + 1] = old[i] end end\n" \
     "  if #dead > 0 then redis.call('ZREM', kn, unpack(dead)) end\n"                       \
     "  local top = redis.call('ZREVRANGE', kn, 0, cap - 1, 'WITHSCORES')\n"                \
-    "  if #top < 2 * cap then return now end\n"                                            \
-    "  local t = tonumber(top[2 * cap]) + BUDGET_SPAN + 1\n"                               \
-    "  for i = 1, #top - 2, 2 do\n" /* a newer one under way */                           \
-    "    if string.sub(top[i], 1, 2) == 'p:' then return math.max(math.min(t, now + PLAN_RECHECK), now) end\n" \
+    "  local at, probe = {}, {}\n" /* rules_nf_free's, newest first from 0 */             \
+    "  for i = 1, #top, 2 do\n"                                                            \
+    "    at[(i - 1) / 2], probe[(i - 1) / 2] = tonumber(top[i + 1]), string.sub(top[i], 1, 2) == 'p:'\n" \
     "  end\n"                                                                              \
-    "  return math.max(t, now)\n"                                                         \
+    "  return rules_nf_free(at, probe, #top / 2, cap, PLAN_RECHECK, now)\n"                \
     "end\n"
 
 /* The keys (K_*) are the ones scripts[] below gives the claim; after them
@@ -438,13 +436,9 @@ static const char lua_claim[] =
      * ARGV[18] in the span ending now, an id never answered reads only
      * with a held request's last-chance read (granted by the plan, or
      * within PLAN_LEAD_MS of its deadline) */
-    "if not s and kind ~= PLAN_LAST_CHANCE and not (me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS <= now) then\n"
-    "  local free = nf_spent(K_NOT_FOUND, tonumber(ARGV[18]), tonumber(ARGV[3]))\n"
-    "  if free > now then\n"
-    "    if me.ho > 0 and me.hu > now and me.hu - PLAN_LEAD_MS < free then free = me.hu - PLAN_LEAD_MS end\n"
-    "    if me.rv > now and me.rv < free then free = me.rv end\n"
-    "    return {'wait', math.max(free - now, 1), 'budget'}\n"
-    "  end\n"
+    "if not s and kind ~= PLAN_LAST_CHANCE then\n"
+    "  local til = rules_nf_until(nf_spent(K_NOT_FOUND, tonumber(ARGV[18]), tonumber(ARGV[3])), me.ho, me.hu, me.rv, now)\n"
+    "  if til > now then return {'wait', math.max(til - now, 1), 'budget'} end\n"
     "end\n"
     "if kind ~= PLAN_LAST_CHANCE then er = er + 1 end\n"
     "ser = ser + 1\n"

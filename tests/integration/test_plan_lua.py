@@ -28,12 +28,18 @@ local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until =
 local now, at, tt, from, thins, recheck, nev = 0, 0, 0, -math.huge, math.huge, 0, 0
 local first_short, first_long = math.huge, math.huge
 local x = {holders = 0, cached_until = 0, floor_until = 0}
+local probe, cap, free_at = {}, 0, 0
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
     for x in string.gmatch(val, '-?%d+') do ev[nev] = tonumber(x); nev = nev + 1 end
   elseif name == 'ws' then
     for x in string.gmatch(val, '-?%d+') do ws.wait_ms[ws.n] = tonumber(x); ws.n = ws.n + 1 end
+  elseif name == 'probe' then
+    local i = 0
+    for b in string.gmatch(val, '%d+') do probe[i] = b ~= '0'; i = i + 1 end
+  elseif name == 'cap' then cap = tonumber(val)
+  elseif name == 'free_at' then free_at = tonumber(val)
   elseif name == 'withheld' then withheld = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name and x[name] ~= nil then x[name] = tonumber(val)
@@ -70,6 +76,8 @@ if op == 'retry' then return tostring(plan_retry(t, ev, nev, thins, recheck, now
 if op == 'demand' then return tostring(plan_demand(ws, w, now)) end
 if op == 'ready' then return plan_ready(ws, w, now) and '1' or '0' end
 if op == 'gap' then return tostring(plan_next_gap(ws, w.reads)) end
+if op == 'nf_free' then return tostring(rules_nf_free(ev, probe, nev, cap, recheck, now)) end
+if op == 'nf_until' then return tostring(rules_nf_until(free_at, x.holders, w.hold_until, t.resv_at, now)) end
 if op == 'waits' or op == 'waiter' then
   x.reads, x.last_start, x.hold_until, x.busy_until, x.not_before = w.reads, w.last_start, w.hold_until, w.busy_until, w.not_before
   if op == 'waits' then return plan_waits(x, now) and '1' or '0' end
@@ -108,7 +116,8 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
     assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
-                                                   "read", "ready", "reserve", "retry", "room", "waiter", "waits"])
+                                                   "nf_free", "nf_until", "read", "ready", "reserve", "retry", "room", "waiter",
+                                                   "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:
@@ -146,6 +155,10 @@ def test_c2lua_refuses_the_c_that_lua_would_read_otherwise(tmpdir):
         "bool f(bool a, int n)\n{\n    return n > 0 ? a : false;\n}\n": "must be a number",
         "int f(int n)\n{\n    for (int i = 0; i < n; i++)\n        continue;\n    return 0;\n}\n": "continue",
         "int f(int end)\n{\n    return end + 1;\n}\n": "word of Lua's",
+        "bool f(int n)\n{\n    return n;\n}\n": "not a truth value",
+        "int f(int a, int b)\n{\n    return a + (a > b);\n}\n": "where C would count it as 0 or 1",
+        "int f(int a)\n{\n    return g(a);\n}\n": "not translated before it",
+        "int f(int a)\n{\n    return a + 010;\n}\n": "octal",
     }
     for src, why in cases.items():
         f = mod.functions("t.c", src)["f"]
@@ -155,13 +168,18 @@ def test_c2lua_refuses_the_c_that_lua_would_read_otherwise(tmpdir):
             assert why in str(e) and "t.c:" in str(e), str(e)
         else:
             raise AssertionError("c2lua translated: %s" % src)
-    # and what it takes it translates: C's division truncates
-    f = mod.functions("t.c", "int f(int a, int b)\n{\n    return a / b;\n}\n")["f"]
-    tr = mod.Translator(f, set(), set(), set())
+    # and what it takes it translates: C's division truncates, a block is
+    # a scope, a loop's step is the loop's, a break leaves the loop
+    src = ("int f(int a, int b)\n{\n    return a / b;\n}\n"
+           "int g(int a)\n{\n    int x = 1;\n    {\n        int x = 2;\n        a += x;\n    }\n    return a + x;\n}\n"
+           "int h(int n)\n{\n    int s = 0;\n    for (int i = 0; i < n; i++) {\n        int i = 100;\n"
+           "        s += i;\n        if (s > 250)\n            break;\n        s += 1;\n    }\n    return s;\n}\n")
+    funcs = mod.functions("t.c", src)
+    lua = mod.C_DIV + "".join(mod.Translator(funcs[n], set(), set(), set()).function() for n in "fgh")
     redis = harness.Redis(tmpdir)
     with redis.client() as c:
-        lua = mod.C_DIV + tr.function() + "return {f(7, 2), f(-7, 2), f(6, 3)}"
-        assert_eq(c.cmd("EVAL", lua, "0"), [3, -3, 2])
+        got = c.cmd("EVAL", lua + "return {f(7, 2), f(-7, 2), f(6, 3), g(0), h(5)}", "0")
+        assert_eq(got, [3, -3, 2, 3, 302])
 
 
 if __name__ == "__main__":

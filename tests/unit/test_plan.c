@@ -20,6 +20,7 @@
 
 #include "hold.h"
 #include "plan.h"
+#include "rules.h"
 #include "util.h"
 
 /* ---- plan.c alone ---- */
@@ -504,6 +505,9 @@ struct vector {
     bool has_thins;
     int64_t first_short, first_long; /* arrival_rate (with arrivals, arrivals_long) */
     struct plan_facts x;       /* waits, waiter: holders, cached_until, floor_until (the rest: w's) */
+    bool probe[16];            /* nf_free (with ev, cap, recheck) */
+    int cap;
+    int64_t free_at;           /* nf_until (with holders, hold_until, resv_at) */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -534,6 +538,7 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"first_short", NULL, &v->first_short, NULL}, {"first_long", NULL, &v->first_long, NULL},
         {"holders", &v->x.holders, NULL, NULL},       {"cached_until", NULL, &v->x.cached_until, NULL},
         {"floor_until", NULL, &v->x.floor_until, NULL},
+        {"cap", &v->cap, NULL, NULL},                 {"free_at", NULL, &v->free_at, NULL},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -545,6 +550,12 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
     if (strcmp(name, "ev") == 0) {
         for (const char *p = val; *p != '\0' && v->nev < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
             v->ev[v->nev++] = strtoll(p, NULL, 10);
+        return true;
+    }
+    if (strcmp(name, "probe") == 0) {
+        int i = 0;
+        for (const char *p = val; *p != '\0' && i < 16; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+            v->probe[i++] = strtoll(p, NULL, 10) != 0;
         return true;
     }
     if (strcmp(name, "from") == 0)
@@ -616,6 +627,11 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         else
             snprintf(out, cap, "%d,%lld,%lld,%lld,%lld", w.reads, (long long)w.last_start, (long long)w.hold_until,
                      (long long)w.busy_until, (long long)w.not_before);
+    } else if (strcmp(op, "nf_free") == 0) {
+        snprintf(out, cap, "%lld", (long long)rules_nf_free(v->ev, v->probe, v->nev, v->cap, v->recheck, v->now));
+    } else if (strcmp(op, "nf_until") == 0) {
+        snprintf(out, cap, "%lld",
+                 (long long)rules_nf_until(v->free_at, v->x.holders, v->w.hold_until, v->t.resv_at, v->now));
     } else if (strcmp(op, "drifted") == 0) {
         snprintf(out, cap, "%d", plan_drifted(&v->ws, v->t.resv_at, v->w.reads, v->withheld, v->now) ? 1 : 0);
     } else {
