@@ -38,7 +38,7 @@ import sys
 # each after the ones it calls). None: every function in the file.
 SOURCES = [
     ("src/pace.c", ["pace_sum", "pace_in_episode", "pace_wait", "pace_next_read"]),
-    ("src/rules.c", ["rules_floor", "rules_nf_free", "rules_nf_until"]),
+    ("src/rules.c", ["rules_floor", "rules_raise", "rules_next_read", "rules_nf_free", "rules_nf_until"]),
     ("src/plan.c", None),
 ]
 # the headers of the structs the translated functions take (their bool

@@ -142,6 +142,24 @@ int64_t rules_floor(int64_t last_end)
     return last_end > 0 ? last_end + RULES_FLOOR_MS : 0;
 }
 
+void rules_raise(struct rules_next *n, int64_t t, int why)
+{
+    if (t > n->at) {
+        n->at = t;
+        n->why = why;
+    }
+}
+
+void rules_next_read(const struct pace_schedule *s, const struct rules_gate *g, int64_t now, struct rules_next *n)
+{
+    n->at = now;
+    n->why = RULES_WHY_NONE;
+    rules_raise(n, pace_next_read(s, g->reads, g->last_start, now), RULES_WHY_PACE);
+    rules_raise(n, rules_floor(g->last_end), RULES_WHY_PACE);
+    rules_raise(n, g->not_before, RULES_WHY_RETRY);
+    rules_raise(n, g->key_paused_until, RULES_WHY_KEY_PAUSE);
+}
+
 int64_t rules_nf_free(const int64_t *at, const bool *probe, int n, int cap, int64_t recheck, int64_t now)
 {
     if (n < cap)

@@ -121,6 +121,36 @@ int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused);
  * fail. */
 int64_t rules_floor(int64_t last_end);
 
+/* Why a read waits by rules_next_read(). */
+enum rules_why { RULES_WHY_NONE, RULES_WHY_PACE, RULES_WHY_RETRY, RULES_WHY_KEY_PAUSE };
+
+/* When a read may start, and why not sooner (enum rules_why). */
+struct rules_next {
+    int64_t at;
+    int why;
+};
+
+/* What of a transaction and its key rules_next_read() reads, as either
+ * store keeps it. */
+struct rules_gate {
+    int reads;                /* reads so far */
+    int64_t last_start;       /* the last read's start */
+    int64_t last_end;         /* the last read's end (0: none) */
+    int64_t not_before;       /* Retry-After and the like */
+    int64_t key_paused_until; /* the key's pause (a per-key 429 or 401) */
+};
+
+/* n->at raised to t, n->why to why, when t is later. Can't fail. */
+void rules_raise(struct rules_next *n, int64_t t, int why);
+
+/* The earliest start of the next read by the pace (pace_next_read), the
+ * floor after the last read's end (rules_floor), the transaction's own
+ * not-before and its key's pause: the latest of them, and why (the first
+ * of these on a tie); now and RULES_WHY_NONE when none holds a read
+ * back. Both stores decide a read by it (the claim script translated:
+ * plan_lua.h). Can't fail. */
+void rules_next_read(const struct pace_schedule *s, const struct rules_gate *g, int64_t now, struct rules_next *n);
+
 /* When the 404 quarter has room again, at[0..n) being the times of the
  * key's reads it counts in the span ending now (those that ended 404, and
  * those of ids never answered still under way: probe[i]), newest first:

@@ -88,15 +88,25 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             f->in_flight = true;
             f->in_flight_until = inflight;
         }
-        raise_to(&f->next_read, &f->wait, pace_next_read(sched, e->reads, e->last_start, now), WAIT_PACE);
-        raise_to(&f->next_read, &f->wait, rules_floor(e->last_end), WAIT_PACE);
-        raise_to(&f->next_read, &f->wait, e->not_before, WAIT_RETRY);
+    }
+    /* the pace, the floor, Retry-After and the key's pause, as Redis's
+     * claim decides them (rules_next_read) */
+    struct rules_gate g = {.key_paused_until = k != NULL ? k->paused_until : 0};
+    if (e != NULL) {
+        g.reads = e->reads;
+        g.last_start = e->last_start;
+        g.last_end = e->last_end;
+        g.not_before = e->not_before;
+    }
+    static const enum state_wait why_of[] = {[RULES_WHY_NONE] = WAIT_NONE, [RULES_WHY_PACE] = WAIT_PACE,
+                                             [RULES_WHY_RETRY] = WAIT_RETRY, [RULES_WHY_KEY_PAUSE] = WAIT_KEY_PAUSE};
+    struct rules_next n;
+    rules_next_read(sched, &g, now, &n);
+    raise_to(&f->next_read, &f->wait, n.at, why_of[n.why]);
+    if (e != NULL) /* another host's word */
         raise_to(&f->next_read, &f->wait, e->remote_not_before, (enum state_wait)e->remote_why);
-    }
-    if (k != NULL) {
-        raise_to(&f->next_read, &f->wait, k->paused_until, WAIT_KEY_PAUSE);
+    if (k != NULL)
         raise_to(&f->next_read, &f->wait, st_budget_next(k, budget, now), WAIT_BUDGET);
-    }
     raise_to(&f->next_read, &f->wait, st->h->host_paused_until, WAIT_HOST_PAUSE);
     if (!st->all_accepted && (k == NULL || !k->accepted)) { /* a key Kasera has not taken: within the allowance */
         int64_t at = rules_auth_next(st->h->auth_until, STATE_AUTH_FAILS_MAX, atomic_load(&st->auth_allowance), now);

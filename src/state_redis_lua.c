@@ -22,6 +22,10 @@
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
     "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
+    "local function next_gate(kp)\n" /* struct rules_gate: the transaction's fields, its key's pause */ \
+    "  return {reads = n, last_start = ls, last_end = le, not_before = ra, key_paused_until = kp}\n" \
+    "end\n"                                                                                \
+    "local WHY = {[RULES_WHY_PACE] = 'pace', [RULES_WHY_RETRY] = 'retry', [RULES_WHY_KEY_PAUSE] = 'key'}\n" \
     "local function schedule(waits)\n" /* struct pace_schedule, for plan_lua()'s functions */ \
     "  local ps = {n = 0, wait_ms = {}}\n"                                                 \
     "  for w in string.gmatch(waits, '%d+') do ps.wait_ms[ps.n] = tonumber(w); ps.n = ps.n + 1 end\n" \
@@ -43,11 +47,10 @@
     "  if s and fu > now then msg = 'F ' .. rkey .. ' ' .. id .. ' ' .. (fu - now) .. ' ' .. s\n" \
     "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
     "  else\n"                                                                             \
-    "    local nx = math.max(now, pace_next_read(schedule(waits), n, ls, now))\n"         \
-    "    nx = math.max(nx, rules_floor(le))\n"                                              \
-    "    nx = math.max(nx, ra, kp)\n"                                                      \
-    "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) .. ' ' .. s\n"      \
-    "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx - now) end\n"                   \
+    "    local nx = {}\n" /* the next read, as a claim would decide it */                 \
+    "    rules_next_read(schedule(waits), next_gate(kp), now, nx)\n"                        \
+    "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) .. ' ' .. s\n"   \
+    "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) end\n"                \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
     "  local hu = tonumber(redis.call('HGET', K_TX, 'hu')) or 0\n" /* held: kept as long */    \
@@ -286,19 +289,15 @@ static const char lua_claim[] =
     "    end\n"
     "  end\n"
     "end\n"
+    /* the pace, the floor at Kasera, Retry-After and the key's pause, as
+     * the C decides them (rules_next_read) */
     "local kp = tonumber(redis.call('HGET', K_KEY, 'p')) or 0\n"
-    "if kp > now then return {'wait', kp - now, 'key'} end\n"
-    "if ra > now then return {'wait', ra - now, 'retry'} end\n"
     "local me = tx_fields(K_TX)\n" /* before the episode's reads are reset below */
     "local ws = schedule(ARGV[1])\n"
-    "if pace_in_episode(n, ls, now) then\n"
-    "  local nx = pace_next_read(ws, n, ls, now)\n"
-    "  if nx > now then return {'wait', nx - now, 'pace'} end\n"
-    "else\n"
-    "  n = 0\n"
-    "end\n"
-    /* the floor at Kasera: after the previous read's answer */
-    "if rules_floor(le) > now then return {'wait', rules_floor(le) - now, 'pace'} end\n"
+    "local nx = {}\n"
+    "rules_next_read(ws, next_gate(kp), now, nx)\n"
+    "if nx.at > now then return {'wait', nx.at - now, WHY[nx.why]} end\n"
+    "if not pace_in_episode(n, ls, now) then n = 0 end\n"
     /* the key's count (budget.h): its mark '~' (scored +inf, never a
      * read) says it is whole; found gone, every host is asked for its
      * reads, and when this host read with the key lately (ARGV[16]: it was

@@ -29,6 +29,7 @@ local now, at, tt, from, thins, recheck, nev = 0, 0, 0, -math.huge, math.huge, 0
 local first_short, first_long = math.huge, math.huge
 local x = {holders = 0, cached_until = 0, floor_until = 0}
 local probe, cap, free_at = {}, 0, 0
+local last_end, key_paused_until = 0, 0
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
@@ -40,6 +41,8 @@ for i = 2, #ARGV do
     for b in string.gmatch(val, '%d+') do probe[i] = b ~= '0'; i = i + 1 end
   elseif name == 'cap' then cap = tonumber(val)
   elseif name == 'free_at' then free_at = tonumber(val)
+  elseif name == 'last_end' then last_end = tonumber(val)
+  elseif name == 'key_paused_until' then key_paused_until = tonumber(val)
   elseif name == 'withheld' then withheld = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name and x[name] ~= nil then x[name] = tonumber(val)
@@ -76,6 +79,13 @@ if op == 'retry' then return tostring(plan_retry(t, ev, nev, thins, recheck, now
 if op == 'demand' then return tostring(plan_demand(ws, w, now)) end
 if op == 'ready' then return plan_ready(ws, w, now) and '1' or '0' end
 if op == 'gap' then return tostring(plan_next_gap(ws, w.reads)) end
+if op == 'next_read' then
+  local nx = {}
+  rules_next_read(ws, {reads = w.reads, last_start = w.last_start, last_end = last_end, not_before = w.not_before,
+                       key_paused_until = key_paused_until}, now, nx)
+  local why = ({[RULES_WHY_PACE] = 'pace', [RULES_WHY_RETRY] = 'retry', [RULES_WHY_KEY_PAUSE] = 'key'})[nx.why] or 'none'
+  return nx.at .. ',' .. why
+end
 if op == 'nf_free' then return tostring(rules_nf_free(ev, probe, nev, cap, recheck, now)) end
 if op == 'nf_until' then return tostring(rules_nf_until(free_at, x.holders, w.hold_until, t.resv_at, now)) end
 if op == 'waits' or op == 'waiter' then
@@ -116,8 +126,8 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
     assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
-                                                   "nf_free", "nf_until", "read", "ready", "reserve", "retry", "room", "waiter",
-                                                   "waits"])
+                                                   "next_read", "nf_free", "nf_until", "read", "ready", "reserve", "retry", "room",
+                                                   "waiter", "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

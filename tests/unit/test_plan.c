@@ -508,6 +508,7 @@ struct vector {
     bool probe[16];            /* nf_free (with ev, cap, recheck) */
     int cap;
     int64_t free_at;           /* nf_until (with holders, hold_until, resv_at) */
+    int64_t last_end, key_paused_until; /* next_read (with ws, reads, last_start, not_before) */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -539,6 +540,7 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"holders", &v->x.holders, NULL, NULL},       {"cached_until", NULL, &v->x.cached_until, NULL},
         {"floor_until", NULL, &v->x.floor_until, NULL},
         {"cap", &v->cap, NULL, NULL},                 {"free_at", NULL, &v->free_at, NULL},
+        {"last_end", NULL, &v->last_end, NULL},       {"key_paused_until", NULL, &v->key_paused_until, NULL},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -627,6 +629,14 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         else
             snprintf(out, cap, "%d,%lld,%lld,%lld,%lld", w.reads, (long long)w.last_start, (long long)w.hold_until,
                      (long long)w.busy_until, (long long)w.not_before);
+    } else if (strcmp(op, "next_read") == 0) {
+        struct rules_gate g = {.reads = v->w.reads, .last_start = v->w.last_start, .last_end = v->last_end,
+                               .not_before = v->w.not_before, .key_paused_until = v->key_paused_until};
+        struct rules_next n;
+        rules_next_read(&v->ws, &g, v->now, &n);
+        snprintf(out, cap, "%lld,%s", (long long)n.at,
+                 n.why == RULES_WHY_PACE ? "pace" : n.why == RULES_WHY_RETRY ? "retry"
+                 : n.why == RULES_WHY_KEY_PAUSE ? "key" : "none");
     } else if (strcmp(op, "nf_free") == 0) {
         snprintf(out, cap, "%lld", (long long)rules_nf_free(v->ev, v->probe, v->nev, v->cap, v->recheck, v->now));
     } else if (strcmp(op, "nf_until") == 0) {
