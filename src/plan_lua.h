@@ -4,7 +4,8 @@
  *
  * The Lua is not written by hand: contrib/c2lua.py translates plan.c's
  * functions, pace.c's pace_sum, pace_in_episode, pace_wait and
- * pace_next_read, and rules.c's rules_floor into src/plan_lua.inc (`make
+ * pace_next_read, and rules.c's rules_floor, rules_raise, rules_next_read,
+ * rules_nf_free and rules_nf_until into src/plan_lua.inc (`make
  * plan-lua` after editing one of them; tests/layout/check_plan_lua fails
  * while it is behind the C). Each function keeps its C name and
  * parameters: a struct pointer is a table with the struct's fields (the
