@@ -1,7 +1,6 @@
 /* plan.c - see plan.h. */
 #include "plan.h"
 
-
 int64_t plan_late_span(const struct plan_key *k)
 {
     int64_t span = PLAN_BUDGET_SPAN_MS - (k->hold_ms - PLAN_LEAD_MS);
