@@ -504,13 +504,14 @@ static bool route(struct serve_req *r, const char *const *p)
 {
     struct route_ctx c; /* c.f: written by takes_cached before a route reads it (not zeroed: the hot path) */
     c.p = p;
-    c.fmt[0] = '\0';
+    /* all of it: a value too long is cut without its NUL (request_query_param) */
+    memset(c.fmt, 0, sizeof c.fmt);
     const char *method = p[P_METHOD], *admin = p[P_ADMIN];
     request_query_param(p[P_QUERY], "format", c.fmt, sizeof c.fmt);
     r->head = method != NULL && strcmp(method, "HEAD") == 0;
     c.admin = admin != NULL && strcmp(admin, "1") == 0;
-    /* unrolled, each route's functions are called (and inlined) directly:
-     * the cached answer costs what the early exits did */
+    /* unrolled, so that each route's functions are called directly (the
+     * cached answer's cost: docs/performance.md) */
 #define ROUTES_N (sizeof routes / sizeof routes[0])
 #pragma GCC unroll 16
     for (size_t i = 0; i < ROUTES_N; i++)
