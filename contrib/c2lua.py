@@ -38,12 +38,14 @@ import sys
 # each after the ones it calls). None: every function in the file.
 SOURCES = [
     ("src/pace.c", ["pace_sum", "pace_in_episode", "pace_wait", "pace_next_read"]),
-    ("src/rules.c", ["rules_floor", "rules_raise", "rules_next_read", "rules_nf_free", "rules_nf_until"]),
+    ("src/rules.c", ["rules_floor", "rules_raise", "rules_next_read", "rules_nf_free", "rules_nf_until",
+                     "rules_held", "rules_client_next", "rules_client_blocks", "rules_budget_free",
+                     "rules_read_current", "rules_read_records"]),
     ("src/plan.c", None),
 ]
 # the headers of the structs the translated functions take (their bool
 # fields are truth values in the Lua)
-HEADERS = ["src/pace.h", "src/plan.h"]
+HEADERS = ["src/pace.h", "src/plan.h", "src/rules.h"]
 OUTPUT = "src/plan_lua.inc"
 
 TYPES = {"int", "int64_t", "bool", "size_t", "long", "unsigned", "const", "struct", "enum"}

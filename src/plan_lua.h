@@ -5,7 +5,9 @@
  * The Lua is not written by hand: contrib/c2lua.py translates plan.c's
  * functions, pace.c's pace_sum, pace_in_episode, pace_wait and
  * pace_next_read, and rules.c's rules_floor, rules_raise, rules_next_read,
- * rules_nf_free and rules_nf_until into src/plan_lua.inc (`make
+ * rules_nf_free, rules_nf_until, rules_held, rules_client_next,
+ * rules_client_blocks, rules_budget_free, rules_read_current and
+ * rules_read_records into src/plan_lua.inc (`make
  * plan-lua` after editing one of them; tests/layout/check_plan_lua fails
  * while it is behind the C). Each function keeps its C name and
  * parameters: a struct pointer is a table with the struct's fields (the
@@ -16,6 +18,9 @@
 #define KEMBALI_PLAN_LUA_H
 
 #include <stddef.h>
+
+/* A buffer this long holds plan_lua()'s text (test_plan asserts it). */
+#define PLAN_LUA_MAX 16384
 
 /* The translated functions, after a line that gives the constants they
  * name their values from the C (no number is typed in the Lua), into buf

@@ -183,6 +183,63 @@ int64_t rules_nf_until(int64_t free_at, int holders, int64_t hold_until, int64_t
     return free_at;
 }
 
+int rules_held(int64_t final_until, int64_t nf_until, int64_t busy_until, int64_t now)
+{
+    if (final_until > now)
+        return RULES_HELD_FINAL;
+    if (nf_until > now)
+        return RULES_HELD_NOT_FOUND;
+    if (busy_until > now)
+        return RULES_HELD_BUSY;
+    return RULES_HELD_NONE;
+}
+
+int64_t rules_client_next(int64_t blocked_until, int counted, int64_t first_flight_end, int allowance,
+                          int64_t recheck, int64_t now)
+{
+    if (blocked_until > now)
+        return blocked_until;
+    if (counted < allowance)
+        return now;
+    int64_t at = now + recheck;
+    if (first_flight_end > now && first_flight_end < at)
+        at = first_flight_end;
+    return at;
+}
+
+bool rules_client_blocks(int64_t blocked_until, int counted, int allowance, int64_t now)
+{
+    return blocked_until <= now && counted >= allowance;
+}
+
+int64_t rules_budget_free(int used, int budget, int64_t nth_newest, int64_t now)
+{
+    if (used < budget)
+        return now;
+    int64_t t = nth_newest + PLAN_BUDGET_SPAN_MS + 1;
+    return t > now ? t : now;
+}
+
+bool rules_read_current(int64_t serial, int64_t latest_serial, int64_t lease_until, int64_t now)
+{
+    return serial != 0 && serial == latest_serial && now <= lease_until;
+}
+
+bool rules_read_records(const struct rules_found *f)
+{
+    if (f->not_found) {
+        if (f->current)
+            return !f->final_cached; /* a 404 cannot hide a cached final status */
+        return !f->older && !f->known && !f->nf_cached; /* nothing known at all */
+    }
+    if (f->current)
+        return f->forward || !f->final_cached;
+    if (f->final) /* a final status stays true: only forward, never backwards */
+        return f->forward;
+    /* a late pending (or unknown word) only fills what nothing else says */
+    return !f->older && !f->known_final && !f->nf_cached;
+}
+
 int rules_not_found_cap(int budget)
 {
     int cap = budget / RULES_NOT_FOUND_SHARE;

@@ -169,6 +169,63 @@ int64_t rules_nf_free(const int64_t *at, const bool *probe, int n, int cap, int6
  * fail. */
 int64_t rules_nf_until(int64_t free_at, int holders, int64_t hold_until, int64_t resv_at, int64_t now);
 
+/* What answers for a transaction without a read at `now`, the first that
+ * holds: a final status whose cache runs (until final_until), a
+ * remembered 404 (until nf_until), a read of it under way (until
+ * busy_until); each 0 when there is none. */
+enum rules_held { RULES_HELD_NONE, RULES_HELD_FINAL, RULES_HELD_NOT_FOUND, RULES_HELD_BUSY };
+
+/* The enum rules_held that holds at `now` (above). Both stores' claims
+ * and the news Redis publishes decide by it. Can't fail. */
+int rules_held(int64_t final_until, int64_t nf_until, int64_t busy_until, int64_t now);
+
+/* When a read of an id nobody knows may start as far as one tier of its
+ * client (docs/operations.md, "Ids nobody has paid for") is concerned:
+ * its block's end while it is blocked (blocked_until, 0: none); else now
+ * while `counted` (its 404s in the window and its reads of such ids in
+ * flight) is under `allowance`; else the end of its first read in flight
+ * (first_flight_end, 0: none), but at most `recheck` from now. Can't
+ * fail. */
+int64_t rules_client_next(int64_t blocked_until, int counted, int64_t first_flight_end, int allowance,
+                          int64_t recheck, int64_t now);
+
+/* Does a 404 just charged to a client's tier start its block? Yes when it
+ * is not blocked (blocked_until) and its 404s in the window, this one
+ * among them (counted), reach its allowance. Can't fail. */
+bool rules_client_blocks(int64_t blocked_until, int counted, int allowance, int64_t now);
+
+/* When the key's count lets a read start: now while fewer than `budget`
+ * reads (`used`) are in the span ending now, else when the budget-th
+ * newest of them (nth_newest) leaves it. Can't fail. */
+int64_t rules_budget_free(int used, int budget, int64_t nth_newest, int64_t now);
+
+/* Is the read of claim `serial` (0: none) still the transaction's current
+ * one as it ends at `now`: the latest claimed (latest_serial), within its
+ * lease (lease_until, 0 once it ended)? Can't fail. */
+bool rules_read_current(int64_t serial, int64_t latest_serial, int64_t lease_until, int64_t now);
+
+/* What a read found, and what is known of its transaction as it ends. */
+struct rules_found {
+    bool current;      /* still the current read (rules_read_current) */
+    bool older;        /* a later read's outcome, or a told status, is recorded already */
+    bool not_found;    /* it ended 404 (else it found a status) */
+    bool final;        /* the status it found is final */
+    bool forward;      /* that status may replace the known one as a told one would
+                        * (rules_may_replace with told) */
+    bool known;        /* a status is known */
+    bool known_final;  /* ... and it is final */
+    bool final_cached; /* ... and its cache runs */
+    bool nf_cached;    /* a 404 is remembered and its memory runs */
+};
+
+/* Is what a read found recorded (docs/operations.md, "A read's outcome")?
+ * The current read records what Kasera said unless a cached final status
+ * says otherwise (a 404 never hides one; a status replaces it as
+ * rules_may_replace allows a read's answer); a late read's final status
+ * only moves what is known forward; its pending or 404 only fills what
+ * nothing newer says. Both stores decide by it. Can't fail. */
+bool rules_read_records(const struct rules_found *f);
+
 /* The 404 quarter (docs/operations.md, "Ids nobody has paid for"): how many
  * reads that end in 404 (or, still under way, are of ids never answered)
  * a key with `budget` reads per 60 s makes in any 60 s before an id never

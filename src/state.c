@@ -120,10 +120,14 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     }
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
+    /* a cached final status, a remembered 404 or a read under way answers
+     * without a read (as Redis's claim: rules_held) */
+    bool held = rules_held(f->final ? f->known_until : 0, f->not_found ? f->known_until : 0, f->in_flight_until,
+                           now) != RULES_HELD_NONE;
     /* everything else allows a read now: does the budget's plan? */
     enum plan_read r = PLAN_EARLY;
     bool elsewhere = atomic_load_explicit(&st->elsewhere, memory_order_relaxed);
-    if (!st->greedy && k != NULL && !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
+    if (!st->greedy && k != NULL && !held && f->next_read <= now) {
         int64_t retry, own;
         r = st_plan_verdict(st, e, k, sched, budget, now, &retry, &own);
         if (r == PLAN_NO && elsewhere)
@@ -142,7 +146,7 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
      * request's last-chance read (reserved, or within the lead of its
      * deadline) */
     if (k != NULL && !elsewhere && r != PLAN_NO && r != PLAN_LAST_CHANCE && (e == NULL || e->status == TXS_NONE) &&
-        !f->final && !f->not_found && !f->in_flight && f->next_read <= now) {
+        !held && f->next_read <= now) {
         int64_t until = rules_nf_until(st_budget_nf_next(k, budget, st->h->read_timeout_ms + 1000, now),
                                        e != NULL ? e->holders : 0, e != NULL ? e->hold_until : 0,
                                        e != NULL ? e->resv_at : 0, now);
@@ -213,7 +217,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     compute(st, e, k, sched, budget, now, out, &kind);
     if (out->withheld && e != NULL)
         e->withheld = 1; /* the plan held this read back (plan_drifted) */
-    if (out->final || out->not_found || out->in_flight || out->next_read > now)
+    if (out->next_read > now || rules_held(out->final ? out->known_until : 0, out->not_found ? out->known_until : 0,
+                                           out->in_flight_until, now) != RULES_HELD_NONE)
         goto done;
     if (k == NULL)
         k = st_key_get(st, key, now, true);
@@ -341,24 +346,26 @@ static void status_record(struct st_tx *e, enum tx_status s, const char *word, i
     e->known_until = ttl > 0 ? now + ttl : 0;
 }
 
-/* Record what the read of ticket t found (status s, or a 404), by the
- * rules of state.h ("A read's outcome"). `current`: t's lease holds and no
- * other read of the transaction started since. */
+/* Record what the read of ticket t found (status s, or a 404)? The facts
+ * of e as rules_read_records() takes them (docs/operations.md, "A read's
+ * outcome"). `current`: t's lease holds and no other read of the
+ * transaction started since (rules_read_current). */
 static bool read_may_record(const struct st_tx *e, const struct state_ticket *t, bool current, bool not_found,
                             enum tx_status s, int64_t now)
 {
-    bool older = t->serial < e->facts_serial; /* a later read's outcome (or a told status) is recorded */
-    if (not_found) {
-        if (current)
-            return !final_cached(e, now); /* a 404 cannot hide a cached final status */
-        return !older && e->status == TXS_NONE && !e->not_found; /* nothing known at all */
-    }
-    if (current)
-        return status_may_replace(e, s, false, now);
-    if (tx_status_final(s)) /* a final status stays true: only forward, never backwards */
-        return status_may_replace(e, s, true, now);
-    /* a late pending (or unknown word) only fills what nothing else says */
-    return !older && !tx_status_final((enum tx_status)e->status) && !(e->not_found && e->known_until > now);
+    enum tx_status cur = (enum tx_status)e->status;
+    struct rules_found f = {
+        .current = current,
+        .older = t->serial < e->facts_serial, /* a later read's outcome (or a told status) is recorded */
+        .not_found = not_found,
+        .final = tx_status_final(s),
+        .forward = !not_found && rules_may_replace(cur, true, s, true),
+        .known = cur != TXS_NONE,
+        .known_final = tx_status_final(cur),
+        .final_cached = final_cached(e, now),
+        .nf_cached = e->not_found && e->known_until > now,
+    };
+    return rules_read_records(&f);
 }
 
 void state_finish(struct state *st, const struct state_ticket *t, const char *shop_id,
@@ -370,7 +377,7 @@ void state_finish(struct state *st, const struct state_ticket *t, const char *sh
     if (!st_client_none(&t->client)) /* no longer in flight for its client (a 404 is charged below) */
         st_client_land(st, &t->client, st_tx_what(st, &t->key, t->id), now);
     struct st_keyent *k = st_key_get(st, &t->key, now, true);
-    bool current = e != NULL && e->inflight_serial == t->serial && now <= t->lease_until;
+    bool current = e != NULL && rules_read_current((int64_t)t->serial, (int64_t)e->inflight_serial, t->lease_until, now);
     report->stale = !current;
     if (e != NULL) {
         e->remote_until = 0; /* another host's read is no longer what to wait for */
@@ -496,7 +503,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         e->remote_until = 0; /* what another host's read would say is told */
         if (status_may_replace(e, status, true, now)) {
             status_record(e, status, word, now);
-            e->facts_serial = st->h->serial; /* newer than every read started before it */
+            e->facts_serial = st->h->serial + 1; /* newer than every read started before it */
         } else {
             done = STATE_TOLD_KEPT;
             if (e->not_found) { /* the shop knows it: no 404 stands (a kept status is final) */

@@ -14,12 +14,12 @@ int64_t st_budget_next(const struct st_keyent *k, int budget, int64_t now)
         return now;
     if (budget > STATE_BUDGET_MAX)
         budget = STATE_BUDGET_MAX;
-    /* ring entries from newest backwards; the budget-th newest decides */
+    /* ring entries from newest backwards; the budget-th newest decides
+     * (rules_budget_free) */
     if (k->ring_n < budget)
         return now;
     int32_t idx = (k->ring_head - budget + STATE_BUDGET_MAX * 2) % STATE_BUDGET_MAX;
-    int64_t t = k->ring[idx] + PLAN_BUDGET_SPAN_MS + 1;
-    return t > now ? t : now;
+    return rules_budget_free(k->ring_n, budget, k->ring[idx], now);
 }
 
 void state_key_usage(struct state *st, const struct state_key *key, int64_t now, int *reads, bool *paused)

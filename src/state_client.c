@@ -5,6 +5,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 
+#include "rules.h"
 #include "siphash.h"
 #include "util.h"
 
@@ -115,20 +116,15 @@ static void client_hits_expire(struct st_client *c, uint32_t what, int64_t now)
  * false with *until as st_client_fly says. */
 static bool client_may_fly(struct st_client *c, int64_t now, int64_t *until)
 {
-    if (c->blocked_until > now) {
-        *until = c->blocked_until;
-        return false;
-    }
     client_fly_expire(c, now);
     client_hits_expire(c, 0, now);
-    if (c->nhits + c->nfly >= STATE_CLIENT_404S_AT(c->tier)) {
-        *until = now + STATE_CLIENT_RECHECK_MS;
-        for (int i = 0; i < c->nfly; i++)
-            if (c->fly_until[i] < *until)
-                *until = c->fly_until[i];
-        return false;
-    }
-    return true;
+    int64_t first = 0; /* the first read in flight to end */
+    for (int i = 0; i < c->nfly; i++)
+        if (first == 0 || c->fly_until[i] < first)
+            first = c->fly_until[i];
+    *until = rules_client_next(c->blocked_until, c->nhits + c->nfly, first, STATE_CLIENT_404S_AT(c->tier),
+                               STATE_CLIENT_RECHECK_MS, now);
+    return *until <= now;
 }
 
 bool st_client_fly(struct state *st, const struct state_client *id, uint32_t what, int64_t lease_until,
@@ -189,7 +185,7 @@ static bool client_charge_one(struct state *st, struct st_client *c, uint32_t wh
     c->hit_what[keep] = what;
     c->hit_at[keep] = now;
     c->nhits = (uint8_t)(keep + 1);
-    if (c->nhits < allowance)
+    if (!rules_client_blocks(c->blocked_until, c->nhits, allowance, now))
         return false;
     c->blocked_until = now + STATE_CLIENT_BLOCK_MS;
     c->nhits = 0;

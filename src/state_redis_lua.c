@@ -10,18 +10,34 @@
 
 #include "plan_lua.h"
 #include "rules.h"
+#include "state_redis_msg.h"
 
 /* ---- the scripts (Redis's Lua 5.1), run on Redis's clock ---- */
 
-/* Shared head: now (ms, Redis's TIME) and the transaction's fields. */
+/* Shared head: now (ms, Redis's TIME) and the transaction's fields.
+ *
+ * A transaction's hash (K_TX), field by field: s its status's word, fu
+ * until when a final status is cached, nf until when a 404 is remembered,
+ * fs the serial of the read whose outcome was recorded last (a told status:
+ * the next one's), n its reads in the episode, er the early ones of them,
+ * ls the last read's start, lu its lease's end (0: none under way), ser
+ * the last read's serial, le the last read's end (the floor), ra no read
+ * before (Retry-After), hu the latest deadline of a request held for it,
+ * ho the hosts holding one, rv its reservation, wh the plan held a read
+ * back during this hold, qn and qt the read under way counted in the 404
+ * quarter (its name and start). */
 #define LUA_HEAD                                                                           \
     "local t = redis.call('TIME')\n"                                                       \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
-    "local h = redis.call('HMGET', K_TX, 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le')\n" \
+    "local h = redis.call('HMGET', K_TX, 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le', 'fs')\n" \
     "local s = h[1]\n"                                                                     \
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
     "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
+    "local fs = tonumber(h[10]) or 0\n" /* the serial of the read whose outcome was recorded last */ \
+    "local function held()\n" /* rules_held: what answers without a read */                \
+    "  return rules_held(s and fu or 0, nf, lu, now)\n"                                    \
+    "end\n"                                                                                \
     "local function next_gate(kp)\n" /* struct rules_gate: the transaction's fields, its key's pause */ \
     "  return {reads = n, last_start = ls, last_end = le, not_before = ra, key_paused_until = kp}\n" \
     "end\n"                                                                                \
@@ -32,7 +48,7 @@
     "  return ps\n"                                                                        \
     "end\n"
 
-/* A final status may replace what is known (state_tell's order)? */
+/* May status new replace old as a told one may (rules_may_replace, told: R)? */
 #define LUA_FORWARD                                                                          \
     "local function forward(old, new)\n"                                                     \
     "  if not old or not R[old] then return true end\n"                                      \
@@ -43,14 +59,14 @@
  * of its times matters. ARGV names: waits, channel, rkey, id. */
 #define LUA_PUBLISH                                                                        \
     "local function publish(waits, channel, rkey, id, kp)\n"                               \
-    "  local msg\n"                                                                        \
-    "  if s and fu > now then msg = 'F ' .. rkey .. ' ' .. id .. ' ' .. (fu - now) .. ' ' .. s\n" \
-    "  elseif nf > now then msg = 'N ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n"         \
+    "  local msg, hd = nil, held()\n"                                                       \
+    "  if hd == RULES_HELD_FINAL then msg = MSG_FINAL .. ' ' .. rkey .. ' ' .. id .. ' ' .. (fu - now) .. ' ' .. s\n" \
+    "  elseif hd == RULES_HELD_NOT_FOUND then msg = MSG_NOT_FOUND .. ' ' .. rkey .. ' ' .. id .. ' ' .. (nf - now)\n" \
     "  else\n"                                                                             \
     "    local nx = {}\n" /* the next read, as a claim would decide it */                 \
     "    rules_next_read(schedule(waits), next_gate(kp), now, nx)\n"                        \
-    "    if s then msg = 'P ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) .. ' ' .. s\n"   \
-    "    else msg = 'W ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) end\n"                \
+    "    if s then msg = MSG_STATUS .. ' ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) .. ' ' .. s\n" \
+    "    else msg = MSG_NEXT .. ' ' .. rkey .. ' ' .. id .. ' ' .. (nx.at - now) end\n"     \
     "  end\n"                                                                              \
     "  redis.call('PUBLISH', channel, msg)\n"                                              \
     "  local hu = tonumber(redis.call('HGET', K_TX, 'hu')) or 0\n" /* held: kept as long */    \
@@ -261,32 +277,30 @@
  * Returns {'go', serial, 'early'|'last'} or why not. */
 static const char lua_claim[] =
     LUA_HEAD LUA_TX LUA_PLAN LUA_NF_QUARTER
-    "if s and fu > now then return {'final', fu - now, s} end\n"
-    "if nf > now then return {'nf', nf - now} end\n"
-    "if lu > now then return {'busy', lu - now} end\n"
+    "local hd = held()\n" /* as the C's claim decides it (rules_held) */
+    "if hd == RULES_HELD_FINAL then return {'final', fu - now, s} end\n"
+    "if hd == RULES_HELD_NOT_FOUND then return {'nf', nf - now} end\n"
+    "if hd == RULES_HELD_BUSY then return {'busy', lu - now} end\n"
     /* an id nobody knows, for a client (each tier: the address, an IPv6
-     * address's /56 and /48): blocked at any tier, or at one its 404s and
-     * reads in flight are already its allowance (each host hears of
-     * another's read's end only for its own ids: ask again soon) */
+     * address's /56 and /48): as rules_client_next decides for each tier
+     * (blocked, or its 404s and reads in flight already its allowance:
+     * each host hears of another's read's end only for its own ids, so it
+     * asks again soon), the first that holds it back */
     "local fly = ARGV[4] == '1' and not s\n"
     "local tiers = {}\n" /* tier i: KEYS[base], [base + 1], [base + 2]: block, 404s, in flight */
     "if fly then\n"
     "  local lim = {}\n"
     "  for a in string.gmatch(ARGV[8], '%d+') do lim[#lim + 1] = tonumber(a) end\n"
     "  for base = FIXED_KEYS + 1, #KEYS - 2, 3 do tiers[#tiers + 1] = {base = base, allow = lim[#tiers + 1]} end\n"
-    "  local bl = 0\n" /* blocked until the last of its tiers' blocks ends */
-    "  for _, t in ipairs(tiers) do bl = math.max(bl, redis.call('PTTL', KEYS[t.base])) end\n"
-    "  if bl > 0 then return {'blocked', bl} end\n"
     "  for _, t in ipairs(tiers) do\n"
-    "    local kc, kf = KEYS[t.base + 1], KEYS[t.base + 2]\n"
+    "    local bl, kc, kf = redis.call('PTTL', KEYS[t.base]), KEYS[t.base + 1], KEYS[t.base + 2]\n"
     "    redis.call('ZREMRANGEBYSCORE', kf, '-inf', now)\n"
     "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - tonumber(ARGV[9]))\n"
-    "    if redis.call('ZCARD', kc) + redis.call('ZCARD', kf) >= t.allow then\n"
-    "      local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
-    "      local w = tonumber(ARGV[10])\n"
-    "      if o[2] then w = math.max(math.min(w, tonumber(o[2]) - now), 1) end\n"
-    "      return {'wait', w, 'client'}\n"
-    "    end\n"
+    "    local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
+    "    local at = rules_client_next(bl > 0 and now + bl or 0, redis.call('ZCARD', kc) + redis.call('ZCARD', kf),\n"
+    "                                 o[2] and tonumber(o[2]) or 0, t.allow, tonumber(ARGV[10]), now)\n"
+    "    if at > now and bl > 0 then return {'blocked', at - now} end\n"
+    "    if at > now then return {'wait', at - now, 'client'} end\n"
     "  end\n"
     "end\n"
     /* the pace, the floor at Kasera, Retry-After and the key's pause, as
@@ -304,7 +318,7 @@ static const char lua_claim[] =
      * lost, not forgotten) nothing is granted for GRACE while they come */
     "if not redis.call('ZSCORE', K_BUDGET, '~') then\n"
     "  redis.call('ZADD', K_BUDGET, '+inf', '~')\n"
-    "  redis.call('PUBLISH', ARGV[14], 'S ' .. ARGV[15])\n"
+    "  redis.call('PUBLISH', ARGV[14], MSG_SEED .. ' ' .. ARGV[15])\n"
     "  if ARGV[16] == '1' then redis.call('SET', K_GRACE, '1', 'PX', ARGV[17]) end\n"
     "end\n"
     "local grace = redis.call('PTTL', K_GRACE)\n"
@@ -313,11 +327,12 @@ static const char lua_claim[] =
     "  return {'wait', grace, 'seed'}\n"
     "end\n"
     "redis.call('ZREMRANGEBYSCORE', K_BUDGET, '-inf', now - BUDGET_SPAN)\n"
-    "local used = redis.call('ZCOUNT', K_BUDGET, '-inf', '(+inf')\n"
-    "if used >= tonumber(ARGV[2]) then\n"
-    "  local o = redis.call('ZRANGE', K_BUDGET, 0, 0, 'WITHSCORES')\n"
-    "  return {'wait', math.max(tonumber(o[2]) + BUDGET_SPAN - now, 1), 'budget'}\n"
+    "local used, budget, nth = redis.call('ZCOUNT', K_BUDGET, '-inf', '(+inf'), tonumber(ARGV[2]), 0\n"
+    "if used >= budget and budget > 0 then\n" /* the budget-th newest read, for rules_budget_free */
+    "  nth = tonumber(redis.call('ZREVRANGEBYSCORE', K_BUDGET, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', budget - 1, 1)[2])\n"
     "end\n"
+    "local free = rules_budget_free(used, budget, nth, now)\n"
+    "if free > now then return {'wait', free - now, 'budget'} end\n"
     /* plan.c's decision on what plan_gather() and st_plan_verdict() gather,
      * every host's: the reads of the last 60 s, the waiting transactions
      * (their reservations, demand, pace) and the arrivals */
@@ -445,7 +460,7 @@ static const char lua_claim[] =
     "redis.call('HSET', K_TX, 'n', n + 1, 'ls', now, 'lu', lu, 'ser', ser, 'er', er, 'rv', rv, 'qn', ARGV[13], 'qt', now)\n"
     "redis.call('PEXPIREAT', K_TX, math.max(now + KEEP, fu, nf, ra, lu, me.hu) + MARGIN)\n"
     "redis.call('ZADD', K_BUDGET, now, ARGV[13])\n" /* the read's name on its host (budget_member) */
-    "redis.call('PUBLISH', ARGV[14], 'R ' .. ARGV[15] .. ' ' .. ARGV[13])\n" /* every host counts it too */
+    "redis.call('PUBLISH', ARGV[14], MSG_READ .. ' ' .. ARGV[15] .. ' ' .. ARGV[13])\n" /* every host counts it too */
     "redis.call('PEXPIRE', K_BUDGET, MARK_KEEP)\n"
     "for _, t in ipairs(tiers) do\n" /* in flight for each tier until its lease ends */
     "  local kf = KEYS[t.base + 2]\n"
@@ -550,7 +565,8 @@ static const char lua_left[] =
  * waiting ones' fields (kw, kr, kv). */
 #define LUA_UNWAIT                                                                         \
     "local function unwait(kw, kr, kv, id)\n"                                              \
-    "  if cached_until(fu, nf) > now then\n"                                               \
+    "  local hd = held()\n"                                                                \
+    "  if hd == RULES_HELD_FINAL or hd == RULES_HELD_NOT_FOUND then\n"                     \
     "    redis.call('ZREM', kw, id)\n"                                                     \
     "    redis.call('ZREM', kr, id)\n"                                                     \
     "    redis.call('HDEL', kv, id)\n"                                                     \
@@ -566,7 +582,7 @@ static const char lua_left[] =
  *       when this started a block of any tier. */
 static const char lua_finish[] =
     LUA_HEAD LUA_TX LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
-    "local known, current = s, false\n"
+    "local known = s\n" /* before this read's outcome */
     /* the floor at Kasera counts from any read's end */
     "le = now\n"
     "redis.call('HSET', K_TX, 'le', le)\n"
@@ -583,33 +599,33 @@ static const char lua_finish[] =
     "    redis.call('HDEL', K_TX, 'qn', 'qt')\n"
     "  end\n"
     "end\n"
-    "if ARGV[1] ~= '0' and tonumber(ARGV[1]) == ser and lu > 0 then\n"
-    "  current = lu > now\n" /* ended within its lease */
-    "  if current then ls = ls + tonumber(ARGV[2]) end\n"
+    "local serial = tonumber(ARGV[1])\n"
+    "local current = rules_read_current(serial, ser, lu, now)\n"
+    "if serial ~= 0 and serial == ser and lu > 0 then\n" /* its lease ends */
+    "  if current then ls = ls + tonumber(ARGV[2]) end\n" /* the pace counts from when it went out */
     "  lu = 0\n"
     "  redis.call('HDEL', K_TX, 'lu')\n"
     "  redis.call('HSET', K_TX, 'ls', ls)\n"
     "end\n"
-    /* a stale read's pending or 404 only where nothing is known */
-    "local open = current or (not s and nf <= now)\n"
-    "local fin = s and fu > now\n"
-    "local word = ARGV[3]\n"
-    "if word ~= '' and ARGV[4] == '1' then\n"
-    "  if forward(s, word) or (current and not fin) then\n"
-    "    s, fu, nf = word, now + tonumber(ARGV[5]), 0\n"
-    "    redis.call('HSET', K_TX, 's', s, 'fu', fu)\n"
-    "    redis.call('HDEL', K_TX, 'nf')\n"
-    "  end\n"
-    "elseif word ~= '' then\n"
-    "  if not fin and open then\n"
-    "    s, fu, nf = word, 0, 0\n"
-    "    redis.call('HSET', K_TX, 's', s, 'fu', 0)\n"
-    "    redis.call('HDEL', K_TX, 'nf')\n"
-    "  end\n"
-    "elseif ARGV[6] == '1' then\n"
-    "  if not fin and open then\n"
-    "    nf = now + tonumber(ARGV[7])\n"
-    "    redis.call('HSET', K_TX, 'nf', nf)\n"
+    /* what it found, recorded as the C's finish decides (rules_read_records) */
+    "local word, gone, final = ARGV[3], ARGV[6] == '1', ARGV[4] == '1'\n"
+    "if word ~= '' or gone then\n"
+    "  local fd = {current = current, older = serial < fs, not_found = gone, final = final,\n"
+    "              forward = word ~= '' and forward(s, word), known = s ~= nil, known_final = s ~= nil and R[s] ~= nil,\n"
+    "              final_cached = s ~= nil and fu > now, nf_cached = nf > now}\n"
+    "  if rules_read_records(fd) then\n"
+    "    if gone then\n"
+    "      nf = now + tonumber(ARGV[7])\n"
+    "      redis.call('HSET', K_TX, 'nf', nf)\n"
+    "    else\n"
+    "      s, fu, nf = word, final and now + tonumber(ARGV[5]) or 0, 0\n"
+    "      redis.call('HSET', K_TX, 's', s, 'fu', fu)\n"
+    "      redis.call('HDEL', K_TX, 'nf')\n"
+    "    end\n"
+    "    if serial > fs then\n"
+    "      fs = serial\n"
+    "      redis.call('HSET', K_TX, 'fs', fs)\n"
+    "    end\n"
     "  end\n"
     "end\n"
     "local kp = tonumber(redis.call('HGET', K_KEY, 'p')) or 0\n"
@@ -631,15 +647,17 @@ static const char lua_finish[] =
     "  local b = FIXED_KEYS + 3 * i - 2\n"
     "  local kx, kc, kf = KEYS[b], KEYS[b + 1], KEYS[b + 2]\n"
     "  redis.call('ZREM', kf, ARGV[12])\n" /* no longer in flight */
-    "  if ARGV[8] == '1' and not known then\n"
+    "  local bl = redis.call('PTTL', kx)\n"
+    "  if ARGV[8] == '1' and not known and bl <= 0 then\n" /* charged (none while blocked) */
     "    local win, blk = tonumber(ARGV[17]), tonumber(ARGV[18])\n"
     "    redis.call('ZADD', kc, now, ARGV[12])\n"
     "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - win)\n"
     "    redis.call('PEXPIREAT', kc, now + win)\n"
-    "    if redis.call('ZCARD', kc) >= lim[i] and redis.call('EXISTS', kx) == 0 then\n"
+    "    if rules_client_blocks(bl > 0 and now + bl or 0, redis.call('ZCARD', kc), lim[i], now) then\n"
     "      redis.call('SET', kx, '1', 'PX', blk)\n"
+    "      redis.call('DEL', kc)\n" /* its 404s start again after the block */
     "      blocked = 1\n"
-    "      redis.call('PUBLISH', ARGV[13], 'B ' .. ARGV[14] .. ' ' .. names[i] .. ' ' .. blk)\n"
+    "      redis.call('PUBLISH', ARGV[13], MSG_BLOCK .. ' ' .. ARGV[14] .. ' ' .. names[i] .. ' ' .. blk)\n"
     "    end\n"
     "  end\n"
     "end\n"
@@ -654,16 +672,11 @@ static const char lua_finish[] =
 static const char lua_tell[] =
     LUA_HEAD LUA_TX LUA_FORWARD LUA_PUBLISH LUA_UNWAIT
     "local kept = ''\n"
-    "if ARGV[2] == '1' then\n"
-    "  if forward(s, ARGV[1]) then\n"
-    "    s, fu, nf = ARGV[1], now + tonumber(ARGV[3]), 0\n"
-    "    redis.call('HSET', K_TX, 's', s, 'fu', fu)\n"
-    "    redis.call('HDEL', K_TX, 'nf')\n"
-    "  else kept = s end\n"
-    /* pending replaces nothing final, cached or not: only nothing, pending or an unknown word */
-    "elseif not (s and R[s]) then\n"
-    "  s, nf = ARGV[1], 0\n"
-    "  redis.call('HSET', K_TX, 's', s)\n"
+    /* as state_tell (rules_may_replace, told: the replace table R): a
+     * final status only moves forward, pending replaces nothing final */
+    "if forward(s, ARGV[1]) then\n"
+    "  s, fu, nf = ARGV[1], ARGV[2] == '1' and now + tonumber(ARGV[3]) or 0, 0\n"
+    "  redis.call('HSET', K_TX, 's', s, 'fu', fu, 'fs', ser + 1)\n" /* newer than every read started before it */
     "  redis.call('HDEL', K_TX, 'nf')\n"
     "else kept = s end\n"
     "unwait(K_WAITING, K_RESERVED, K_WAITERS, ARGV[5])\n"
@@ -786,15 +799,16 @@ static int key_locals(int script, char *buf, size_t len)
 char *state_redis_script_text(int script)
 {
     const char *body = scripts[script].body;
-    char prelude[2048], plan[16384] = "", locals[512];
+    char prelude[2048], plan[PLAN_LUA_MAX] = "", locals[512], letters[256];
     int n = rules_lua_prelude(prelude, sizeof prelude);
     int m = scripts[script].plans ? plan_lua(plan, sizeof plan) : 0;
     int q = key_locals(script, locals, sizeof locals);
-    if (n < 0 || m < 0 || q < 0)
+    int r = state_redis_msg_lua(letters, sizeof letters);
+    if (n < 0 || m < 0 || q < 0 || r < 0)
         return NULL;
-    size_t len = (size_t)n + (size_t)m + (size_t)q + strlen(body) + 1;
+    size_t len = (size_t)n + (size_t)m + (size_t)q + (size_t)r + strlen(body) + 1;
     char *t = malloc(len);
     if (t != NULL)
-        snprintf(t, len, "%s%s%s%s", prelude, plan, locals, body);
+        snprintf(t, len, "%s%s%s%s%s", prelude, plan, letters, locals, body);
     return t;
 }

@@ -2,11 +2,39 @@
 #include "state_redis_msg.h"
 
 #include <arpa/inet.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ids.h"
 #include "util.h"
+
+#define MSG_LETTER(kind, name, letter) {kind, name, letter},
+static const struct {
+    enum state_redis_msg_kind kind;
+    const char *name;
+    char letter;
+} letters[] = {STATE_REDIS_MSG_LETTERS(MSG_LETTER)};
+#undef MSG_LETTER
+#define N_LETTERS (sizeof letters / sizeof letters[0])
+
+int state_redis_msg_lua(char *buf, size_t len)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < 2 * N_LETTERS + 1; i++) {
+        int n;
+        if (i < N_LETTERS)
+            n = snprintf(buf + at, len - at, "%s%s", i == 0 ? "local " : ", ", letters[i].name);
+        else if (i < 2 * N_LETTERS)
+            n = snprintf(buf + at, len - at, "%s'%c'", i == N_LETTERS ? " = " : ", ", letters[i - N_LETTERS].letter);
+        else
+            n = snprintf(buf + at, len - at, "\n");
+        if (n < 0 || (size_t)n >= len - at)
+            return -1;
+        at += (size_t)n;
+    }
+    return (int)at;
+}
 
 bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
 {
@@ -29,15 +57,21 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
     if (n < 2 || n > 5 || strlen(f[0]) != 1)
         return false;
     memset(m, 0, sizeof *m);
+    size_t which = 0;
+    while (which < N_LETTERS && letters[which].letter != f[0][0])
+        which++;
+    if (which == N_LETTERS)
+        return false;
+    m->kind = letters[which].kind;
     uint8_t k[16];
-    if (f[0][0] == 'S') { /* a key's count found gone: send ours (budget.h) */
+    if (m->kind == STATE_REDIS_MSG_SEED) { /* a key's count found gone: send ours (budget.h) */
         if (n != 2 || !ids_unhex(f[1], strlen(f[1]), k, 16))
             return false;
         m->kind = STATE_REDIS_MSG_SEED;
         util_copy(m->key.hex, sizeof m->key.hex, f[1]);
         return true;
     }
-    if (f[0][0] == 'R') { /* a read granted: its name, 16 hex digits ':' its time */
+    if (m->kind == STATE_REDIS_MSG_READ) { /* a read granted: its name, 16 hex digits ':' its time */
         if (n != 3)
             return false; /* before f[2] is looked at: it is set only with 3 fields */
         size_t nl = strlen(f[2]);
@@ -51,14 +85,6 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
     }
     if (n < 4)
         return false;
-    switch (f[0][0]) {
-    case 'F': m->kind = STATE_REDIS_MSG_FINAL; break;
-    case 'P': m->kind = STATE_REDIS_MSG_STATUS; break;
-    case 'W': m->kind = STATE_REDIS_MSG_NEXT; break;
-    case 'N': m->kind = STATE_REDIS_MSG_NOT_FOUND; break;
-    case 'B': m->kind = STATE_REDIS_MSG_BLOCK; break;
-    default: return false;
-    }
     bool worded = m->kind == STATE_REDIS_MSG_FINAL || m->kind == STATE_REDIS_MSG_STATUS;
     if (n != (worded ? 5 : 4))
         return false;

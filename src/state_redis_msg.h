@@ -51,6 +51,23 @@ struct state_redis_msg {
     int64_t ms;
 };
 
+/* Each kind's letter, a line's first field (the form above): the
+ * scripts publish with these, by the names state_redis_msg_lua() gives
+ * them, and state_redis_msg_parse() reads them. */
+#define STATE_REDIS_MSG_LETTERS(X)                                                                                   \
+    X(STATE_REDIS_MSG_FINAL, "MSG_FINAL", 'F')                                                                       \
+    X(STATE_REDIS_MSG_STATUS, "MSG_STATUS", 'P')                                                                     \
+    X(STATE_REDIS_MSG_NEXT, "MSG_NEXT", 'W')                                                                         \
+    X(STATE_REDIS_MSG_NOT_FOUND, "MSG_NOT_FOUND", 'N')                                                               \
+    X(STATE_REDIS_MSG_BLOCK, "MSG_BLOCK", 'B')                                                                       \
+    X(STATE_REDIS_MSG_SEED, "MSG_SEED", 'S')                                                                         \
+    X(STATE_REDIS_MSG_READ, "MSG_READ", 'R')
+
+/* Write "local MSG_FINAL, ... = 'F', ...\n" (STATE_REDIS_MSG_LETTERS) into
+ * buf, for the scripts; its length, or -1 when buf is too small. Can't
+ * fail otherwise. */
+int state_redis_msg_lua(char *buf, size_t len);
+
 /* Read one published line (len bytes, not NUL-terminated) into *m.
  * false, and *m unspecified, for anything but the forms above. This
  * function can't fail otherwise. */

@@ -30,6 +30,10 @@ local first_short, first_long = math.huge, math.huge
 local x = {holders = 0, cached_until = 0, floor_until = 0}
 local probe, cap, free_at = {}, 0, 0
 local last_end, key_paused_until = 0, 0
+local n = {final_until = 0, nf_until = 0, blocked_until = 0, first_flight_end = 0, counted = 0, allowance = 0,
+           used = 0, nth_newest = 0, serial = 0, latest_serial = 0, lease_until = 0}
+local found = {current = false, older = false, not_found = false, final = false, forward = false, known = false,
+               known_final = false, final_cached = false, nf_cached = false}
 for i = 2, #ARGV do
   local name, val = string.match(ARGV[i], '^([%w_]+)=(.*)$')
   if name == 'ev' then
@@ -44,6 +48,8 @@ for i = 2, #ARGV do
   elseif name == 'last_end' then last_end = tonumber(val)
   elseif name == 'key_paused_until' then key_paused_until = tonumber(val)
   elseif name == 'withheld' then withheld = val == '1'
+  elseif name and n[name] ~= nil then n[name] = tonumber(val)
+  elseif name and found[name] ~= nil then found[name] = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
   elseif name and x[name] ~= nil then x[name] = tonumber(val)
   elseif name == 'starved' then k.starved = val == '1'
@@ -95,6 +101,17 @@ if op == 'waits' or op == 'waiter' then
   plan_waiter_of(x, o)
   return o.reads .. ',' .. o.last_start .. ',' .. o.hold_until .. ',' .. o.busy_until .. ',' .. o.not_before
 end
+if op == 'held' then
+  return ({[RULES_HELD_NONE] = 'none', [RULES_HELD_FINAL] = 'final', [RULES_HELD_NOT_FOUND] = 'nf',
+           [RULES_HELD_BUSY] = 'busy'})[rules_held(n.final_until, n.nf_until, w.busy_until, now)]
+end
+if op == 'client_next' then
+  return tostring(rules_client_next(n.blocked_until, n.counted, n.first_flight_end, n.allowance, recheck, now))
+end
+if op == 'client_blocks' then return rules_client_blocks(n.blocked_until, n.counted, n.allowance, now) and '1' or '0' end
+if op == 'budget_free' then return tostring(rules_budget_free(n.used, k.budget, n.nth_newest, now)) end
+if op == 'read_current' then return rules_read_current(n.serial, n.latest_serial, n.lease_until, now) and '1' or '0' end
+if op == 'read_records' then return rules_read_records(found) and '1' or '0' end
 if op == 'drifted' then return plan_drifted(ws, t.resv_at, w.reads, withheld, now) and '1' or '0' end
 return redis.error_reply('unknown op ' .. op)
 """
@@ -125,9 +142,10 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     script = plan_lua() + DRIVER
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
-    assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "busiest", "demand", "drifted", "gap", "headroom", "late_span",
-                                                   "next_read", "nf_free", "nf_until", "read", "ready", "reserve", "retry", "room",
-                                                   "waiter", "waits"])
+    assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "budget_free", "busiest", "client_blocks",
+                                              "client_next", "demand", "drifted", "gap", "headroom", "held", "late_span",
+                                              "next_read", "nf_free", "nf_until", "read", "read_current",
+                                              "read_records", "ready", "reserve", "retry", "room", "waiter", "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

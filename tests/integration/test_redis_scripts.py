@@ -9,6 +9,7 @@ cost there (the commands a script runs count in INFO commandstats).
   first (two processes, two connections) leaves the hold alone;
 - the reservations {K}r are the waiting set's: a hold adds one, a leave, a
   cached final status and a passed deadline take it away;
+- a read that ends late is recorded as the C records it;
 - a claim the plan refuses in a flash sale, and a fresh hold, read no
   waiting transaction's fields, and the fair share reads only as many as
   it needs (one HMGET per waiting one made both cost
@@ -71,9 +72,10 @@ def left(c, sha, tx, host, stamp):
     return c.cmd("EVALSHA", sha["left"], str(len(ks)), *ks, host, tx, str(stamp))
 
 
-def tell(c, sha, tx, word):
+def tell(c, sha, tx, word, final=True):
     ks = keys("tell", tx)
-    return c.cmd("EVALSHA", sha["tell"], str(len(ks)), *ks, word, "1", "600000", WAITS, tx, "test:wake", "k")
+    return c.cmd("EVALSHA", sha["tell"], str(len(ks)), *ks, word, "1" if final else "0",
+                 "600000" if final else "0", WAITS, tx, "test:wake", "k")
 
 
 LIMITS = "5,10,20"  # STATE_CLIENT_404S_AT: an address (an IPv6 /64), a /56, a /48
@@ -401,6 +403,44 @@ def test_the_404_quarter(tmpdir):
             c.cmd("ZADD", K + "n", str(now - LEASE_MS - 1000), "p:h9:%d" % i)
         assert_eq(claim(c, sha, "N", quarter=3, plan=False)[0], "go")
         assert_eq(c.cmd("ZRANGE", K + "n", "0", "-1"), ["p:h1:N"])
+
+
+def overrun(c, tx):
+    """The read of tx under way outlived its lease (its process stalled),
+    and the transaction's pace and floor let another read start."""
+    c.cmd("HSET", K + "t:" + tx, "lu", "1", "ls", "1", "le", "1")
+
+
+@harness.timeout(60)
+def test_a_late_read_records_what_the_c_records(tmpdir):
+    """A read that ends after its lease (or after another read started) is
+    recorded as the C's finish records it (rules_read_records): its pending
+    or unknown word only where no newer read's outcome or told status is
+    recorded, its final status only forward, and a newer outcome stays."""
+    redis = harness.Redis(tmpdir)
+    with redis.client() as c:
+        sha = scripts(c)
+        one = claim(c, sha, "A", plan=False)
+        assert_eq(one[0], "go")
+        overrun(c, "A")
+        two = claim(c, sha, "A", plan=False)
+        assert_eq(two[0], "go")
+        finish(c, sha, "A", two[1], word="pending")  # the current read's
+        finish(c, sha, "A", one[1], word="settling")  # older than what is recorded
+        assert_eq(c.cmd("HGET", K + "t:A", "s"), "pending", "a newer outcome stays")
+        overrun(c, "A")
+        three = claim(c, sha, "A", plan=False)
+        assert_eq(three[0], "go")
+        overrun(c, "A")
+        finish(c, sha, "A", three[1], word="settling")  # late, but nothing newer is recorded
+        assert_eq(c.cmd("HGET", K + "t:A", "s"), "settling", "a late read fills what nothing newer says")
+        tell(c, sha, "A", "pending", final=False)
+        finish(c, sha, "A", three[1], word="settling")
+        assert_eq(c.cmd("HGET", K + "t:A", "s"), "pending", "a told status is newer than every read before it")
+        finish(c, sha, "A", one[1], word="succeeded", final=True)
+        assert_eq(c.cmd("HGET", K + "t:A", "s"), "succeeded", "a late final status moves what is known forward")
+        finish(c, sha, "A", two[1], word="failed", final=True)
+        assert_eq(c.cmd("HGET", K + "t:A", "s"), "succeeded", "never sideways")
 
 
 def monitor_args(line):

@@ -6,7 +6,7 @@
 
 int main(void)
 {
-    char buf[8192];
+    char buf[PLAN_LUA_MAX];
     int n = plan_lua(buf, sizeof buf);
     if (n < 0) {
         fprintf(stderr, "plan_lua: the buffer is too small\n");

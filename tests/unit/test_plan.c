@@ -20,6 +20,7 @@
 
 #include "hold.h"
 #include "plan.h"
+#include "plan_lua.h"
 #include "rules.h"
 #include "util.h"
 
@@ -509,6 +510,12 @@ struct vector {
     int cap;
     int64_t free_at;           /* nf_until (with holders, hold_until, resv_at) */
     int64_t last_end, key_paused_until; /* next_read (with ws, reads, last_start, not_before) */
+    int64_t final_until, nf_until;      /* held (with busy_until) */
+    int64_t blocked_until, first_flight_end; /* client_next, client_blocks (with counted, allowance, recheck) */
+    int counted, allowance, used;
+    int64_t nth_newest;                 /* budget_free (with used, budget) */
+    int64_t serial, latest_serial, lease_until; /* read_current */
+    struct rules_found found;           /* read_records */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -541,6 +548,19 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"floor_until", NULL, &v->x.floor_until, NULL},
         {"cap", &v->cap, NULL, NULL},                 {"free_at", NULL, &v->free_at, NULL},
         {"last_end", NULL, &v->last_end, NULL},       {"key_paused_until", NULL, &v->key_paused_until, NULL},
+        {"final_until", NULL, &v->final_until, NULL}, {"nf_until", NULL, &v->nf_until, NULL},
+        {"blocked_until", NULL, &v->blocked_until, NULL},
+        {"first_flight_end", NULL, &v->first_flight_end, NULL},
+        {"counted", &v->counted, NULL, NULL},         {"allowance", &v->allowance, NULL, NULL},
+        {"used", &v->used, NULL, NULL},               {"nth_newest", NULL, &v->nth_newest, NULL},
+        {"serial", NULL, &v->serial, NULL},           {"latest_serial", NULL, &v->latest_serial, NULL},
+        {"lease_until", NULL, &v->lease_until, NULL},
+        {"current", NULL, NULL, &v->found.current},   {"older", NULL, NULL, &v->found.older},
+        {"not_found", NULL, NULL, &v->found.not_found}, {"final", NULL, NULL, &v->found.final},
+        {"forward", NULL, NULL, &v->found.forward},   {"known", NULL, NULL, &v->found.known},
+        {"known_final", NULL, NULL, &v->found.known_final},
+        {"final_cached", NULL, NULL, &v->found.final_cached},
+        {"nf_cached", NULL, NULL, &v->found.nf_cached},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -642,11 +662,36 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
     } else if (strcmp(op, "nf_until") == 0) {
         snprintf(out, cap, "%lld",
                  (long long)rules_nf_until(v->free_at, v->x.holders, v->w.hold_until, v->t.resv_at, v->now));
+    } else if (strcmp(op, "held") == 0) {
+        static const char *const held[] = {[RULES_HELD_NONE] = "none", [RULES_HELD_FINAL] = "final",
+                                           [RULES_HELD_NOT_FOUND] = "nf", [RULES_HELD_BUSY] = "busy"};
+        snprintf(out, cap, "%s", held[rules_held(v->final_until, v->nf_until, v->w.busy_until, v->now)]);
+    } else if (strcmp(op, "client_next") == 0) {
+        snprintf(out, cap, "%lld", (long long)rules_client_next(v->blocked_until, v->counted, v->first_flight_end,
+                                                                 v->allowance, v->recheck, v->now));
+    } else if (strcmp(op, "client_blocks") == 0) {
+        snprintf(out, cap, "%d", rules_client_blocks(v->blocked_until, v->counted, v->allowance, v->now) ? 1 : 0);
+    } else if (strcmp(op, "budget_free") == 0) {
+        snprintf(out, cap, "%lld", (long long)rules_budget_free(v->used, v->k.budget, v->nth_newest, v->now));
+    } else if (strcmp(op, "read_current") == 0) {
+        snprintf(out, cap, "%d", rules_read_current(v->serial, v->latest_serial, v->lease_until, v->now) ? 1 : 0);
+    } else if (strcmp(op, "read_records") == 0) {
+        snprintf(out, cap, "%d", rules_read_records(&v->found) ? 1 : 0);
     } else if (strcmp(op, "drifted") == 0) {
         snprintf(out, cap, "%d", plan_drifted(&v->ws, v->t.resv_at, v->w.reads, v->withheld, v->now) ? 1 : 0);
     } else {
         snprintf(out, cap, "?op");
     }
+}
+
+/* The scripts' buffer for the translation (PLAN_LUA_MAX) holds it. */
+static void test_the_translation_fits_its_buffer(void **unused)
+{
+    (void)unused;
+    static char buf[PLAN_LUA_MAX];
+    int n = plan_lua(buf, sizeof buf);
+    assert_true(n > 0);
+    assert_int_equal((size_t)n, strlen(buf));
 }
 
 static void test_shared_vectors(void **unused)
@@ -705,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_a_key_pause_in_the_middle),
         cmocka_unit_test(test_two_processes_one_plan),
         cmocka_unit_test(test_shared_vectors),
+        cmocka_unit_test(test_the_translation_fits_its_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -791,6 +791,25 @@ static void test_tell_clears_404(void **unused)
     state_free(st);
 }
 
+/* A told status is newer than every read started before it: the last
+ * read claimed before the tell, ending after its lease, does not replace
+ * it with its pending or unknown word (it would if the tell counted only
+ * as new as that read). */
+static void test_a_told_status_is_newer_than_the_read_before_it(void **unused)
+{
+    (void)unused;
+    struct state *st = mk(64);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_ticket t;
+    assert_true(claim(st, &k, "T1", T0, &t, NULL));
+    assert_int_equal(tell(st, &k, "T1", TXS_PENDING, T0 + 100), STATE_TOLD_RECORDED);
+    finish(st, &t, "toko-a", oc_status(TXS_UNKNOWN, "settling"), t.lease_until + 1);
+    struct state_fact f = lookup(st, &k, "T1", t.lease_until + 2);
+    assert_int_equal(f.status, TXS_PENDING);
+    assert_string_equal(f.status_word, "pending");
+    state_free(st);
+}
+
 static void test_tell_refuses(void **unused)
 {
     (void)unused;
@@ -1741,6 +1760,7 @@ int main(void)
         cmocka_unit_test(test_tell_over_reads),
         cmocka_unit_test(test_tell_clears_404),
         cmocka_unit_test(test_tell_refuses),
+        cmocka_unit_test(test_a_told_status_is_newer_than_the_read_before_it),
         cmocka_unit_test(test_tell_full),
         cmocka_unit_test(test_lease_released),
         cmocka_unit_test(test_lease_is_the_claims_timeout),
