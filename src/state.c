@@ -69,12 +69,10 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
         *kind = PLAN_EARLY;
     memset(f, 0, sizeof *f);
     f->status = TXS_NONE;
-    util_copy(f->status_word, sizeof f->status_word, "unknown");
     f->next_read = now;
+    util_copy(f->status_word, sizeof f->status_word, e != NULL && e->status != TXS_NONE ? e->status_word : "unknown");
     if (e != NULL) {
         f->status = (enum tx_status)e->status;
-        if (e->status != TXS_NONE)
-            util_copy(f->status_word, sizeof f->status_word, e->status_word);
         if (e->known_until > now) {
             f->known_until = e->known_until;
             if (e->not_found)
@@ -89,6 +87,8 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             f->in_flight_until = inflight;
         }
     }
+    if (f->final)
+        return; /* it answers, and no read starts while its cache runs: nothing else is asked */
     /* the pace, the floor, Retry-After and the key's pause, as Redis's
      * claim decides them (rules_next_read) */
     struct rules_gate g = {.key_paused_until = k != NULL ? k->paused_until : 0};

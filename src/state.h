@@ -108,7 +108,7 @@ struct state_fact {
     int64_t known_until; /* end of the cache or 404 memory */
     bool in_flight;      /* a read of this transaction is under way */
     int64_t in_flight_until;
-    int64_t next_read;   /* earliest start of another read (>= now) */
+    int64_t next_read;   /* earliest start of another read (>= now; now, WAIT_NONE, with final) */
     enum state_wait wait;
     bool withheld;       /* only the budget's plan holds the read back (wait WAIT_BUDGET,
                           * next_read: when it looks again); what can change that is the
