@@ -44,7 +44,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
-import harness  # noqa: E402
+import testenv  # noqa: E402
 import kit  # noqa: E402
 import held  # noqa: E402
 import wide  # noqa: E402
@@ -263,7 +263,7 @@ def main():
     sb, k = kit.start(tmp, schedule=None)
     t0 = time.monotonic()
     try:
-        print("kembali %s, pid %d, RSS at start %.1f MB" % (harness.kembali_bin(), k.proc.pid, k.rss_kb() / 1024))
+        print("kembali %s, pid %d, RSS at start %.1f MB" % (testenv.kembali_bin(), k.proc.pid, k.rss_kb() / 1024))
         if "sequential" in parts:
             sequential(k, sb)
         if "throughput" in parts:

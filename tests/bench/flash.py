@@ -14,7 +14,7 @@ import random
 import threading
 import time
 
-import harness
+import testenv
 import kit
 
 SIZES = (20, 40, 80, 150)

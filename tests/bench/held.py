@@ -16,7 +16,7 @@ import statistics
 import struct
 import time
 
-import harness
+import testenv
 
 HDR = struct.Struct(">BBHHBB")
 
@@ -36,7 +36,7 @@ def _ended(buf):
         _, rtype, _, clen, plen, _ = HDR.unpack_from(buf, off)
         if len(buf) - off < 8 + clen + plen:
             return False
-        if rtype == harness.FCGI_END_REQUEST:
+        if rtype == testenv.FCGI_END_REQUEST:
             return True
         off += 8 + clen + plen
     return False
@@ -67,14 +67,14 @@ def start(d, nshops, bin=None):
     shops (shop-I, host shop-I.test, own key, read budget 300), default
     schedule. Returns (sandbox, kembali)."""
     keys = {"s%d" % i: "sk_test_kembali_bench_%04d" % i for i in range(nshops)}
-    sb = harness.Sandbox(d, keys=list(keys.values()))
+    sb = testenv.Sandbox(d, keys=list(keys.values()))
 
     def config(k):
-        shops = [harness.make_shop("shop-%d" % i, k.key_path("s%d" % i), read_budget_per_minute=300)
+        shops = [testenv.make_shop("shop-%d" % i, k.key_path("s%d" % i), read_budget_per_minute=300)
                  for i in range(nshops)]
-        return harness.make_config(sb, shops)
+        return testenv.make_config(sb, shops)
 
-    k = harness.Kembali(d, config=config, keys=keys, bin=bin)
+    k = testenv.Kembali(d, config=config, keys=keys, bin=bin)
     k.start()
     return sb, k
 
@@ -98,7 +98,7 @@ def _load(sb, k, ns, per, tabs, timeout):
         for t in range(per):
             tid = "held-s%d-t%d" % (s, t)
             sb.put_tx(tid, "pending")
-            ids[tid] = harness.fcgi_request_bytes(harness.cgi_params("id=" + tid, host="shop-%d.test" % s))
+            ids[tid] = testenv.fcgi_request_bytes(testenv.cgi_params("id=" + tid, host="shop-%d.test" % s))
     # every transaction's first tab, then every second tab, ...
     reqs = [_Req(p) for _ in range(tabs) for p in ids.values()]
     n = len(reqs)
@@ -117,7 +117,7 @@ def _load(sb, k, ns, per, tabs, timeout):
         try:
             m = k.metrics(timeout=10)
             peak["held"] = max(peak["held"], int(m.get("kembali_held_requests", 0)))
-        except (harness.FcgiError, AssertionError, OSError):
+        except (testenv.FcgiError, AssertionError, OSError):
             pass
 
     def pump(wait):

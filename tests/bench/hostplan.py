@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 
-import harness
+import testenv
 import kit
 
 SIZES = (40, 80, 150)
@@ -48,7 +48,7 @@ def _dead_redis_url():
 
 
 def run_case(tmp, n, spread, redis, seed=1, window=10.0):
-    """One rush; redis: a harness.Redis (the plan across hosts) or None (each
+    """One rush; redis: a testenv.Redis (the plan across hosts) or None (each
     host its own share). Returns a dict of figures."""
     mode = "redis plan" if redis is not None else "own share"
     d = os.path.join(tmp, "hostplan-%d-%s-%s" % (n, spread.replace("/", "-"), mode.replace(" ", "-")))
@@ -99,7 +99,7 @@ def run(tmp, sizes=SIZES):
     rdir = os.path.join(tmp, "hostplan-redis")
     os.makedirs(rdir, exist_ok=True)
     try:
-        redis = harness.Redis(rdir)
+        redis = testenv.Redis(rdir)
     except Exception as e:  # noqa: BLE001 - reported as skipped
         return [{"skipped": str(e)}]
     cases = [(n, s, r) for n in sizes for s in SPREADS for r in (redis, None)]

@@ -15,7 +15,7 @@ import statistics
 import threading
 import time
 
-import harness
+import testenv
 import kit
 
 
@@ -98,7 +98,7 @@ def run(tmp):
     rows = [_case(tmp, "one host, state_dir (3 processes)", None)]
     try:
         os.makedirs(os.path.join(tmp, "redis"), exist_ok=True)
-        redis = harness.Redis(os.path.join(tmp, "redis"))
+        redis = testenv.Redis(os.path.join(tmp, "redis"))
     except Exception as e:  # noqa: BLE001 - reported as skipped
         rows.append({"name": "3 hosts on Redis", "skipped": str(e)})
         return rows

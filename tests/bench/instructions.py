@@ -38,7 +38,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import harness  # noqa: E402
+import testenv  # noqa: E402
+from testenv.env import _tail  # noqa: E402
 from testenv.fcgi import fcgi_receive, fcgi_request_bytes  # noqa: E402
 
 TX = "instr-1"
@@ -57,7 +58,7 @@ def nginx_params(query, host="toko-a.test"):
     }
 
 
-class Callgrinded(harness.Kembali):
+class Callgrinded(testenv.Kembali):
     """kembali started under callgrind, its profile written to ``out``."""
 
     def __init__(self, tmpdir, out, **kw):
@@ -75,17 +76,17 @@ def run_once(tmp, sb, n, bin, templates):
     out = os.path.join(d, "callgrind.out")
 
     def config(k):
-        shop = harness.make_shop("toko-a", k.key_path("a"))
-        return harness.make_config(sb, [shop], state_dir=os.path.join(d, "state"), templates_dir=templates)
+        shop = testenv.make_shop("toko-a", k.key_path("a"))
+        return testenv.make_config(sb, [shop], state_dir=os.path.join(d, "state"), templates_dir=templates)
 
-    k = Callgrinded(d, out, config=config, keys={"a": harness.DEFAULT_KEY}, bin=bin)
+    k = Callgrinded(d, out, config=config, keys={"a": testenv.DEFAULT_KEY}, bin=bin)
     k.start(timeout=120)
     try:
         first = k.get("id=" + TX, host="toko-a.test", timeout=60)
         if first.header("kembali-status") != "succeeded":
             raise AssertionError("kembali did not answer succeeded: %r" % first)
         req = fcgi_request_bytes(nginx_params("id=" + TX), keep_conn=True)
-        s = harness.fcgi_connect(k.addr, timeout=60)
+        s = testenv.fcgi_connect(k.addr, timeout=60)
         try:
             for i in range(n):
                 s.sendall(req)
@@ -96,10 +97,10 @@ def run_once(tmp, sb, n, bin, templates):
             s.close()
         rc = k.stop(timeout=120)
         if rc != 0:
-            raise AssertionError("kembali exited %s; log:\n%s" % (rc, harness._tail(k.log_path)))
+            raise AssertionError("kembali exited %s; log:\n%s" % (rc, _tail(k.log_path)))
     finally:
         if k.running():
-            harness.kill_process(k.proc)
+            testenv.kill_process(k.proc)
     return out
 
 
@@ -148,7 +149,7 @@ def templates_of(bin, given):
     if given is not None:
         return given
     beside = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(bin))), "templates")
-    return beside if os.path.isdir(beside) else os.path.join(harness.top_srcdir(), "templates")
+    return beside if os.path.isdir(beside) else os.path.join(testenv.top_srcdir(), "templates")
 
 
 def main():
@@ -165,10 +166,10 @@ def main():
     if not shutil.which("valgrind") or not shutil.which("callgrind_annotate"):
         print("skipped: valgrind (callgrind) is not installed")
         return 0
-    bin = os.path.abspath(opts.bin or harness.kembali_bin())
+    bin = os.path.abspath(opts.bin or testenv.kembali_bin())
     n1, n2 = (int(x) for x in opts.counts.split(","))
     tmp = tempfile.mkdtemp(prefix="kembali-instr-")
-    sb = harness.Sandbox(tmp)
+    sb = testenv.Sandbox(tmp)
     try:
         sb.put_tx(TX, "succeeded")
         builds = [("this", bin, templates_of(bin, opts.templates))]

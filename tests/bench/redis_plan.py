@@ -26,7 +26,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 
-import harness  # noqa: E402
+import testenv  # noqa: E402
 
 BUDGET = 120
 WAITS = "0,1500,2000,3000,5000,8000,13000"  # the default schedule
@@ -50,7 +50,7 @@ return 1
 
 
 def printer():
-    return os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
+    return os.path.join(testenv.top_builddir(), "tests", "unit", "redis-scripts")
 
 
 def script(name):
@@ -131,7 +131,7 @@ def case(redis, n, sha, text):
 
 def main():
     tmp = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="redis-plan-")
-    redis = harness.Redis(tmp)
+    redis = testenv.Redis(tmp)
     try:
         text = {name: script(name) for name in ("claim", "held")}
         sha = {}

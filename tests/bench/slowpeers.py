@@ -8,7 +8,7 @@ import socket
 import statistics
 import time
 
-import harness
+import testenv
 import kit
 
 
@@ -23,13 +23,13 @@ def _connect(addr):
 def run_case(tmp, tcp):
     d = os.path.join(tmp, "slow-%s" % ("tcp" if tcp else "unix"))
     os.makedirs(d, exist_ok=True)
-    sb = harness.Sandbox(d, keys=(kit.KEY,))
-    listen = "127.0.0.1:%d" % harness.free_port() if tcp else "unix"
-    k = harness.Kembali(d, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+    sb = testenv.Sandbox(d, keys=(kit.KEY,))
+    listen = "127.0.0.1:%d" % testenv.free_port() if tcp else "unix"
+    k = testenv.Kembali(d, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))]),
                         keys={"a": kit.KEY}, listen=listen, name="slow").start()
     sb.put_tx("t1", "succeeded")
     k.get("id=t1")
-    req = harness.fcgi_request_bytes(harness.cgi_params("id=t1"))
+    req = testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"))
     stalled = [_connect(k.addr) for _ in range(8)]
     trickling = [[_connect(k.addr), 1] for _ in range(8)]
     for s in stalled:

@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-import harness
+import testenv
 import held
 import kit
 
@@ -34,7 +34,7 @@ def _rss_kb(pid, field):
     return 0
 
 
-class BigNginx(harness.Nginx):
+class BigNginx(testenv.Nginx):
     """The harness's nginx with room for a thousand buyers (a client and
     an upstream connection each)."""
 

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import time
 
-import harness
+import testenv
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -68,8 +68,8 @@ def wait_connectable(path, proc, timeout=10.0, what="backend"):
 # nginx with kept upstream connections
 # ---------------------------------------------------------------------------
 
-class BenchNginx(harness.Nginx):
-    """harness.Nginx with one upstream per backend (keepalive 32,
+class BenchNginx(testenv.Nginx):
+    """testenv.Nginx with one upstream per backend (keepalive 32,
     fastcgi_keep_conn on), a static location, and no access log.
     ``upstreams``: {location path: Unix socket path}; ``php``: (location,
     socket, script file) or None; ``static_dir``: served at /static/."""
@@ -152,11 +152,11 @@ def run_wrk(url, duration, threads, connections):
     """Runs wrk; returns {"requests", "seconds", "rps", "errors", "non2xx", "text"}."""
     duration = max(1, int(round(duration)))  # wrk takes whole seconds
     argv = [wrk_bin(), "-t%d" % threads, "-c%d" % connections, "-d%ds" % duration, url]
-    proc = harness.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = testenv.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out, _ = proc.communicate(timeout=duration + 30)
     except subprocess.TimeoutExpired:
-        harness.kill_process(proc, 0)
+        testenv.kill_process(proc, 0)
         raise Skipped("wrk did not finish")
     text = out.decode("utf-8", "replace")
     m = re.search(r"(\d+) requests in ([\d.]+)(m?s)", text)
@@ -176,22 +176,22 @@ def run_wrk(url, duration, threads, connections):
 
 class Yardstick:
     def __init__(self, tmpdir, response_file):
-        self.bin = os.path.join(harness.top_builddir(), "tests", "bench", "yardstick")
-        self.sock = harness.socket_path(tmpdir, "yardstick.sock")
+        self.bin = os.path.join(testenv.top_builddir(), "tests", "bench", "yardstick")
+        self.sock = testenv.socket_path(tmpdir, "yardstick.sock")
         self.tmpdir, self.response_file, self.proc = tmpdir, response_file, None
 
     def start(self):
         if not os.path.exists(self.bin):
             raise Skipped("%s is not built (make tests/bench/yardstick)" % self.bin)
         with open(os.path.join(self.tmpdir, "yardstick.log"), "ab") as log:
-            self.proc = harness.spawn([self.bin, self.sock, self.response_file], self.tmpdir,
+            self.proc = testenv.spawn([self.bin, self.sock, self.response_file], self.tmpdir,
                                       stdout=log, stderr=log)
         wait_connectable(self.sock, self.proc, what="yardstick")
         return self.proc.pid
 
     def stop(self):
         if self.proc:
-            harness.kill_process(self.proc)
+            testenv.kill_process(self.proc)
 
 
 def php_fpm_bin():
@@ -206,7 +206,7 @@ class PhpFpm:
 
     def __init__(self, tmpdir, body):
         self.tmpdir = tmpdir
-        self.sock = harness.socket_path(tmpdir, "php-fpm.sock")
+        self.sock = testenv.socket_path(tmpdir, "php-fpm.sock")
         self.script = os.path.join(tmpdir, "hello.php")
         self.body, self.proc = body, None
 
@@ -238,13 +238,13 @@ pm.max_requests = 0
 """)
         argv = [exe, "-F", "-y", conf] + (["-R"] if root else [])
         with open(os.path.join(self.tmpdir, "php-fpm.stderr"), "ab") as err:
-            self.proc = harness.spawn(argv, self.tmpdir, stdout=err, stderr=err)
+            self.proc = testenv.spawn(argv, self.tmpdir, stdout=err, stderr=err)
         wait_connectable(self.sock, self.proc, what="php-fpm")
         return self.proc.pid
 
     def stop(self):
         if self.proc:
-            harness.kill_process(self.proc)
+            testenv.kill_process(self.proc)
 
 
 class Running:
@@ -389,7 +389,7 @@ def run(tmpdir, k, sb, opts):
     ys, php = Yardstick(d, response_file), PhpFpm(d, body)
     ng = None
     try:
-        if os.path.exists(harness.nginx_bin()):
+        if os.path.exists(testenv.nginx_bin()):
             ng = BenchNginx(d, {"/kembali": k.addr, "/yardstick": ys.sock},
                             php=("/hello.php", php.sock, php.script), static_dir=static)
             ng.start()

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-import harness
+import testenv
 import held
 
 
@@ -28,7 +28,7 @@ def _open_held(k, sb, n, nshops):
     socks = []
     for i in range(n):
         tid, s = ids[i % len(ids)]
-        payload = harness.fcgi_request_bytes(harness.cgi_params("id=" + tid, host="shop-%d.test" % s))
+        payload = testenv.fcgi_request_bytes(testenv.cgi_params("id=" + tid, host="shop-%d.test" % s))
         while True:
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -39,7 +39,7 @@ def _open_held(k, sb, n, nshops):
                 time.sleep(0.005)
         c.sendall(payload)
         socks.append(c)
-    harness.wait_for(lambda: int(k.metrics(timeout=10).get("kembali_held_requests", 0)) >= n, 120,
+    testenv.wait_for(lambda: int(k.metrics(timeout=10).get("kembali_held_requests", 0)) >= n, 120,
                      msg="%d requests held" % n)
     return socks
 
@@ -91,7 +91,7 @@ def run_case(tmpdir, n, nshops=20):
         if new_pid is not None:
             try:
                 os.kill(new_pid, signal.SIGTERM)
-                harness.wait_for(lambda: not os.path.exists("/proc/%d" % new_pid), 30, msg="new process gone")
+                testenv.wait_for(lambda: not os.path.exists("/proc/%d" % new_pid), 30, msg="new process gone")
             except ProcessLookupError:
                 pass
         k.stop(timeout=40)

@@ -24,7 +24,7 @@ import selectors
 import socket
 import time
 
-import harness
+import testenv
 import held
 
 PROBE_MS = 20
@@ -45,17 +45,17 @@ def _probe_main(addr, params, interval, stop, out):
     sends back [(t, seconds)]."""
     got = []
     s = None
-    payload = harness.fcgi_request_bytes(params, keep_conn=True)
+    payload = testenv.fcgi_request_bytes(params, keep_conn=True)
     nxt = time.monotonic()
     while not stop.is_set():
         try:
             if s is None:
-                s = harness.fcgi_connect(addr)
+                s = testenv.fcgi_connect(addr)
             t0 = time.monotonic()
             s.sendall(payload)
-            harness.fcgi_receive(s, timeout=10, close=False)
+            testenv.fcgi_receive(s, timeout=10, close=False)
             got.append((t0, time.monotonic() - t0))
-        except (OSError, harness.FcgiError):
+        except (OSError, testenv.FcgiError):
             if s is not None:
                 s.close()
             s = None
@@ -113,7 +113,7 @@ def start(d, nshops, bin=None):
 
 
 def probe_params():
-    return harness.cgi_params("id=probe-1", host="shop-0.test", extra={"REMOTE_ADDR": "192.0.2.1"})
+    return testenv.cgi_params("id=probe-1", host="shop-0.test", extra={"REMOTE_ADDR": "192.0.2.1"})
 
 
 def run_case(tmpdir, n, shops=100, tabs=1, bin=None, label="", timeout=90.0):
@@ -138,7 +138,7 @@ def _load(sb, k, ns, per, tabs, timeout):
             sb.put_tx(tid, "pending")
             ids.append(tid)
             addr = "10.%d.%d.%d" % (len(ids) >> 16 & 255, len(ids) >> 8 & 255, len(ids) & 255)
-            payloads.append(harness.fcgi_request_bytes(harness.cgi_params(
+            payloads.append(testenv.fcgi_request_bytes(testenv.cgi_params(
                 "id=" + tid, host="shop-%d.test" % s, extra={"REMOTE_ADDR": addr})))
     reqs = [held._Req(p) for _ in range(tabs) for p in payloads]
     n = len(reqs)

@@ -5,9 +5,9 @@ import os
 import threading
 import time
 
-import harness
+import testenv
 
-KEY = harness.DEFAULT_KEY
+KEY = testenv.DEFAULT_KEY
 KEY2 = "sk_test_kembali_0000000000000002"
 NOTIFY_SECRET = "whsec_kembali_test_notify_0000001"  # toko-a's notify secret (kit.start's shop)
 FAST = [0, 1100, 1100, 1100]          # sum 3300 ms, held requests answered by 4800 ms
@@ -40,7 +40,7 @@ def answered_in(k, id, n=1):
     def lines():
         found = k.find_log(event="request", id=id)
         return found if len(found) >= n else None
-    return [int(l["ms"]) / 1000 for l in harness.wait_for(lines, 30, msg="%d request lines for %s" % (n, id))]
+    return [int(l["ms"]) / 1000 for l in testenv.wait_for(lines, 30, msg="%d request lines for %s" % (n, id))]
 
 
 def parallel(fns, timeout=120):
@@ -122,23 +122,23 @@ def start_hosts(tmpdir, n, redis, schedule=FAST, shops=None, sandbox_args=(), to
 
 def _start(tmpdir, n, schedule, shops, sandbox_args, top_for, listen, sb, name_for, bin=None):
     """start_many and start_hosts: process i gets top_for(i) and the name name_for(i)."""
-    sb = sb or harness.Sandbox(tmpdir, keys=(KEY, KEY2),
+    sb = sb or testenv.Sandbox(tmpdir, keys=(KEY, KEY2),
                                args=["--key", KEY, "--key", KEY2] + list(sandbox_args))
 
     def config_for(i):
         def config(k):
-            s = shops(k) if shops else [harness.make_shop("toko-a", k.key_path("a"),
+            s = shops(k) if shops else [testenv.make_shop("toko-a", k.key_path("a"),
                                                           notify_secret_file=k.key_path("notify-a"))]
             extra = dict(top_for(i) or {})
             if schedule is not None:
                 extra["schedule_ms"] = schedule
-            return harness.make_config(sb, s, **extra)
+            return testenv.make_config(sb, s, **extra)
         return config
 
-    shared = harness.unix_listen_socket(harness.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
+    shared = testenv.unix_listen_socket(testenv.socket_path(tmpdir, "shared.sock")) if listen == "shared" else None
     ks = []
     for i in range(n):
-        k = harness.Kembali(tmpdir, config=config_for(i), keys={"a": KEY, "b": KEY2, "notify-a": NOTIFY_SECRET}, name=name_for(i),
+        k = testenv.Kembali(tmpdir, config=config_for(i), keys={"a": KEY, "b": KEY2, "notify-a": NOTIFY_SECRET}, name=name_for(i),
                             listen=shared if shared is not None else listen, bin=bin)
         k.start()
         ks.append(k)
@@ -192,13 +192,13 @@ def get_after_send(k, query, **kw):
     The request must be the only one for its id in ``k`` at that moment."""
     id = dict(p.split("=", 1) for p in query.split("&") if "=" in p)["id"]
     before = len(k.find_log(event="request", id=id))
-    s = harness.fcgi_send(k.addr, harness.cgi_params(query, **kw))
+    s = testenv.fcgi_send(k.addr, testenv.cgi_params(query, **kw))
     sent = time.time()
     try:
-        r = harness.fcgi_receive(s)
+        r = testenv.fcgi_receive(s)
     finally:
         s.close()
-    lines = harness.wait_for(lambda: k.find_log(event="request", id=id)[before:], 30,
+    lines = testenv.wait_for(lambda: k.find_log(event="request", id=id)[before:], 30,
                              msg="the request line for %s" % id)
     return r, log_time(lines[0]) - sent
 
@@ -224,7 +224,7 @@ def _lines(logs):
     """Every log line of `logs` (Kembali objects and/or log texts), merged."""
     out = []
     for src in logs:
-        out += harness.parse_log(src) if isinstance(src, str) else src.log_lines()
+        out += testenv.parse_log(src) if isinstance(src, str) else src.log_lines()
     return out
 
 
@@ -262,12 +262,12 @@ def check_pace(sb, logs, id, want=None, min_start_gap=None, slack=0.35):
     or are at least `min_start_gap` apart; every read started was received;
     arrivals keep Kasera's 1 s window. Returns (starts, arrivals)."""
     starts, arrivals = read_starts(logs, id), read_times(sb, id)
-    harness.assert_eq(len(arrivals), len(starts), "reads started %r vs received %r" % (starts, arrivals))
+    testenv.assert_eq(len(arrivals), len(starts), "reads started %r vs received %r" % (starts, arrivals))
     if want is not None:
-        harness.assert_eq(len(starts), len(want), "read count: started at %r" % starts)
+        testenv.assert_eq(len(starts), len(want), "read count: started at %r" % starts)
         for s, w in zip(starts, want):
             # 3 ms for the millisecond rounding of the two timestamps of each start
-            harness.assert_between(s, w - 0.003, w + slack, "read starts %r vs %r" % (starts, want))
+            testenv.assert_between(s, w - 0.003, w + slack, "read starts %r vs %r" % (starts, want))
     if min_start_gap is not None and len(starts) > 1:
         assert min_gap(starts) >= min_start_gap - 0.003, "read starts too close: %r" % starts
     if len(arrivals) > 1:
@@ -302,7 +302,7 @@ def check_one_pace(sb, logs, id, schedule=FAST, slack=0.35):
         return waits[min(i, len(waits) - 1)]
 
     for i, (a, b) in enumerate(zip(sends, starts[1:])):
-        harness.assert_between(b - a, wait(i) - 0.003, wait(i) + slack,
+        testenv.assert_between(b - a, wait(i) - 0.003, wait(i) + slack,
                                "%s: wait %d between read sends %r and starts %r" % (id, i + 1, sends, starts))
     assert starts[-1] <= last + 0.003, "%s: a read after every deadline: %r, %.3f" % (id, starts, last)
     # no further read although one fits before the last deadline: by more
@@ -329,8 +329,8 @@ def wake_latencies(sb, a, b, n, prefix="w"):
             time.sleep(delay)
             return k.get("id=" + t).header("kembali-status")
 
-        harness.assert_eq(parallel([lambda: ask(a, 0), lambda: ask(b, 0.15)]), ["succeeded", "succeeded"])
-        harness.assert_eq(len(sb.reads(t)), 1, "one process waited for the other's read instead of reading")
+        testenv.assert_eq(parallel([lambda: ask(a, 0), lambda: ask(b, 0.15)]), ["succeeded", "succeeded"])
+        testenv.assert_eq(len(sb.reads(t)), 1, "one process waited for the other's read instead of reading")
         # a asks first; on a slow build b may still get there first: the
         # process that logged the read is the reader, the other the waiter
         reader, waiter = (a, b) if a.find_log(event="read", id=t) else (b, a)

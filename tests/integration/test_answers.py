@@ -8,9 +8,9 @@ import subprocess
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in, assert_between
+from testenv import assert_eq, assert_in, assert_between
 
 WORDS = {"succeeded": 200, "failed": 200, "canceled": 200, "expired": 200}
 SECURITY = {
@@ -59,7 +59,7 @@ def test_each_final_status_html_and_json(tmpdir):
 
 def test_not_found_invalid_unknown_shop(tmpdir):
     sb, k = kit.start(tmpdir, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+        testenv.make_shop("toko-a", k.key_path("a")), testenv.make_shop("toko-b", k.key_path("b"))])
     r = k.get("id=missing-1", host="toko-a.test")
     check_html(r, "not_found", 404)
     j = k.get("id=missing-1&format=json", host="toko-a.test")
@@ -77,7 +77,7 @@ def test_not_found_invalid_unknown_shop(tmpdir):
 
 
 def test_64_char_id_and_id_param(tmpdir):
-    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), id_param="trx")])
+    sb, k = kit.start(tmpdir, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"), id_param="trx")])
     long_id = "A" * 30 + "_-" + "z9" * 16
     assert_eq(len(long_id), 64)
     sb.put_tx(long_id, "succeeded")
@@ -87,8 +87,8 @@ def test_64_char_id_and_id_param(tmpdir):
 
 def test_shop_selection(tmpdir):
     sb, k = kit.start(tmpdir, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a"), name="Toko A"),
-        harness.make_shop("toko-b", k.key_path("b"), name="Toko B", hosts=["b.example", "www.b.example"], locale="en")])
+        testenv.make_shop("toko-a", k.key_path("a"), name="Toko A"),
+        testenv.make_shop("toko-b", k.key_path("b"), name="Toko B", hosts=["b.example", "www.b.example"], locale="en")])
     sb.put_tx("t1", "succeeded")
     r = k.get("id=t1", host="WWW.B.example:8443")
     check_html(r, "succeeded", 200, lang="en")
@@ -126,7 +126,7 @@ def test_methods_and_head(tmpdir):
 
 def test_escaping_of_shop_values(tmpdir):
     evil = "<script>alert('x')</script> & \"Toko\""
-    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), name=evil)])
+    sb, k = kit.start(tmpdir, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"), name=evil)])
     sb.put_tx("t1", "succeeded")
     r = k.get("id=t1")
     assert "<script>" not in r.text
@@ -135,7 +135,7 @@ def test_escaping_of_shop_values(tmpdir):
 
 def test_cors(tmpdir):
     sb, k = kit.start(tmpdir, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a"), cors_origins=["https://toko-a.example"])])
+        testenv.make_shop("toko-a", k.key_path("a"), cors_origins=["https://toko-a.example"])])
     sb.put_tx("t1", "succeeded")
     r = k.get("id=t1&format=json", extra={"HTTP_ORIGIN": "https://toko-a.example"})
     assert_eq(r.header("access-control-allow-origin"), "https://toko-a.example")
@@ -160,9 +160,9 @@ def test_metrics_only_for_admin(tmpdir):
 
 def test_secret_never_in_output_or_logs(tmpdir):
     secret = "sk_live_SUPERSECRET_do_not_leak_1234"
-    sb = harness.Sandbox(tmpdir, keys=(secret,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST), keys={"a": secret})
+    sb = testenv.Sandbox(tmpdir, keys=(secret,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST), keys={"a": secret})
     k.start()
     sb.put_tx("t1", "succeeded")
     outs = [k.get(q) for q in ["id=t1", "id=t1&format=json", "id=zz", "id=<x>", "format=metrics"]]
@@ -176,18 +176,18 @@ def test_secret_never_in_output_or_logs(tmpdir):
     log = k.log_text()
     assert "SUPERSECRET" not in log, "the key is in the log"
     assert_in("key_rejected", log)
-    rc, out = harness.Kembali.run_check_config(k.config_path)
+    rc, out = testenv.Kembali.run_check_config(k.config_path)
     assert_eq(rc, 0, out)
     assert "SUPERSECRET" not in out
 
 
 def test_check_config_errors(tmpdir):
     good = os.path.join(tmpdir, "k")
-    harness.write_secret(good, "sk_test_x")
-    base = {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+    testenv.write_secret(good, "sk_test_x")
+    base = {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(testenv.top_srcdir(), "templates"),
             "state_dir": os.path.join(tmpdir, "state"),
             "shops": [{"id": "toko-a", "secret_key_file": good}]}
-    rc, out = harness.Kembali.run_check_config(base)
+    rc, out = testenv.Kembali.run_check_config(base)
     assert_eq(rc, 0, out)
     cases = [
         (dict(base, colour="red"), "colour: unknown key"),
@@ -204,7 +204,7 @@ def test_check_config_errors(tmpdir):
         (dict(base, state_dir="/nonexistent/dir/state"), "state_dir"),
     ]
     for cfg, expect in cases:
-        rc, out = harness.Kembali.run_check_config(cfg)
+        rc, out = testenv.Kembali.run_check_config(cfg)
         assert_eq(rc, 1, "for %r: %s" % (cfg, out))
         assert_in(expect, out, "message for %r" % (cfg,))
 
@@ -214,19 +214,19 @@ def test_check_config_redis(tmpdir):
     reachable (down, paused) is a warning naming it, exit 0; a refused
     password or db is an error, exit 1; the password never shows."""
     good = os.path.join(tmpdir, "k")
-    harness.write_secret(good, "sk_test_x")
-    base = {"templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+    testenv.write_secret(good, "sk_test_x")
+    base = {"templates_dir": os.path.join(testenv.top_srcdir(), "templates"),
             "state_dir": os.path.join(tmpdir, "state"),
             "shops": [{"id": "toko-a", "secret_key_file": good}]}
-    rc, plain = harness.Kembali.run_check_config(base)
+    rc, plain = testenv.Kembali.run_check_config(base)
     assert_eq(rc, 0, plain)
     plain = plain.split(": ", 1)[1]  # after the file's name
-    r = harness.Redis(tmpdir, password="redis-pw-7")
+    r = testenv.Redis(tmpdir, password="redis-pw-7")
     pw = r.password_file()
-    wrong = harness.write_secret(os.path.join(tmpdir, "wrong.password"), "not-it-9")
+    wrong = testenv.write_secret(os.path.join(tmpdir, "wrong.password"), "not-it-9")
 
     def check(want_rc, **top):
-        rc, out = harness.Kembali.run_check_config(dict(base, **top))
+        rc, out = testenv.Kembali.run_check_config(dict(base, **top))
         assert_eq(rc, want_rc, "for %r: %s" % (top, out))
         assert "redis-pw-7" not in out and "not-it-9" not in out, out
         return out
@@ -267,7 +267,7 @@ def test_check_config_redis(tmpdir):
 def test_hosts_with_redis_start(tmpdir):
     """kit.start_hosts: each host its own state_dir, all configured with
     one Redis (with a password); each serves."""
-    r = harness.Redis(tmpdir, password="pw-hosts")
+    r = testenv.Redis(tmpdir, password="pw-hosts")
     sb, hosts = kit.start_hosts(tmpdir, 2, r)
     sb.put_tx("h1", "succeeded")
     for k in hosts:
@@ -281,7 +281,7 @@ def test_hosts_with_redis_start(tmpdir):
 
 
 def test_start_refuses_broken_config(tmpdir):
-    k = harness.Kembali(tmpdir, config={"shops": [], "bogus": 1})
+    k = testenv.Kembali(tmpdir, config={"shops": [], "bogus": 1})
     try:
         k.start(timeout=60)
     except AssertionError:
@@ -299,7 +299,7 @@ def test_sighup_reload_and_broken_reload(tmpdir):
     held = {}
     th = threading.Thread(target=lambda: held.setdefault("r", k.get("id=held")))
     th.start()
-    harness.wait_for(lambda: sb.reads("held"), 30)
+    testenv.wait_for(lambda: sb.reads("held"), 30)
     cfg = json.load(open(k.config_path))
     cfg["shops"][0]["name"] = "Toko Baru"
     k.reload(cfg)  # while a request is held
@@ -323,9 +323,9 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     threads = [threading.Thread(target=lambda: results.append(k.get("id=t-wait"))) for _ in range(5)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 30)
+    testenv.wait_for(lambda: len(sb.reads("t-wait")) >= 1, 30)
     # all five parked with the resolver (they would be held for ~11.5 s)
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 5, 30)
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == 5, 30)
     t0 = time.monotonic()
     rc = k.stop(timeout=60)
     for t in threads:
@@ -359,19 +359,19 @@ def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
     sb.put_tx("t-late", "pending")
     s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
     s.connect(k.addr)
-    harness.wait_for(lambda: k.metrics()["kembali_fastcgi_connections"] >= 2, 30, msg="the idle connection accepted")
+    testenv.wait_for(lambda: k.metrics()["kembali_fastcgi_connections"] >= 2, 30, msg="the idle connection accepted")
     os.kill(k.pid, signal.SIGSTOP)
     try:
         # stopped before the request comes: a stop taking effect only on its
         # way out of epoll_wait, which had already taken the request's
         # readiness, would run the request a turn before SIGTERM (seen once,
         # in a loaded CI run)
-        harness.wait_for(lambda: process_state(k.pid) == "T", 30, msg="kembali stopped")
-        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t-late")))
+        testenv.wait_for(lambda: process_state(k.pid) == "T", 30, msg="kembali stopped")
+        s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t-late")))
         os.kill(k.pid, signal.SIGTERM)
     finally:
         os.kill(k.pid, signal.SIGCONT)
-    r = harness.fcgi_receive(s, timeout=30)
+    r = testenv.fcgi_receive(s, timeout=30)
     assert_eq(r.header("kembali-status"), "checking")
     assert_eq(k.wait(60), 0)
     assert_eq(sb.reads("t-late"), [], "no read after SIGTERM")
@@ -381,8 +381,8 @@ def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
 
 
 def test_listen_tcp_and_user_drop(tmpdir):
-    port = harness.free_port()
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    port = testenv.free_port()
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     args = []
     state = os.path.join(tmpdir, "state-tcp")
     os.makedirs(state, mode=0o700)
@@ -392,26 +392,26 @@ def test_listen_tcp_and_user_drop(tmpdir):
         os.chown(state, pw.pw_uid, pw.pw_gid)
         os.chmod(tmpdir, 0o755)  # nobody must reach its state_dir
         args = ["--user", "nobody"]
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"))], state_dir=state),
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"))], state_dir=state),
         keys={"a": kit.KEY}, listen="127.0.0.1:%d" % port, args=args, name="tcp")
     k.start()
     sb.put_tx("t1", "succeeded")
-    r = harness.get(("127.0.0.1", port), "id=t1")
+    r = testenv.get(("127.0.0.1", port), "id=t1")
     assert_eq(r.header("kembali-status"), "succeeded")
     if args:
         uid = [l for l in open("/proc/%d/status" % k.pid) if l.startswith("Uid:")][0].split()[1:]
         assert_eq(set(uid), {str(pw.pw_uid)}, "all uids dropped to nobody")
-        assert_eq(os.stat(os.path.join(state, "kembali-v%d.state" % harness.state_layout())).st_uid, pw.pw_uid)
+        assert_eq(os.stat(os.path.join(state, "kembali-v%d.state" % testenv.state_layout())).st_uid, pw.pw_uid)
 
 
 def test_no_socket_is_a_clear_error(tmpdir):
-    k = harness.Kembali(tmpdir, config=None, listen=None, args=["--config", "/nonexistent.json"])
+    k = testenv.Kembali(tmpdir, config=None, listen=None, args=["--config", "/nonexistent.json"])
     k.start()
     assert_eq(k.wait(60), 1)
     assert_in("/nonexistent.json", k.log_text())
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k2 = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k2 = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))]),
                          keys={"a": kit.KEY}, listen=None, name="nolisten")
     k2.start()
     assert_eq(k2.wait(60), 1)
@@ -423,7 +423,7 @@ def test_command_line(tmpdir):
     option or a missing argument exits 2 and says which."""
     def run(*args):
         # a hang detector: a starved machine took over 10 s to start a process
-        p = subprocess.run([harness.kembali_bin()] + list(args), capture_output=True, text=True, timeout=60)
+        p = subprocess.run([testenv.kembali_bin()] + list(args), capture_output=True, text=True, timeout=60)
         return p.returncode, p.stdout, p.stderr
     rc, out, _ = run("--help")
     assert_eq(rc, 0)
@@ -445,20 +445,20 @@ def test_fcgi_web_server_addrs(tmpdir):
     """FCGI_WEB_SERVER_ADDRS, as libfcgi defines it: TCP peers not in the
     list are refused."""
     import socket as so
-    port = harness.free_port()
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+    port = testenv.free_port()
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))]),
                         keys={"a": kit.KEY}, listen="127.0.0.1:%d" % port, name="tcp",
                         env={"FCGI_WEB_SERVER_ADDRS": "10.9.8.7, 127.0.0.1"})
     k.start()
     sb.put_tx("t1", "succeeded")
-    assert_eq(harness.get(("127.0.0.1", port), "id=t1").header("kembali-status"), "succeeded")
+    assert_eq(testenv.get(("127.0.0.1", port), "id=t1").header("kembali-status"), "succeeded")
     s = so.socket(so.AF_INET, so.SOCK_STREAM)
     s.bind(("127.0.0.2", 0))  # loopback too, but not in the list
     s.connect(("127.0.0.1", port))
     s.settimeout(5)
     try:
-        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
+        s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1")))
     except OSError:
         pass
     try:
@@ -474,18 +474,18 @@ def test_fcgi_web_server_addrs(tmpdir):
     ls.setsockopt(so.IPPROTO_IPV6, so.IPV6_V6ONLY, 0)
     ls.bind(("::", 0))
     ls.listen(16)
-    k6 = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))]),
+    k6 = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))]),
                          keys={"a": kit.KEY}, listen=ls, name="dual",
                          env={"FCGI_WEB_SERVER_ADDRS": "127.0.0.1"})
     k6.addr = ("127.0.0.1", ls.getsockname()[1])
     k6.start()
-    assert_eq(harness.get(k6.addr, "id=t1").header("kembali-status"), "succeeded")
+    assert_eq(testenv.get(k6.addr, "id=t1").header("kembali-status"), "succeeded")
     s = so.socket(so.AF_INET, so.SOCK_STREAM)
     s.bind(("127.0.0.2", 0))
     s.connect(k6.addr)
     s.settimeout(5)
     try:
-        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
+        s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1")))
         got = s.recv(100)
     except OSError:
         got = b""
@@ -519,9 +519,9 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
     t_slow = time.monotonic()
     time.sleep(1.0)
     try:
-        slow.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1")))
-        assert_eq(harness.fcgi_receive(slow).header("kembali-status"), "succeeded")
-    except (BrokenPipeError, ConnectionResetError, harness.FcgiError):
+        slow.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1")))
+        assert_eq(testenv.fcgi_receive(slow).header("kembali-status"), "succeeded")
+    except (BrokenPipeError, ConnectionResetError, testenv.FcgiError):
         assert time.monotonic() - t_slow >= 4.8, "a client within its 5 s was dropped"
     for s in idle:
         s.settimeout(30)
@@ -533,19 +533,19 @@ def test_silent_clients_cannot_stall_accepting(tmpdir):
 
 def test_systemd_socket_activation(tmpdir):
     """LISTEN_PID/LISTEN_FDS with the socket on descriptor 3, as systemd does."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    sock_path = harness.socket_path(tmpdir, "activated.sock")
-    lsock = harness.unix_listen_socket(sock_path)
-    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = testenv.socket_path(tmpdir, "activated.sock")
+    lsock = testenv.unix_listen_socket(sock_path)
+    keyf = testenv.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
     cfg = os.path.join(tmpdir, "sd.json")
-    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)]))
+    testenv.write_config_file(cfg, testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)]))
     log = open(os.path.join(tmpdir, "sd.log"), "wb")
     # systemd sets LISTEN_PID to the service's own pid: a shell that execs keeps it
-    proc = harness.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" --config "$1"',
-                          harness.kembali_bin(), cfg], tmpdir, stdin=subprocess.DEVNULL, stdout=log,
+    proc = testenv.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" --config "$1"',
+                          testenv.kembali_bin(), cfg], tmpdir, stdin=subprocess.DEVNULL, stdout=log,
                          stderr=log, pass_fds=(3,), preexec_fn=lambda: os.dup2(lsock.fileno(), 3))
     sb.put_tx("t1", "failed")
-    r = harness.wait_for(lambda: _try_get(sock_path, "id=t1"), 30)
+    r = testenv.wait_for(lambda: _try_get(sock_path, "id=t1"), 30)
     assert_eq(r.header("kembali-status"), "failed")
     proc.terminate()
     assert_eq(proc.wait(60), 0)
@@ -553,8 +553,8 @@ def test_systemd_socket_activation(tmpdir):
 
 def _try_get(addr, q):
     try:
-        return harness.get(addr, q)
-    except harness.FcgiError:
+        return testenv.get(addr, q)
+    except testenv.FcgiError:
         return None
 
 
@@ -567,16 +567,16 @@ def test_garbage_from_the_web_server_never_kills_kembali(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded")
     rnd = random.Random(1234)
-    begin = harness.fcgi_record(1, struct.pack(">HB5x", 1, 0))
+    begin = testenv.fcgi_record(1, struct.pack(">HB5x", 1, 0))
     samples = [
         b"",
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         bytes(rnd.randrange(256) for _ in range(5000)),
         begin,                                               # then silence and close
-        begin + harness.fcgi_record(4, b"\x7f"),             # a truncated name-value pair
-        begin + harness.fcgi_record(4, b"\xff\xff\xff\xff\x01a"),  # an absurd length
-        harness.fcgi_record(9, b"x" * 100),                  # an unknown record type first
-        begin + harness.fcgi_params_records({"QUERY_STRING": "id=" + "a" * 200000}) + harness.fcgi_record(5),
+        begin + testenv.fcgi_record(4, b"\x7f"),             # a truncated name-value pair
+        begin + testenv.fcgi_record(4, b"\xff\xff\xff\xff\x01a"),  # an absurd length
+        testenv.fcgi_record(9, b"x" * 100),                  # an unknown record type first
+        begin + testenv.fcgi_params_records({"QUERY_STRING": "id=" + "a" * 200000}) + testenv.fcgi_record(5),
     ]
     for data in samples:
         s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
@@ -607,12 +607,12 @@ def test_a_page_over_its_cap_is_refused_at_load_never_cut(tmpdir):
     os.makedirs(tpl)
     with open(os.path.join(tpl, "succeeded.html"), "w") as f:
         f.write('<html data-status="{{status}}">' + "{{shop_name}}" * 1500 + "</html>\n")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    config = lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"), name="&" * 200,
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    config = lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"), name="&" * 200,
                                templates_dir=os.path.join(tmpdir, "own-tpl"))],
         schedule_ms=kit.FAST)
-    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="big")
+    k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="big")
     try:
         k.start(timeout=60)
         raise AssertionError("a shop whose page would be 1.5 MB was accepted")
@@ -621,7 +621,7 @@ def test_a_page_over_its_cap_is_refused_at_load_never_cut(tmpdir):
         assert_in("at most 256 KiB", str(e))
     with open(os.path.join(tpl, "succeeded.html"), "w") as f:  # 250,000 bytes and more: just fits
         f.write('<html data-status="{{status}}">' + "{{shop_name}}" * 250 + "</html>\n")
-    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="fits")
+    k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name="fits")
     k.start()
     sb.put_tx("big", "succeeded")
     r = k.get("id=big", timeout=30)
@@ -631,4 +631,4 @@ def test_a_page_over_its_cap_is_refused_at_load_never_cut(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

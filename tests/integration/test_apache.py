@@ -11,9 +11,9 @@ import shutil
 import subprocess
 import threading
 
-import harness
+import testenv
 import kit
-from harness import assert_eq
+from testenv import assert_eq
 
 APACHE = "/usr/sbin/apache2"
 MODULES = "/usr/lib/apache2/modules"
@@ -26,7 +26,7 @@ class Apache:
 
     def __init__(self, tmpdir, config_path, binary, user=None, cgi=False):
         self.tmpdir = tmpdir
-        self.port = harness.free_port()
+        self.port = testenv.free_port()
         self.error_log = os.path.join(tmpdir, "apache-error.log")
         for d in ("run", "fcgid"):
             os.makedirs(os.path.join(tmpdir, d), exist_ok=True)
@@ -51,10 +51,10 @@ LoadModule alias_module {MODULES}/mod_alias.so
         self.conf = os.path.join(tmpdir, "httpd.conf")
         with open(self.conf, "w") as f:
             f.write(conf)
-        self.proc = harness.spawn([APACHE, "-d", tmpdir, "-f", self.conf, "-DFOREGROUND"], tmpdir,
+        self.proc = testenv.spawn([APACHE, "-d", tmpdir, "-f", self.conf, "-DFOREGROUND"], tmpdir,
                                   stdout=open(os.path.join(tmpdir, "apache.out"), "wb"),
                                   stderr=subprocess.STDOUT)
-        harness.wait_for(self._up, 30, msg="apache listening")
+        testenv.wait_for(self._up, 30, msg="apache listening")
 
     @staticmethod
     def _handler(tmpdir, config_path, binary, cgi):
@@ -110,32 +110,32 @@ ScriptAlias /kembali {binary}
             return False
 
     def get(self, path, timeout=60):
-        return harness.http_get(self.port, path, {"Host": "shop.test"}, timeout=timeout)
+        return testenv.http_get(self.port, path, {"Host": "shop.test"}, timeout=timeout)
 
     def log(self):
         return open(self.error_log, errors="replace").read() if os.path.exists(self.error_log) else ""
 
     def stop(self):
-        harness.kill_process(self.proc)
+        testenv.kill_process(self.proc)
 
 
 def setup(tmpdir, schedule, cgi=False):
     if not os.path.exists(APACHE) or not os.path.exists(MODULES + "/mod_fcgid.so"):
         if os.environ.get("KEMBALI_REQUIRE_APACHE") == "1":
             raise AssertionError("apache2 or libapache2-mod-fcgid is not installed")
-        raise harness.Skip("apache2 or libapache2-mod-fcgid is not installed")
+        raise testenv.Skip("apache2 or libapache2-mod-fcgid is not installed")
     # Apache's user must reach the program and the pages: copy them next to
     # the test's files, whatever the permissions of the checkout's folders.
     binary = os.path.join(tmpdir, "kembali")
-    shutil.copy(harness.kembali_bin(), binary)
+    shutil.copy(testenv.kembali_bin(), binary)
     templates = os.path.join(tmpdir, "templates")
-    shutil.copytree(os.path.join(harness.top_srcdir(), "templates"), templates)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    shutil.copytree(os.path.join(testenv.top_srcdir(), "templates"), templates)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     user = "www-data" if os.geteuid() == 0 else None
-    keyf = harness.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
+    keyf = testenv.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
     state = os.path.join(tmpdir, "apache-state")
     os.makedirs(state, mode=0o700)
-    cfg = harness.make_config(sb, [harness.make_shop("toko-a", keyf)], state_dir=state, templates_dir=templates)
+    cfg = testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)], state_dir=state, templates_dir=templates)
     if schedule is not None:
         cfg["schedule_ms"] = schedule
     cfg_path = os.path.join(tmpdir, "kembali.json")
@@ -149,7 +149,7 @@ def setup(tmpdir, schedule, cgi=False):
     return sb, Apache(tmpdir, cfg_path, binary, user, cgi=cgi)
 
 
-@harness.timeout(110)
+@testenv.timeout(110)
 def test_ten_concurrent_returns_under_mod_fcgid(tmpdir):
     sb, ap = setup(tmpdir, schedule=None)
     sb.put_tx("t1", "pending")
@@ -245,7 +245,7 @@ def test_ten_concurrent_returns_as_plain_cgi(tmpdir):
     with open(os.path.join(tmpdir, "kembali.json")) as f:
         cfg = json.load(f)
     cfg["state_dir"] = os.path.join(tmpdir, "fastcgi-state")
-    k = harness.Kembali(tmpdir, config=cfg, name="fastcgi").start()
+    k = testenv.Kembali(tmpdir, config=cfg, name="fastcgi").start()
     for query in ("id=t2", "id=t2&format=json", "id=bad%20id", "id=t2&format=metrics"):
         cgi_status, cgi_headers, cgi_body = ap.get("/kembali?" + query)
         r = k.get(query, extra={"KEMBALI_SHOP": "toko-a"})
@@ -258,4 +258,4 @@ def test_ten_concurrent_returns_as_plain_cgi(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

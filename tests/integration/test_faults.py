@@ -8,9 +8,9 @@ import email.utils
 import json
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_between, assert_in
+from testenv import assert_eq, assert_between, assert_in
 
 
 def err_body(code, message, request_id="req_test_1"):
@@ -19,9 +19,9 @@ def err_body(code, message, request_id="req_test_1"):
 
 def three_shops(k):
     """toko-a and toko-c share KEY; toko-b has KEY2."""
-    return [harness.make_shop("toko-a", k.key_path("a")),
-            harness.make_shop("toko-b", k.key_path("b")),
-            harness.make_shop("toko-c", k.key_path("a"))]
+    return [testenv.make_shop("toko-a", k.key_path("a")),
+            testenv.make_shop("toko-b", k.key_path("b")),
+            testenv.make_shop("toko-c", k.key_path("a"))]
 
 
 def test_retry_after_seconds(tmpdir):
@@ -200,7 +200,7 @@ def test_unknown_status_is_checking_and_logged_once(tmpdir):
 
 
 def test_read_budget_per_minute(tmpdir):
-    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), read_budget_per_minute=3)])
+    sb, k = kit.start(tmpdir, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"), read_budget_per_minute=3)])
     for i in range(6):
         sb.put_tx("b%d" % i, "pending")
     answers = [k.get("id=b%d&format=json" % i) for i in range(6)]
@@ -265,4 +265,4 @@ def test_a_prober_cannot_spend_the_budget(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -7,9 +7,9 @@ import socket
 import struct
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_between
+from testenv import assert_eq, assert_between
 
 FCGI_BEGIN, FCGI_ABORT, FCGI_END, FCGI_PARAMS, FCGI_STDIN = 1, 2, 3, 4, 5
 FCGI_GET_VALUES, FCGI_GET_VALUES_RESULT, FCGI_UNKNOWN_TYPE = 9, 10, 11
@@ -65,12 +65,12 @@ def test_stalled_and_trickling_peers_delay_nobody(tmpdir):
     at once, the tricklers are cut off 5 s after connecting, and SIGTERM
     still ends the process promptly."""
     sb, unix = kit.start(tmpdir)
-    tcp = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
-        keys={"a": kit.KEY}, listen="127.0.0.1:%d" % harness.free_port(), name="tcp").start()
+    tcp = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
+        keys={"a": kit.KEY}, listen="127.0.0.1:%d" % testenv.free_port(), name="tcp").start()
     sb.put_tx("t1", "succeeded")
     assert_eq(unix.get("id=t1").header("kembali-status"), "succeeded")  # cached from here on
-    req = harness.fcgi_request_bytes(harness.cgi_params("id=t1"))
+    req = testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"))
     stalled, trickling = [], []
     for k in (unix, tcp):
         for _ in range(8):
@@ -140,14 +140,14 @@ def test_kept_connection_serves_requests_in_turn(tmpdir):
     for i, (id, word) in enumerate([("t-ok", "succeeded"), ("t-later", "failed"), ("t-ok", "succeeded"),
                                     ("bad id!", "invalid"), ("t-later", "failed")]):
         rid = i + 1
-        s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=" + id), request_id=rid, keep_conn=True))
-        r = harness.fcgi_receive(s, timeout=15, request_id=rid, close=False)
+        s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=" + id), request_id=rid, keep_conn=True))
+        r = testenv.fcgi_receive(s, timeout=15, request_id=rid, close=False)
         assert_eq(r.header("kembali-status"), word, "request %d on the kept connection" % rid)
     after = k.metrics()["kembali_fastcgi_connections_total"]
     assert_eq(after - before, 1, "only the metrics request's own connection was new")
     # without FCGI_KEEP_CONN the connection is closed after the answer
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t-ok"), request_id=9))
-    harness.fcgi_receive(s, timeout=10, request_id=9, close=False)
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t-ok"), request_id=9))
+    testenv.fcgi_receive(s, timeout=10, request_id=9, close=False)
     assert closed_by_peer(s, 5), "closed after an answer without keep-conn"
 
 
@@ -155,8 +155,8 @@ def test_kept_connection_idle_is_closed_after_60_s(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded")
     s = connect(k)
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), keep_conn=True))
-    harness.fcgi_receive(s, timeout=10, close=False)
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"), keep_conn=True))
+    testenv.fcgi_receive(s, timeout=10, close=False)
     t0 = time.monotonic()
     assert not closed_by_peer(s, 50), "a kept connection stays open while idle below 60 s"
     assert closed_by_peer(s, 30), "an idle kept connection is closed"
@@ -170,11 +170,11 @@ def test_next_request_sent_early_has_5_s_from_its_first_byte(tmpdir):
     sb, k = kit.start(tmpdir)
     kit.pending_then(sb, "t1", 1, "succeeded")
     s = connect(k)
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
-    harness.wait_for(lambda: sb.reads("t1"), 30)  # held
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    testenv.wait_for(lambda: sb.reads("t1"), 30)  # held
     t0 = time.monotonic()
-    s.sendall(harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2)[:4])
-    r = harness.fcgi_receive(s, timeout=15, request_id=1, close=False)
+    s.sendall(testenv.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2)[:4])
+    r = testenv.fcgi_receive(s, timeout=15, request_id=1, close=False)
     assert_eq(r.header("kembali-status"), "succeeded", "the held request is answered")
     assert closed_by_peer(s, 20), "the unfinished next request is cut off"
     assert_between(time.monotonic() - t0, 4, 20, "about 5 s after its first byte, not 60 s idle")
@@ -185,15 +185,15 @@ def test_abort_drops_the_request_and_keeps_the_connection(tmpdir):
     sb.put_tx("t1", "pending")
     sb.put_tx("t2", "succeeded")
     s = connect(k)
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
-    harness.wait_for(lambda: sb.reads("t1"), 30)  # held, its read started
-    s.sendall(harness.fcgi_record(FCGI_ABORT, b"", 1))
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    testenv.wait_for(lambda: sb.reads("t1"), 30)  # held, its read started
+    s.sendall(testenv.fcgi_record(FCGI_ABORT, b"", 1))
     got = records(s, FCGI_END)
     assert_eq([r[0] for r in got], [FCGI_END], "only END_REQUEST for the aborted request")
     assert_eq(got[0][1], 1)
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 0, 30, msg="the aborted request is not held")
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t2"), request_id=2, keep_conn=True))
-    r = harness.fcgi_receive(s, timeout=10, request_id=2, close=False)
+    testenv.wait_for(lambda: k.metrics()["kembali_held_requests"] == 0, 30, msg="the aborted request is not held")
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t2"), request_id=2, keep_conn=True))
+    r = testenv.fcgi_receive(s, timeout=10, request_id=2, close=False)
     assert_eq(r.header("kembali-status"), "succeeded", "the connection serves the next request")
     gone = k.find_log(event="request", id="t1")
     assert_eq([l.get("gone") for l in gone], ["yes"], "one log line for the aborted request")
@@ -205,12 +205,12 @@ def held_then_closed(tmpdir, listen, keep_conn):
     the web server closes the connection (its client left): kembali drops
     the request at once (a `gone=yes` line long before the deadline), it is
     no longer held and its reserved read goes back."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY}, listen=listen).start()
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY}, listen=listen).start()
     sb.put_tx("t1", "pending")
     s = connect(k)
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), keep_conn=keep_conn))
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"), keep_conn=keep_conn))
     read = k.wait_log(30, event="read", id="t1")  # held, its first read made
     m = k.metrics()
     assert_eq((m["kembali_held_requests"], m["kembali_reads_reserved"]), (1, 1), "held, a read reserved")
@@ -226,11 +226,11 @@ def held_then_closed(tmpdir, listen, keep_conn):
 
 
 def test_held_request_dropped_when_tcp_connection_closes(tmpdir):
-    held_then_closed(tmpdir, "127.0.0.1:%d" % harness.free_port(), keep_conn=False)
+    held_then_closed(tmpdir, "127.0.0.1:%d" % testenv.free_port(), keep_conn=False)
 
 
 def test_held_request_dropped_when_kept_tcp_connection_closes(tmpdir):
-    held_then_closed(tmpdir, "127.0.0.1:%d" % harness.free_port(), keep_conn=True)
+    held_then_closed(tmpdir, "127.0.0.1:%d" % testenv.free_port(), keep_conn=True)
 
 
 def test_held_request_dropped_when_unix_connection_closes(tmpdir):
@@ -240,12 +240,12 @@ def test_held_request_dropped_when_unix_connection_closes(tmpdir):
 def test_management_records(tmpdir):
     sb, k = kit.start(tmpdir)
     s = connect(k)
-    q = b"".join(harness.fcgi_encode_pair(n, "") for n in ("FCGI_MAX_CONNS", "FCGI_MAX_REQS", "FCGI_MPXS_CONNS"))
-    s.sendall(harness.fcgi_record(FCGI_GET_VALUES, q, 0))
+    q = b"".join(testenv.fcgi_encode_pair(n, "") for n in ("FCGI_MAX_CONNS", "FCGI_MAX_REQS", "FCGI_MPXS_CONNS"))
+    s.sendall(testenv.fcgi_record(FCGI_GET_VALUES, q, 0))
     (rtype, rid, body), = records(s, FCGI_GET_VALUES_RESULT)
     assert_eq((rtype, rid), (FCGI_GET_VALUES_RESULT, 0))
     assert b"FCGI_MPXS_CONNS\x30" in body or body.endswith(b"FCGI_MPXS_CONNS0"), body
-    s.sendall(harness.fcgi_record(77, b"", 0))
+    s.sendall(testenv.fcgi_record(77, b"", 0))
     (rtype, rid, body), = records(s, FCGI_UNKNOWN_TYPE)
     assert_eq(body[0], 77, "FCGI_UNKNOWN_TYPE names the type")
     s.close()
@@ -257,11 +257,11 @@ def test_second_request_on_a_busy_connection_is_refused(tmpdir):
     sb, k = kit.start(tmpdir)
     kit.pending_then(sb, "t1", 1, "succeeded")
     s = connect(k)
-    s.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1"), request_id=1, keep_conn=True))
-    s.sendall(harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2))
+    s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"), request_id=1, keep_conn=True))
+    s.sendall(testenv.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 1), 2))
     got = records(s, FCGI_END)
     assert_eq((got[0][0], got[0][1], got[0][2][4]), (FCGI_END, 2, 1), "FCGI_CANT_MPX_CONN for id 2")
-    r = harness.fcgi_receive(s, timeout=15, request_id=1, close=False)
+    r = testenv.fcgi_receive(s, timeout=15, request_id=1, close=False)
     assert_eq(r.header("kembali-status"), "succeeded")
     s.close()
 
@@ -274,10 +274,10 @@ def test_hostile_records_close_only_their_connection(tmpdir):
     sb.put_tx("t1", "succeeded")
     # cached before the hostile peers come: what follows asks only that
     # the process serves on, not that a read fits in a busy machine's turn
-    harness.wait_for(lambda: k.get("id=t1&format=json").header("kembali-status") == "succeeded", 30)
-    begin = harness.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 0))
+    testenv.wait_for(lambda: k.get("id=t1&format=json").header("kembali-status") == "succeeded", 30)
+    begin = testenv.fcgi_record(FCGI_BEGIN, struct.pack(">HB5x", 1, 0))
     huge = struct.pack(">II", 0xFFFFFFF0, 0xFFFFFFF0) + b"x" * 64
-    for data in (begin + harness.fcgi_record(FCGI_PARAMS, huge) + harness.fcgi_record(FCGI_PARAMS),
+    for data in (begin + testenv.fcgi_record(FCGI_PARAMS, huge) + testenv.fcgi_record(FCGI_PARAMS),
                  b"\x02" + begin[1:],
                  begin + begin):
         s = connect(k)
@@ -287,7 +287,7 @@ def test_hostile_records_close_only_their_connection(tmpdir):
     # a peer that asks and asks and never reads: cut off, memory bounded
     flood = connect(k)
     flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    q = harness.fcgi_record(FCGI_GET_VALUES, harness.fcgi_encode_pair("FCGI_MPXS_CONNS", ""), 0)
+    q = testenv.fcgi_record(FCGI_GET_VALUES, testenv.fcgi_encode_pair("FCGI_MPXS_CONNS", ""), 0)
     flood.settimeout(0.2)
     sent = 0
     t0 = time.monotonic()
@@ -312,13 +312,13 @@ def test_caps_on_held_requests(tmpdir):
     Retry-After (never a refused connection), one log line per shop per
     minute; the other shop keeps its slots."""
     sb, k = kit.start(tmpdir, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a"), hosts=["a.test"]),
-        harness.make_shop("toko-b", k.key_path("b"), hosts=["b.test"])],
+        testenv.make_shop("toko-a", k.key_path("a"), hosts=["a.test"]),
+        testenv.make_shop("toko-b", k.key_path("b"), hosts=["b.test"])],
         top={"max_held": 6, "max_held_per_shop": 4})
     for t in ("a1", "b1"):
         sb.put_tx(t, "pending")
-    held = [harness.fcgi_send(k.addr, harness.cgi_params("id=a1", host="a.test")) for _ in range(4)]
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 4, 30, msg="4 held for toko-a")
+    held = [testenv.fcgi_send(k.addr, testenv.cgi_params("id=a1", host="a.test")) for _ in range(4)]
+    testenv.wait_for(lambda: k.metrics()["kembali_held_requests"] == 4, 30, msg="4 held for toko-a")
     r = k.get("id=a1", host="a.test")  # the shop's fifth: over its cap
     assert_eq(r.header("kembali-status"), "checking")
     assert r.header("retry-after") is not None, r
@@ -328,8 +328,8 @@ def test_caps_on_held_requests(tmpdir):
     assert_eq((j.header("kembali-status"), j.json()["final"]), ("checking", False))
     assert j.header("retry-after") is not None
     # toko-b still has room, up to the process's cap of 6
-    held += [harness.fcgi_send(k.addr, harness.cgi_params("id=b1", host="b.test")) for _ in range(2)]
-    harness.wait_for(lambda: k.metrics()["kembali_held_requests"] == 6, 30, msg="6 held in all")
+    held += [testenv.fcgi_send(k.addr, testenv.cgi_params("id=b1", host="b.test")) for _ in range(2)]
+    testenv.wait_for(lambda: k.metrics()["kembali_held_requests"] == 6, 30, msg="6 held in all")
     r = k.get("id=b1", host="b.test")
     assert_eq(r.header("kembali-status"), "checking")
     assert r.header("retry-after") is not None
@@ -338,7 +338,7 @@ def test_caps_on_held_requests(tmpdir):
     lines = k.find_log(event="held_cap")
     assert_eq(sorted(l["shop"] for l in lines), ["toko-a", "toko-b"], "one line per shop")
     for s in held:  # the held ones are answered as usual, at their deadline
-        assert_eq(harness.fcgi_receive(s, timeout=15).header("kembali-status"), "checking")
+        assert_eq(testenv.fcgi_receive(s, timeout=15).header("kembali-status"), "checking")
     assert_eq(k.metrics()["kembali_held_requests"], 0)
 
 
@@ -353,9 +353,9 @@ def _big_page_kembali(tmpdir):
     filler = "<p>{{shop_name}}</p>\n"
     with open(os.path.join(tpl, "succeeded.html"), "w") as f:
         f.write('<!doctype html><html data-status="{{status}}"><body>' + filler * 1240 + "</body></html>\n")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"), templates_dir=os.path.join(tmpdir, "big-tpl"),
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"), templates_dir=os.path.join(tmpdir, "big-tpl"),
                                name="x" * 200)],
         schedule_ms=kit.FAST), keys={"a": kit.KEY}, name="big")
     k.start()
@@ -371,7 +371,7 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
     want = k.get("id=t1", timeout=30)  # a reader that keeps up: the reference
     assert_eq(want.header("kembali-status"), "succeeded")
     assert len(want.body) > 250000
-    req = harness.fcgi_request_bytes(harness.cgi_params("id=t1"))
+    req = testenv.fcgi_request_bytes(testenv.cgi_params("id=t1"))
 
     def small_buffer_client():
         s = connect(k)
@@ -380,7 +380,7 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
 
     slow = small_buffer_client()
     time.sleep(0.5)  # the socket has long stopped taking it: the loop holds the rest
-    r = harness.fcgi_receive(slow, timeout=30)
+    r = testenv.fcgi_receive(slow, timeout=30)
     assert_eq(r.body, want.body, "the answer arrived whole and in order")
     with open("/proc/sys/net/core/wmem_default") as f:
         if int(f.read()) >= len(want.body) + 1000:
@@ -407,4 +407,4 @@ def test_partial_writes_are_resumed_and_slow_readers_cut_off(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

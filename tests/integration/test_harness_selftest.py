@@ -17,8 +17,8 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-from harness import assert_between, assert_eq, assert_in  # noqa: E402
+import testenv  # noqa: E402
+from testenv import assert_between, assert_eq, assert_in  # noqa: E402
 
 BIG = bytes(range(256)) * 400  # 102400 bytes: several STDOUT records
 LONG_VALUE = "v" * 70000  # a param longer than one record
@@ -177,11 +177,11 @@ def check_big_response(r, responder):
 
 
 def test_fcgi_unix_big_params_and_body(tmpdir):
-    resp = Responder(harness.socket_path(tmpdir, "app.sock"))
+    resp = Responder(testenv.socket_path(tmpdir, "app.sock"))
     try:
         params = {"SHORT": "x", "MEDIUM": "m" * 200, "LONG": LONG_VALUE, "EMPTY": "",
                   "N" * 130: "long name", "UTF8": "héllo"}
-        r = harness.fcgi_request(resp.addr, params, stdin=b"body bytes" * 10000, timeout=10)
+        r = testenv.fcgi_request(resp.addr, params, stdin=b"body bytes" * 10000, timeout=10)
         req = check_big_response(r, resp)
         assert_eq(req["params"], params, "params decoded by the responder")
         assert_eq(req["stdin"], b"body bytes" * 10000)
@@ -193,7 +193,7 @@ def test_fcgi_unix_big_params_and_body(tmpdir):
 def test_fcgi_tcp_and_get_params(tmpdir):
     resp = Responder("tcp")
     try:
-        r = harness.get(resp.addr, "id=abc&x=1", accept="application/json",
+        r = testenv.get(resp.addr, "id=abc&x=1", accept="application/json",
                         extra={"KEMBALI_SHOP": "toko-a", "HTTP_ORIGIN": "https://x", "REMOTE_PORT": None})
         check_big_response(r, resp)
         p = resp.requests[-1]["params"]
@@ -205,7 +205,7 @@ def test_fcgi_tcp_and_get_params(tmpdir):
             "KEMBALI_SHOP": "toko-a", "HTTP_ORIGIN": "https://x",
         }
         assert_eq(p, expect, "CGI params")
-        harness.get(resp.addr, method="HEAD", host="other.test")
+        testenv.get(resp.addr, method="HEAD", host="other.test")
         p = resp.requests[-1]["params"]
         assert_eq((p["REQUEST_METHOD"], p["QUERY_STRING"], p["REQUEST_URI"], p["HTTP_HOST"]),
                   ("HEAD", "", "/kembali", "other.test"))
@@ -215,10 +215,10 @@ def test_fcgi_tcp_and_get_params(tmpdir):
 
 
 def test_fcgi_lf_headers_default_status(tmpdir):
-    resp = Responder(harness.socket_path(tmpdir, "a.sock"),
+    resp = Responder(testenv.socket_path(tmpdir, "a.sock"),
                      handler=lambda p, s: b"Content-Type: text/plain\nKembali-Status: checking\n\nline1\r\n\r\nline2")
     try:
-        r = harness.fcgi_request(resp.addr, {"A": "b"})
+        r = testenv.fcgi_request(resp.addr, {"A": "b"})
         assert_eq(r.status, 200)
         assert_eq(r.header("content-type"), "text/plain")
         assert_eq(r.header("kembali-status"), "checking")
@@ -229,11 +229,11 @@ def test_fcgi_lf_headers_default_status(tmpdir):
 
 
 def test_fcgi_json_helper(tmpdir):
-    resp = Responder(harness.socket_path(tmpdir, "a.sock"),
+    resp = Responder(testenv.socket_path(tmpdir, "a.sock"),
                      handler=lambda p, s: b'Status: 404 Not Found\r\nContent-Type: application/json\r\n\r\n'
                                           b'{"id": "x", "status": "unknown", "final": false}')
     try:
-        r = harness.get(resp.addr, "id=x&format=json")
+        r = testenv.get(resp.addr, "id=x&format=json")
         assert_eq(r.status, 404)
         assert_eq(r.json(), {"id": "x", "status": "unknown", "final": False})
         assert_in("404", repr(r))
@@ -242,11 +242,11 @@ def test_fcgi_json_helper(tmpdir):
 
 
 def test_fcgi_connection_closed_early(tmpdir):
-    resp = Responder(harness.socket_path(tmpdir, "a.sock"), mode="close_early")
+    resp = Responder(testenv.socket_path(tmpdir, "a.sock"), mode="close_early")
     try:
         try:
-            harness.fcgi_request(resp.addr, {"A": "b"}, timeout=10)
-        except harness.FcgiError as e:
+            testenv.fcgi_request(resp.addr, {"A": "b"}, timeout=10)
+        except testenv.FcgiError as e:
             assert_in("closed before FCGI_END_REQUEST", str(e))
             assert_in("30000 stdout bytes", str(e))
         else:
@@ -256,12 +256,12 @@ def test_fcgi_connection_closed_early(tmpdir):
 
 
 def test_fcgi_timeout_and_refused(tmpdir):
-    resp = Responder(harness.socket_path(tmpdir, "a.sock"), mode="hang")
+    resp = Responder(testenv.socket_path(tmpdir, "a.sock"), mode="hang")
     try:
         t0 = time.monotonic()
         try:
-            harness.fcgi_request(resp.addr, {"A": "b"}, timeout=0.5)
-        except harness.FcgiTimeout as e:
+            testenv.fcgi_request(resp.addr, {"A": "b"}, timeout=0.5)
+        except testenv.FcgiTimeout as e:
             assert_in("no FCGI_END_REQUEST within 0.5 s", str(e))
         else:
             raise AssertionError("no FcgiTimeout")
@@ -269,21 +269,21 @@ def test_fcgi_timeout_and_refused(tmpdir):
     finally:
         resp.close()
     try:
-        harness.fcgi_request(harness.socket_path(tmpdir, "nothing.sock"), {})
-    except harness.FcgiError as e:
+        testenv.fcgi_request(testenv.socket_path(tmpdir, "nothing.sock"), {})
+    except testenv.FcgiError as e:
         assert_in("cannot connect", str(e))
     else:
         raise AssertionError("no FcgiError")
 
 
 def test_fcgi_record_encoding(tmpdir):
-    assert_eq(harness.fcgi_encode_pair("A", "bc"), b"\x01\x02Abc")
-    assert_eq(harness.fcgi_encode_pair("A", "x" * 128)[:6], b"\x01\x80\x00\x00\x80A")
-    rec = harness.fcgi_record(harness.FCGI_STDIN, b"abc")
+    assert_eq(testenv.fcgi_encode_pair("A", "bc"), b"\x01\x02Abc")
+    assert_eq(testenv.fcgi_encode_pair("A", "x" * 128)[:6], b"\x01\x80\x00\x00\x80A")
+    rec = testenv.fcgi_record(testenv.FCGI_STDIN, b"abc")
     assert_eq(len(rec) % 8, 0)
     assert_eq(rec[:8], b"\x01\x05\x00\x01\x00\x03\x05\x00")
     try:
-        harness.fcgi_record(harness.FCGI_STDIN, b"x" * 65536)
+        testenv.fcgi_record(testenv.FCGI_STDIN, b"x" * 65536)
     except ValueError:
         pass
     else:
@@ -291,7 +291,7 @@ def test_fcgi_record_encoding(tmpdir):
 
 
 def test_cgi_parse_without_blank_line(tmpdir):
-    r = harness.Response(b"Status: 502 Bad Gateway\r\nX: y", b"", 0, 0, 0.0)
+    r = testenv.Response(b"Status: 502 Bad Gateway\r\nX: y", b"", 0, 0, 0.0)
     assert_eq((r.status, r.header("x"), r.body, r.headers_complete), (502, "y", b"", False))
-    r = harness.Response(b"", b"", 0, 0, 0.0)
+    r = testenv.Response(b"", b"", 0, 0, 0.0)
     assert_eq((r.status, r.body), (200, b""))

@@ -9,9 +9,9 @@ import re
 import subprocess
 import threading
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 # The names dashboards and the other tests know (metrics.c's table); each
 # must be on the page, with its HELP and TYPE.
@@ -39,7 +39,7 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 def promtool(text):
     """`promtool check metrics` on text: (exit status, what it printed)."""
-    p = subprocess.run([harness.promtool_or_skip(), "check", "metrics"], input=text, capture_output=True,
+    p = subprocess.run([testenv.promtool_or_skip(), "check", "metrics"], input=text, capture_output=True,
                        text=True, timeout=60)
     return p.returncode, p.stdout + p.stderr
 
@@ -69,7 +69,7 @@ def families(text):
 def check_page(k, redis):
     """The page parses (promtool prints nothing) and names every metric,
     each with one HELP and one TYPE; with Redis its metrics too. Returns the
-    page's values (harness.parse_metrics)."""
+    page's values (testenv.parse_metrics)."""
     r = k.get("format=metrics", extra={"KEMBALI_ADMIN": "1"})
     text = r.text
     rc, said = promtool(text)
@@ -88,7 +88,7 @@ def check_page(k, redis):
     assert_eq(missing, [], "every metric on the page")
     if not redis:
         assert_eq([n for n in fams if n.startswith("kembali_redis_")], [], "no Redis, no Redis metrics")
-    return harness.parse_metrics(text)
+    return testenv.parse_metrics(text)
 
 
 def exercise_and_check(tmpdir, k, sb, redis):
@@ -108,10 +108,10 @@ def exercise_and_check(tmpdir, k, sb, redis):
     ts = [threading.Thread(target=one, args=(i,)) for i in range(3)]
     for t in ts:
         t.start()
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 3, 30, msg="3 requests held")
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == 3, 30, msg="3 requests held")
     m = check_page(k, redis)
     assert_eq(m["kembali_held_requests"], 3.0)
-    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify", "toko-a", "wait", "succeeded"],
+    p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path, "--notify", "toko-a", "wait", "succeeded"],
                        capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 0, p.stderr)
     for t in ts:
@@ -142,15 +142,15 @@ def exercise_and_check(tmpdir, k, sb, redis):
 HOLD_LONG = [0, 10000, 10000]
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_metrics_page_parses_without_redis(tmpdir):
     sb, k = kit.start(tmpdir, schedule=HOLD_LONG)
     exercise_and_check(tmpdir, k, sb, redis=False)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_metrics_page_parses_with_redis(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = kit.start_hosts(tmpdir, 1, redis, schedule=HOLD_LONG, top={"redis": redis.unix_url()})
     k = ks[0]
     k.wait_log(30, event="redis_joined")
@@ -160,14 +160,14 @@ def test_metrics_page_parses_with_redis(tmpdir):
 def test_missing_promtool_skips_unless_required(tmpdir):
     missing = os.path.join(tmpdir, "no-promtool")
     try:
-        harness.promtool_or_skip(env={"PROMTOOL": missing})
-    except harness.Skip as e:
+        testenv.promtool_or_skip(env={"PROMTOOL": missing})
+    except testenv.Skip as e:
         assert_in("not installed", str(e))
     else:
         raise AssertionError("no Skip")
     try:
-        harness.promtool_or_skip(env={"PROMTOOL": missing, "KEMBALI_REQUIRE_SERVERS": "1"})
-    except harness.Skip:
+        testenv.promtool_or_skip(env={"PROMTOOL": missing, "KEMBALI_REQUIRE_SERVERS": "1"})
+    except testenv.Skip:
         raise AssertionError("Skip although KEMBALI_REQUIRE_SERVERS=1") from None
     except AssertionError as e:
         assert_in("KEMBALI_REQUIRE_SERVERS=1", str(e))
@@ -176,4 +176,4 @@ def test_missing_promtool_skips_unless_required(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

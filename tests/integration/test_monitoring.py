@@ -18,10 +18,10 @@ import urllib.request
 
 import yaml
 
-import harness
+import testenv
 import kit
 import test_sentinel
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 KIT = os.path.join(os.environ.get("top_srcdir", os.path.join(os.path.dirname(__file__), "..", "..")),
                    "contrib", "monitoring")
@@ -67,7 +67,7 @@ def dashboard_names():
 
 
 def test_promtool_checks_and_tests_the_rules():
-    promtool = harness.promtool_or_skip()
+    promtool = testenv.promtool_or_skip()
     p = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
     assert_eq(p.returncode, 0, p.stdout + p.stderr)
     assert_in("SUCCESS", p.stdout)
@@ -113,7 +113,7 @@ def nginx_with_metrics(tmpdir, k):
     loc = ("location = /kembali-metrics { allow 127.0.0.1; deny all; include /etc/nginx/fastcgi_params; "
            "fastcgi_param KEMBALI_ADMIN 1; fastcgi_param QUERY_STRING format=metrics; fastcgi_pass unix:%s; }"
            % k.addr)
-    return harness.Nginx(tmpdir, k, server_extra=loc)
+    return testenv.Nginx(tmpdir, k, server_extra=loc)
 
 
 def scrape(ngx):
@@ -147,7 +147,7 @@ def check_served(ngx, redis, sentinel):
     print("# %d names of the kit, all served" % len(want))
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_every_metric_named_is_served_without_redis(tmpdir):
     sb, k = kit.start(tmpdir)
     with nginx_with_metrics(tmpdir, k) as ngx:
@@ -155,10 +155,10 @@ def test_every_metric_named_is_served_without_redis(tmpdir):
         check_served(ngx, redis=False, sentinel=False)
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_every_metric_named_is_served_with_redis_and_sentinels(tmpdir):
     master, _replica = test_sentinel.pair(tmpdir)
-    sen = harness.Sentinel(tmpdir, master)
+    sen = testenv.Sentinel(tmpdir, master)
     sb, ks = test_sentinel.start_hosts(tmpdir, 1, [sen], master)
     k = ks[0]
     k.wait_log(30, event="redis_joined")
@@ -173,7 +173,7 @@ def prometheus_or_skip():
         return exe
     if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
         raise AssertionError("%s is missing and KEMBALI_REQUIRE_SERVERS=1" % exe)
-    raise harness.Skip("%s is not installed (Debian's prometheus package)" % exe)
+    raise testenv.Skip("%s is not installed (Debian's prometheus package)" % exe)
 
 
 class Prometheus:
@@ -192,13 +192,13 @@ class Prometheus:
                 "scrape_configs": [{"job_name": "kembali", "metrics_path": "/kembali-metrics",
                                     "static_configs": [{"targets": ["127.0.0.1:%d" % port]}]}],
             }, f)
-        self.port = harness.free_port()
+        self.port = testenv.free_port()
         self.log = os.path.join(self.dir, "prometheus.log")
         with open(self.log, "ab") as log:
-            self.proc = harness.spawn([exe, "--config.file", conf, "--storage.tsdb.path", os.path.join(self.dir, "data"),
+            self.proc = testenv.spawn([exe, "--config.file", conf, "--storage.tsdb.path", os.path.join(self.dir, "data"),
                                        "--web.listen-address", "127.0.0.1:%d" % self.port], tmpdir,
                                       stdout=log, stderr=subprocess.STDOUT)
-        harness.wait_for(self.ready, 60, interval=0.1, msg="Prometheus ready")
+        testenv.wait_for(self.ready, 60, interval=0.1, msg="Prometheus ready")
 
     def api(self, path, **params):
         url = "http://127.0.0.1:%d/api/v1/%s" % (self.port, path)
@@ -223,10 +223,10 @@ class Prometheus:
         return [a for a in self.api("alerts")["alerts"] if state is None or a["state"] == state]
 
     def stop(self):
-        harness.kill_process(self.proc)
+        testenv.kill_process(self.proc)
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_prometheus_fires_key_rejected_when_the_key_is_revoked(tmpdir):
     sb, k = kit.start(tmpdir, schedule=kit.FAST)
     with nginx_with_metrics(tmpdir, k) as ngx:
@@ -236,9 +236,9 @@ def test_prometheus_fires_key_rejected_when_the_key_is_revoked(tmpdir):
             # scraped at least twice since, the 401 count at 0 among the samples,
             # and the rules evaluated on them: nothing fires, nothing pending
             sel = 'kembali_api_reads_total{job="kembali", outcome="unauthorized"}'
-            harness.wait_for(lambda: prom.value('kembali_answers_total{status="succeeded"}') == 2.0, 60,
+            testenv.wait_for(lambda: prom.value('kembali_answers_total{status="succeeded"}') == 2.0, 60,
                              interval=0.2, msg="the good reads scraped")
-            harness.wait_for(lambda: (prom.value("count_over_time(%s[1m])" % sel) or 0) >= 3, 60,
+            testenv.wait_for(lambda: (prom.value("count_over_time(%s[1m])" % sel) or 0) >= 3, 60,
                              interval=0.2, msg="three scrapes of the 401 count")
             assert_eq(prom.alerts(), [], "no alert while the key is good")
             assert_eq(prom.value(sel), 0.0)
@@ -251,7 +251,7 @@ def test_prometheus_fires_key_rejected_when_the_key_is_revoked(tmpdir):
             def firing():
                 got = [a for a in prom.alerts("firing") if a["labels"]["alertname"] == "KembaliKeyRejected"]
                 return got or None
-            got = harness.wait_for(firing, 60, interval=0.2, msg="KembaliKeyRejected firing; alerts: %r" % (prom.alerts(),))
+            got = testenv.wait_for(firing, 60, interval=0.2, msg="KembaliKeyRejected firing; alerts: %r" % (prom.alerts(),))
             assert_eq(len(got), 1)
             a = got[0]
             assert_eq((a["labels"]["severity"], a["labels"]["job"], a["labels"]["instance"]),
@@ -259,7 +259,7 @@ def test_prometheus_fires_key_rejected_when_the_key_is_revoked(tmpdir):
             assert_eq(a["annotations"]["runbook"], "docs/runbook.md#kembalikeyrejected")
             assert_in("401", a["annotations"]["description"])
             # the buyer's checking was counted with its reason, and the shop is listed paused
-            m = harness.parse_metrics(scrape(ngx))
+            m = testenv.parse_metrics(scrape(ngx))
             assert m['kembali_checking_answers_total{reason="key_paused"}'] >= 1, m
             assert_eq(m['kembali_shop_key_paused{shop="toko-a"}'], 1.0)
             # the only alerts: the key's (no other rule fires on this)
@@ -270,4 +270,4 @@ def test_prometheus_fires_key_rejected_when_the_key_is_revoked(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -6,14 +6,14 @@ import shutil
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in, assert_between
+from testenv import assert_eq, assert_in, assert_between
 
 
 def setup(tmpdir, **kw):
     sb, k = kit.start(tmpdir, **kw)
-    ng = harness.Nginx(tmpdir, k)
+    ng = testenv.Nginx(tmpdir, k)
     return sb, k, ng
 
 
@@ -57,7 +57,7 @@ def test_held_request_through_nginx(tmpdir):
     assert_in(b"Pembayaran sedang diperiksa", out["t2"][2])
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_default_schedule_through_nginx(tmpdir):
     """A 34 s hold fits nginx's fastcgi_read_timeout of 40 s."""
     sb, k, ng = setup(tmpdir, schedule=None)
@@ -76,14 +76,14 @@ def test_default_schedule_through_nginx(tmpdir):
 
 
 def test_chromium_renders_the_page(tmpdir):
-    harness.chromium_or_skip()
+    testenv.chromium_or_skip()
     sb, k, ng = setup(tmpdir)
     sb.put_tx("t1", "expired")
-    dom = harness.chromium_dump_dom(ng.url("/kembali?id=t1"))
+    dom = testenv.chromium_dump_dom(ng.url("/kembali?id=t1"))
     assert_in('data-status="expired"', dom)
     assert_in('lang="id"', dom)
     assert_in("t1", dom)
-    shot = harness.chromium_screenshot(ng.url("/kembali?id=t1"), os.path.join(tmpdir, "expired.png"))
+    shot = testenv.chromium_screenshot(ng.url("/kembali?id=t1"), os.path.join(tmpdir, "expired.png"))
     assert os.path.getsize(shot) > 5000, "a screenshot with something on it"
     # the browser made no request other than the page: nothing external, no favicon fetch allowed by CSP
     log = open(ng.access_log).read()
@@ -95,7 +95,7 @@ def test_kept_connections_through_nginx(tmpdir):
     README's setup): 200 answers, cached and held, over a handful of
     FastCGI connections; a buyer who leaves mid-hold costs nobody else."""
     sb, k = kit.start(tmpdir)
-    ng = harness.Nginx(tmpdir, k, keepalive=8)
+    ng = testenv.Nginx(tmpdir, k, keepalive=8)
     sb.put_tx("t-ok", "succeeded")
     kit.pending_then(sb, "t-held", 1, "failed")
     before = k.metrics()["kembali_fastcgi_connections_total"]
@@ -118,7 +118,7 @@ def test_kept_connections_through_nginx(tmpdir):
     c = so.create_connection(("127.0.0.1", ng.port))
     sb.put_tx("t-gone", "pending")
     c.sendall(b"GET /kembali?id=t-gone HTTP/1.1\r\nHost: shop.test\r\n\r\n")
-    harness.wait_for(lambda: sb.reads("t-gone"), 30)
+    testenv.wait_for(lambda: sb.reads("t-gone"), 30)
     c.close()
     for t in threads:
         t.join()
@@ -127,7 +127,7 @@ def test_kept_connections_through_nginx(tmpdir):
         words.append(ng.http_get("/kembali?id=t-ok")[1].get("kembali-status"))
     assert_eq(words.count("succeeded"), 200)
     assert_eq(words.count("failed"), 1, "the held request, answered over a kept connection")
-    harness.wait_for(lambda: k.find_log(event="request", id="t-gone"), 30, msg="the gone buyer's request line")
+    testenv.wait_for(lambda: k.find_log(event="request", id="t-gone"), 30, msg="the gone buyer's request line")
     assert_eq(k.find_log(event="request", id="t-gone")[0].get("gone"), "yes")
     opened = k.metrics()["kembali_fastcgi_connections_total"] - before
     print("# 201 answers through nginx with keepalive 8: %d FastCGI connections" % opened)
@@ -140,11 +140,11 @@ def test_buyer_leaving_drops_the_held_request_over_tcp(tmpdir):
     closes the tab while held makes nginx close its FastCGI connection;
     kembali drops the request at once (not at the 34 s deadline): no longer
     held, its reserved read given back."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-        sb, [harness.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY},
-        listen="127.0.0.1:%d" % harness.free_port()).start()
-    ng = harness.Nginx(tmpdir, k, keepalive=8)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+        sb, [testenv.make_shop("toko-a", k.key_path("a"))]), keys={"a": kit.KEY},
+        listen="127.0.0.1:%d" % testenv.free_port()).start()
+    ng = testenv.Nginx(tmpdir, k, keepalive=8)
     sb.put_tx("t1", "pending")
     import socket as so
     c = so.create_connection(("127.0.0.1", ng.port))
@@ -162,7 +162,7 @@ def test_buyer_leaving_drops_the_held_request_over_tcp(tmpdir):
 
 def doc_block(marker):
     """The indented (code) block of docs/monitoring.md holding ``marker``, as text."""
-    lines = open(os.path.join(harness.top_srcdir(), "docs", "monitoring.md")).read().split("\n")
+    lines = open(os.path.join(testenv.top_srcdir(), "docs", "monitoring.md")).read().split("\n")
     at = next(i for i, line in enumerate(lines) if line.startswith("    ") and marker in line)
     lo = at
     while lo > 0 and lines[lo - 1].startswith("    "):
@@ -187,12 +187,12 @@ def test_documented_metrics_location_through_nginx(tmpdir):
     snippet = snippet.replace(doc_sock, "unix:" + k.addr)
     # `include fastcgi_params` is relative to nginx's configuration directory
     shutil.copy("/etc/nginx/fastcgi_params", os.path.join(tmpdir, "fastcgi_params"))
-    ng = harness.Nginx(tmpdir, k, server_extra=snippet)
+    ng = testenv.Nginx(tmpdir, k, server_extra=snippet)
     sb.put_tx("t1", "succeeded")
     status, headers, body = ng.http_get("/kembali-metrics")
     assert_eq(status, 200, repr(body[:300]))
     assert_in("text/plain", headers.get("content-type", ""))
-    page = harness.parse_metrics(body.decode())
+    page = testenv.parse_metrics(body.decode())
     assert_in("kembali_fastcgi_connections_total", page)
     # the query the client sends is overridden too: still the metrics
     status, _, body = ng.http_get("/kembali-metrics?id=t1")
@@ -204,4 +204,4 @@ def test_documented_metrics_location_through_nginx(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

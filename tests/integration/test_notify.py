@@ -8,9 +8,9 @@ changes nothing."""
 import json
 import subprocess
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 ADMIN = {"KEMBALI_ADMIN": "1"}
 
@@ -41,7 +41,7 @@ def hold(k, id, n):
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == n, 10,
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == n, 10,
                      msg="%d requests held for %s" % (n, id))
 
     def join():
@@ -66,7 +66,7 @@ def test_told_while_twenty_held(tmpdir):
     told = k.wait_log(30, event="notify", id="t1")
     assert_eq((told["status"], told["result"], told["http"]), ("succeeded", "recorded", "204"))
     t_told = kit.log_time(told)
-    lines = harness.wait_for(lambda: (lambda f: f if len(f) == 20 else None)(
+    lines = testenv.wait_for(lambda: (lambda f: f if len(f) == 20 else None)(
         k.find_log(event="request", id="t1")), 5, msg="20 request lines")
     lat = sorted(round((kit.log_time(l) - t_told) * 1000) for l in lines)
     print("# held answered after the notify (ms, from kembali's log): min %d, median %d, max %d"
@@ -78,7 +78,7 @@ def test_told_while_twenty_held(tmpdir):
         assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
     assert_eq(reads_after(k, "t1", t_told), [])
     # a read in flight at the notify is logged when it ends, which may be after the answers
-    harness.wait_for(lambda: len(sb.reads("t1")) == len(k.find_log(event="read", id="t1")), 10,
+    testenv.wait_for(lambda: len(sb.reads("t1")) == len(k.find_log(event="read", id="t1")), 10,
                      msg="every read the sandbox saw is in kembali's log once it ended")
     print("# reads at the sandbox: %d before the notify, 0 after" % len(sb.reads("t1")))
 
@@ -90,7 +90,7 @@ def test_told_while_the_read_is_in_flight(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t11", "pending", responses=[{"delay_ms": 3000}])
     join = hold(k, "t11", 5)
-    harness.wait_for(lambda: sb.reads("t11"), 30, msg="the read arrived at the sandbox")
+    testenv.wait_for(lambda: sb.reads("t11"), 30, msg="the read arrived at the sandbox")
     check_recorded(notify(k, "t11", {"status": "failed"}))
     answers = join()
     assert_eq([r.header("kembali-status") for r in answers], ["failed"] * 5)
@@ -99,7 +99,7 @@ def test_told_while_the_read_is_in_flight(tmpdir):
     # kembali's own time between its two lines: stepping the watch and
     # answering five pages (a sanitizer build does that work slower)
     print("# answered %r ms after the notify" % lat)
-    assert max(lat) <= 50 * harness.cpu_scale(), "answered %r ms after the notify" % lat
+    assert max(lat) <= 50 * testenv.cpu_scale(), "answered %r ms after the notify" % lat
     read = k.wait_log(30, event="read", id="t11")  # the slow read ends later...
     assert kit.log_time(read) > t_told, "the read was still in flight at the notify"
     assert_eq(read["status"], "pending")
@@ -268,7 +268,7 @@ def test_a_local_process_cannot_fail_a_paid_buyer(tmpdir):
 
 def test_shop_without_notify_secret(tmpdir):
     """403: telling is off for it; --notify works as before."""
-    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"))])
+    sb, k = kit.start(tmpdir, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"))])
     sb.put_tx("n1", "pending")
     for sig in (None, False):
         r = notify(k, "n1", {"status": "succeeded"}, signature=sig)
@@ -313,12 +313,12 @@ def test_notify_secret_file_rules(tmpdir):
     import os
     sb, k = kit.start(tmpdir)
     loose = os.path.join(tmpdir, "loose.notify")
-    harness.write_secret(loose, "whsec_loose")
+    testenv.write_secret(loose, "whsec_loose")
     os.chmod(loose, 0o644)
-    cfg = harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"), notify_secret_file=loose)])
+    cfg = testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"), notify_secret_file=loose)])
     bad = os.path.join(tmpdir, "bad.json")
-    harness.write_config_file(bad, cfg)
-    p = subprocess.run([harness.kembali_bin(), "--config", bad, "--check-config"], capture_output=True, text=True,
+    testenv.write_config_file(bad, cfg)
+    p = subprocess.run([testenv.kembali_bin(), "--config", bad, "--check-config"], capture_output=True, text=True,
                        timeout=30)
     assert p.returncode != 0, p
     assert_in("notify_secret_file", p.stderr + p.stdout)
@@ -330,15 +330,15 @@ def test_notify_secret_file_rules(tmpdir):
     os.makedirs(keys)
     os.makedirs(shops)
     for name, key in (("toko-a", kit.KEY), ("toko-b", kit.KEY2), ("toko-c", kit.KEY2)):
-        harness.write_secret(os.path.join(keys, name), key)  # a tenant's key: keys_dir/NAME
-    harness.write_secret(os.path.join(keys, "toko-a.notify"), "whsec_tenant_a")
-    harness.write_secret(os.path.join(keys, "toko-b.notify"), "whsec_tenant_b")
-    harness.write_config_file(os.path.join(shops, "toko-a.json"), harness.make_shop("toko-a"))
+        testenv.write_secret(os.path.join(keys, name), key)  # a tenant's key: keys_dir/NAME
+    testenv.write_secret(os.path.join(keys, "toko-a.notify"), "whsec_tenant_a")
+    testenv.write_secret(os.path.join(keys, "toko-b.notify"), "whsec_tenant_b")
+    testenv.write_config_file(os.path.join(shops, "toko-a.json"), testenv.make_shop("toko-a"))
     # toko-b's file names toko-a's notify secret: skipped
-    harness.write_config_file(os.path.join(shops, "toko-b.json"), harness.make_shop(
+    testenv.write_config_file(os.path.join(shops, "toko-b.json"), testenv.make_shop(
         "toko-b", notify_secret_file=os.path.join(keys, "toko-a.notify")))
-    harness.write_config_file(os.path.join(shops, "toko-c.json"), harness.make_shop("toko-c"))
-    t = harness.Kembali(tmpdir, name="tenants", config=harness.make_config(sb, [], keys_dir=keys, shops_dir=shops))
+    testenv.write_config_file(os.path.join(shops, "toko-c.json"), testenv.make_shop("toko-c"))
+    t = testenv.Kembali(tmpdir, name="tenants", config=testenv.make_config(sb, [], keys_dir=keys, shops_dir=shops))
     t.start()
     line = t.wait_log(30, event="shop_file_skipped", file=os.path.join(shops, "toko-b.json"))
     assert_in("toko-b.notify", line["errors"])
@@ -356,7 +356,7 @@ def doc_notify_location():
     """docs/answers.md's nginx notify location, verbatim."""
     import os
     import re
-    with open(os.path.join(harness.top_srcdir(), "docs", "answers.md")) as f:
+    with open(os.path.join(testenv.top_srcdir(), "docs", "answers.md")) as f:
         text = f.read()
     m = re.search(r"^( *)location = /kembali-notify \{.*?^\1\}$", text, re.S | re.M)
     assert m, "docs/answers.md has a location = /kembali-notify block"
@@ -374,7 +374,7 @@ def test_documented_notify_location_through_nginx(tmpdir):
     # `include fastcgi_params` is relative to nginx's configuration folder: the installed file
     import shutil
     shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
-    ng = harness.Nginx(tmpdir, k, server_extra=loc.replace("unix:/run/kembali/kembali.sock", "unix:" + k.addr))
+    ng = testenv.Nginx(tmpdir, k, server_extra=loc.replace("unix:/run/kembali/kembali.sock", "unix:" + k.addr))
     sb.put_tx("ng1", "pending")
 
     def post(body, sig):
@@ -410,14 +410,14 @@ def test_documented_php_webhook_through_nginx(tmpdir):
     import os
     import re
     import shutil
-    with open(os.path.join(harness.top_srcdir(), "docs", "answers.md")) as f:
+    with open(os.path.join(testenv.top_srcdir(), "docs", "answers.md")) as f:
         m = re.search(r"```php\n(<\?php // the webhook handler.*?)```", f.read(), re.S)
     assert m, "docs/answers.md's PHP webhook example"
     php = m.group(1)
     assert_in("hash_hmac('sha256', \"$t.$id.$body\", $secret)", php)
     sb, k = kit.start(tmpdir)
     shutil.copy("/etc/nginx/fastcgi_params", tmpdir)
-    ng = harness.Nginx(tmpdir, k, server_extra=doc_notify_location().replace(
+    ng = testenv.Nginx(tmpdir, k, server_extra=doc_notify_location().replace(
         "unix:/run/kembali/kembali.sock", "unix:" + k.addr))
     php = php.replace("/etc/kembali/keys/toko-a.notify", k.key_path("notify-a"))
     php = php.replace("http://127.0.0.1/kembali-notify", "http://127.0.0.1:%d/kembali-notify" % ng.port)
@@ -441,7 +441,7 @@ def test_documented_php_webhook_through_nginx(tmpdir):
 
 
 def run_notify(k, *args):
-    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify"] + list(args),
+    p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path, "--notify"] + list(args),
                        capture_output=True, text=True, timeout=30)
     return p.returncode, p.stdout, p.stderr
 
@@ -483,11 +483,11 @@ def test_notify_command_errors(tmpdir):
         rc, out, err = run_notify(k, *args)
         assert_eq((rc, out), (1, ""), "%r: %s" % (args, err))
         assert_in(reason, err)
-    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify", "toko-a", "t1"],
+    p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path, "--notify", "toko-a", "t1"],
                        capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 2)
     assert_in("--notify needs SHOP ID STATUS", p.stderr)
-    p = subprocess.run([harness.kembali_bin(), "--config", "/nonexistent.json", "--notify", "toko-a", "t1",
+    p = subprocess.run([testenv.kembali_bin(), "--config", "/nonexistent.json", "--notify", "toko-a", "t1",
                         "failed"], capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 1)
     assert_in("not usable", p.stderr)
@@ -495,4 +495,4 @@ def test_notify_command_errors(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

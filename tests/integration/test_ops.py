@@ -15,15 +15,16 @@ import signal
 import subprocess
 import threading
 
-import harness
+import testenv
+from testenv.env import _merge_env  # noqa: E402
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
-SHIP = os.path.join(harness.top_srcdir(), "contrib", "ship")
+SHIP = os.path.join(testenv.top_srcdir(), "contrib", "ship")
 
 
 def request_lines(text, id):
-    return [l for l in harness.parse_log(text) if l.get("event") == "request" and l.get("id") == id]
+    return [l for l in testenv.parse_log(text) if l.get("event") == "request" and l.get("id") == id]
 
 
 def check_whole_lines(path, text):
@@ -35,8 +36,8 @@ def check_whole_lines(path, text):
 
 
 def test_log_file_reopened_on_usr1_and_hup(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))],
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))],
                                                                      schedule_ms=kit.FAST),
                         keys={"a": kit.KEY}, log_file=True)
     k.start()
@@ -48,7 +49,7 @@ def test_log_file_reopened_on_usr1_and_hup(tmpdir):
     for n, sig in enumerate((signal.SIGUSR1, signal.SIGHUP), 1):
         os.rename(k.log_path, "%s.%d" % (k.log_path, n))
         k.signal(sig)
-        harness.wait_for(lambda: os.path.exists(k.log_path), 30, msg="log reopened after %s" % sig.name)
+        testenv.wait_for(lambda: os.path.exists(k.log_path), 30, msg="log reopened after %s" % sig.name)
         assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
         k.wait_log(30, event="request", id="t1")
     assert_eq(len(request_lines(open(k.log_path + ".1").read(), "t1")), 1)
@@ -59,20 +60,20 @@ def test_log_file_reopened_on_usr1_and_hup(tmpdir):
     os.mkdir(k.log_path)
     k.signal(signal.SIGUSR1)
     old = k.log_path + ".3"
-    harness.wait_for(lambda: harness.find_lines(open(old).read(), event="log", level="error"), 5,
+    testenv.wait_for(lambda: testenv.find_lines(open(old).read(), event="log", level="error"), 5,
                      msg="an error line in the old file")
     assert_eq(k.get("id=t1").header("kembali-status"), "succeeded")
-    harness.wait_for(lambda: request_lines(open(old).read(), "t1"), 30, msg="requests logged on in the old file")
+    testenv.wait_for(lambda: request_lines(open(old).read(), "t1"), 30, msg="requests logged on in the old file")
     os.rmdir(k.log_path)
     assert_eq(k.stop(), 0)
     # an unusable --log is a clear error at start
-    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--log", "/nonexistent/dir/k.log",
+    p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path, "--log", "/nonexistent/dir/k.log",
                         "--listen", os.path.join(tmpdir, "x.sock")], capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 1)
     assert_in("--log /nonexistent/dir/k.log", p.stderr)
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_logrotate_under_load(tmpdir):
     """contrib/ship/kembali.logrotate, run by the real logrotate three times
     while four clients keep kembali busy: every request has its line, whole,
@@ -81,9 +82,9 @@ def test_logrotate_under_load(tmpdir):
     if not os.path.exists(logrotate):
         if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
             raise AssertionError("logrotate is missing and KEMBALI_REQUIRE_SERVERS=1")
-        raise harness.Skip("logrotate is not installed")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))],
+        raise testenv.Skip("logrotate is not installed")
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))],
                                                                      schedule_ms=kit.FAST),
                         keys={"a": kit.KEY}, log_file=True)
     k.start()
@@ -114,13 +115,13 @@ def test_logrotate_under_load(tmpdir):
     try:
         for n in range(3):
             # some lines in the current file first, so each rotation moves something
-            harness.wait_for(lambda: len(request_lines(k.log_text(), "t1")) >= 50, 20,
+            testenv.wait_for(lambda: len(request_lines(k.log_text(), "t1")) >= 50, 20,
                              msg="requests logged before rotation %d" % (n + 1))
             p = subprocess.run([logrotate, "-f", "-s", os.path.join(tmpdir, "logrotate.state"), conf_path],
                                capture_output=True, text=True, timeout=30)
             assert_eq((p.returncode, p.stdout + p.stderr), (0, ""), "logrotate")
-            harness.wait_for(lambda: os.path.exists(k.log_path), 30, msg="the new log file")
-        harness.wait_for(lambda: len(request_lines(k.log_text(), "t1")) >= 50, 20, msg="requests after rotating")
+            testenv.wait_for(lambda: os.path.exists(k.log_path), 30, msg="the new log file")
+        testenv.wait_for(lambda: len(request_lines(k.log_text(), "t1")) >= 50, 20, msg="requests after rotating")
     finally:
         stop.set()
         for t in threads:
@@ -156,15 +157,15 @@ def test_man_page(tmpdir):
         if man is None:
             if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
                 raise AssertionError("neither mandoc nor man is installed")
-            raise harness.Skip("neither mandoc nor man is installed")
+            raise testenv.Skip("neither mandoc nor man is installed")
         p = subprocess.run([man, "--warnings", "-l", page], capture_output=True, text=True, timeout=30,
-                           env=harness._merge_env({"MANWIDTH": "80"}))
+                           env=_merge_env({"MANWIDTH": "80"}))
         assert_eq((p.returncode, p.stderr), (0, ""), "man --warnings")
     src = open(page).read()
-    helptext = subprocess.run([harness.kembali_bin(), "--help"], capture_output=True, text=True, timeout=60).stdout
+    helptext = subprocess.run([testenv.kembali_bin(), "--help"], capture_output=True, text=True, timeout=60).stdout
     for opt in sorted(set(re.findall(r"--[a-z][a-z-]+", helptext))):
         assert_in("Fl -" + opt[2:], src, "option %s in the man page" % opt)
-    config_keys = open(os.path.join(harness.top_srcdir(), "src", "config_keys.c")).read()
+    config_keys = open(os.path.join(testenv.top_srcdir(), "src", "config_keys.c")).read()
     keys = set(re.findall(r'(?:TOP|SHOP)\("(\w+)"\)', config_keys))
     assert len(keys) > 10, keys
     for key in sorted(keys):
@@ -193,13 +194,13 @@ def test_socket_mode_and_group(tmpdir):
     0777), --socket-mode sets the mode, --socket-group the group, so the web
     server's user connects through its group and nobody else does."""
     if os.geteuid() != 0:
-        raise harness.Skip("needs root (a group to give the socket, a user to connect as)")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+        raise testenv.Skip("needs root (a group to give the socket, a user to connect as)")
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     os.chmod(tmpdir, 0o755)  # www-data must reach the socket's directory
 
     def start(name, *args):
-        k = harness.Kembali(tmpdir, config=lambda k: harness.make_config(
-            sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
+        k = testenv.Kembali(tmpdir, config=lambda k: testenv.make_config(
+            sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST),
             keys={"a": kit.KEY}, name=name, args=args)
         os.chmod(os.path.dirname(k.sock_path), 0o755)
         k.umask = 0  # the widest umask, kembali's own: the mode must not come from it
@@ -234,9 +235,9 @@ def test_socket_mode_and_group(tmpdir):
             (["--listen", sock, "--socket-mode", ""], "octal"),
             (["--listen", sock, "--socket-group", "no-such-group-kb"], "no such group"),
             (["--socket-mode", "0600"], "only to the Unix socket --listen makes"),
-            (["--listen", "127.0.0.1:%d" % harness.free_port(), "--socket-group", "www-data"],
+            (["--listen", "127.0.0.1:%d" % testenv.free_port(), "--socket-group", "www-data"],
              "only to the Unix socket --listen makes")):
-        p = subprocess.run([harness.kembali_bin(), "--config", k.config_path] + args, capture_output=True,
+        p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path] + args, capture_output=True,
                            text=True, timeout=30)
         assert_eq(p.returncode, 1, "%s: %s" % (args, p.stderr))
         assert_in(says, p.stderr)
@@ -268,27 +269,27 @@ def test_storefront_example_in_chromium(tmpdir):
     through nginx (cors_origins), shows the final status, and polls only as
     Retry-After says (Chromium's virtual time runs its timers: 20 virtual
     seconds of a pending payment are a handful of polls, not hundreds)."""
-    harness.chromium_or_skip()
+    testenv.chromium_or_skip()
     site = os.path.join(tmpdir, "site")
     os.makedirs(site)
     srv = serve_dir(site)
     origin = "http://127.0.0.1:%d" % srv.server_address[1]
     try:
         sb, k = kit.start(tmpdir, shops=lambda k: [
-            harness.make_shop("toko-a", k.key_path("a"), cors_origins=[origin])])
-        ng = harness.Nginx(tmpdir, k)
+            testenv.make_shop("toko-a", k.key_path("a"), cors_origins=[origin])])
+        ng = testenv.Nginx(tmpdir, k)
         with open(os.path.join(SHIP, "storefront.html")) as f:
             page = f.read()
         assert_in('data-kembali="/kembali"', page)
         with open(os.path.join(site, "order.html"), "w") as f:
             f.write(page.replace('data-kembali="/kembali"', 'data-kembali="%s"' % ng.url("/kembali")))
         sb.put_tx("t1", "succeeded")
-        dom = harness.chromium_dump_dom(origin + "/order.html?id=t1", extra_args=["--virtual-time-budget=5000"])
+        dom = testenv.chromium_dump_dom(origin + "/order.html?id=t1", extra_args=["--virtual-time-budget=5000"])
         assert_eq(page_status(dom), "succeeded")
         assert_in("paid, thank you", dom)
 
         sb.put_tx("t2", "pending")
-        dom = harness.chromium_dump_dom(origin + "/order.html?id=t2", extra_args=["--virtual-time-budget=20000"])
+        dom = testenv.chromium_dump_dom(origin + "/order.html?id=t2", extra_args=["--virtual-time-budget=20000"])
         assert_eq(page_status(dom), "pending")
         polls = [l for l in k.find_log(event="request", id="t2") if l.get("format") == "json"]
         print("# storefront: %d polls of a pending payment in 20 virtual seconds, %d reads"
@@ -303,7 +304,7 @@ def test_storefront_example_in_chromium(tmpdir):
         shutil.copy(os.path.join(site, "order.html"), k2_site)
         other = serve_dir(k2_site)
         try:
-            dom = harness.chromium_dump_dom("http://127.0.0.1:%d/order.html?id=t1" % other.server_address[1],
+            dom = testenv.chromium_dump_dom("http://127.0.0.1:%d/order.html?id=t1" % other.server_address[1],
                                             extra_args=["--virtual-time-budget=3000"])
             assert_eq(page_status(dom), "unknown", "a cross-origin read without cors_origins")
             assert_in("Cannot reach the payment check", dom)
@@ -314,4 +315,4 @@ def test_storefront_example_in_chromium(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

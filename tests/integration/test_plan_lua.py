@@ -12,8 +12,8 @@ import os
 import re
 import subprocess
 
-import harness
-from harness import assert_eq
+import testenv
+from testenv import assert_eq
 
 # Test code only: the case's fields into the tables plan_lua()'s functions
 # take (an absent field is 0, a boolean 0 or 1, as the file says), then the
@@ -120,7 +120,7 @@ return redis.error_reply('unknown op ' .. op)
 def vectors():
     """The cases: (line, op, [FIELD=VALUE ...], answer)."""
     out = []
-    with open(os.path.join(harness.top_srcdir(), "tests", "unit", "plan_vectors.txt")) as f:
+    with open(os.path.join(testenv.top_srcdir(), "tests", "unit", "plan_vectors.txt")) as f:
         for line in f:
             line = line.strip()
             if not line or line.startswith("#"):
@@ -132,13 +132,13 @@ def vectors():
 
 
 def plan_lua():
-    exe = os.path.join(harness.top_builddir(), "tests", "unit", "plan-lua")
+    exe = os.path.join(testenv.top_builddir(), "tests", "unit", "plan-lua")
     return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     script = plan_lua() + DRIVER
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
@@ -155,7 +155,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     assert_eq(wrong, [])
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_the_lua_plan_has_no_number_of_its_own(tmpdir):
     # plan.c's constants are written in by the C: the Lua's functions (after
     # the line that names them) hold no number but 0 and 1
@@ -165,14 +165,14 @@ def test_the_lua_plan_has_no_number_of_its_own(tmpdir):
 
 def c2lua():
     import importlib.util
-    path = os.path.join(harness.top_srcdir(), "contrib", "c2lua.py")
+    path = os.path.join(testenv.top_srcdir(), "contrib", "c2lua.py")
     spec = importlib.util.spec_from_file_location("c2lua", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_c2lua_refuses_the_c_that_lua_would_read_otherwise(tmpdir):
     # what Lua would decide differently is refused, with the place: an int
     # as a condition (Lua holds 0 true), a ?: whose first branch may be
@@ -204,11 +204,11 @@ def test_c2lua_refuses_the_c_that_lua_would_read_otherwise(tmpdir):
            "        s += i;\n        if (s > 250)\n            break;\n        s += 1;\n    }\n    return s;\n}\n")
     funcs = mod.functions("t.c", src)
     lua = mod.C_DIV + "".join(mod.Translator(funcs[n], set(), set(), set()).function() for n in "fgh")
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         got = c.cmd("EVAL", lua + "return {f(7, 2), f(-7, 2), f(6, 3), g(0), h(5)}", "0")
         assert_eq(got, [3, -3, 2, 3, 302])
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

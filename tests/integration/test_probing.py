@@ -9,9 +9,9 @@ With state_dir alone, and with two or three hosts on one real Redis."""
 
 import random
 
-import harness
+import testenv
 import kit
-from harness import assert_eq
+from testenv import assert_eq
 
 PROBER = {"REMOTE_ADDR": "203.0.113.7"}
 BURST = 25
@@ -19,11 +19,11 @@ LATENCY_MS = 300
 
 
 def two_shops(k):
-    return [harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))]
+    return [testenv.make_shop("toko-a", k.key_path("a")), testenv.make_shop("toko-b", k.key_path("b"))]
 
 
 def redis_hosts(tmpdir, n=3):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = kit.start_hosts(tmpdir, n, redis, shops=two_shops, top={"redis": redis.unix_url()})
     for k in ks:
         k.wait_log(30, event="redis_joined")
@@ -51,7 +51,7 @@ def check_burst(sb, ks, seed=1):
     assert len(reads) <= 5, "a burst of guesses costs at most 5 reads: %d" % len(reads)
     assert_eq(words.count("not_found"), len(reads))
     assert_eq(words.count("not_found") + words.count("checking"), BURST)
-    lines = harness.wait_for(lambda: sum(len(k.find_log(event="client_blocked")) for k in ks), 30,
+    lines = testenv.wait_for(lambda: sum(len(k.find_log(event="client_blocked")) for k in ks), 30,
                              msg="the block's log line")
     assert_eq(lines, 1, "one line when the block starts, over every process")
 
@@ -118,7 +118,7 @@ BUDGET = 60
 
 
 def budget_shop(k):
-    return [harness.make_shop("toko-a", k.key_path("a"), read_budget_per_minute=BUDGET)]
+    return [testenv.make_shop("toko-a", k.key_path("a"), read_budget_per_minute=BUDGET)]
 
 
 def spread(sb, ks, addrs, per, seed):
@@ -188,14 +188,14 @@ def test_the_404_quarter_over_processes_sharing_state_dir(tmpdir):
 
 
 def redis_budget_hosts(tmpdir, n=2):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = kit.start_hosts(tmpdir, n, redis, shops=budget_shop, top={"redis": redis.unix_url()})
     for k in ks:
         k.wait_log(30, event="redis_joined")
     return redis, sb, ks
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_redis_an_ipv6_60_cannot_spend_the_budget(tmpdir):
     """The /60's 96 ids spread over two hosts on one Redis: the /56's 10
     404s are every host's (Redis counts them); a paid buyer gets
@@ -207,7 +207,7 @@ def test_redis_an_ipv6_60_cannot_spend_the_budget(tmpdir):
     paid_buyer_succeeds(sb, ks[-1])
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_redis_an_ipv6_48_cannot_spend_the_budget(tmpdir):
     """96 /56s of one /48 over two hosts on one Redis: at most the 404
     quarter's 15 (the /48's 20 after it); a paid buyer gets succeeded."""
@@ -218,7 +218,7 @@ def test_redis_an_ipv6_48_cannot_spend_the_budget(tmpdir):
     paid_buyer_succeeds(sb, ks[-1])
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_redis_the_404_quarter_holds_against_many_addresses(tmpdir):
     """64 IPv4 addresses, 2 guesses each, over two hosts on one Redis: the
     reads that end 404 take at most a quarter of the budget, every host's
@@ -230,17 +230,17 @@ def test_redis_the_404_quarter_holds_against_many_addresses(tmpdir):
     paid_buyer_succeeds(sb, ks[-1])
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_redis_a_burst_over_three_hosts_costs_at_most_five_reads(tmpdir):
     redis, sb, ks = redis_hosts(tmpdir)
     check_burst(sb, ks, seed=2)
 
 
-@harness.timeout(180)
+@testenv.timeout(180)
 def test_redis_a_block_is_per_shop(tmpdir):
     redis, sb, ks = redis_hosts(tmpdir)
     check_per_shop(sb, ks)
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -11,12 +11,12 @@ import subprocess
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_between, assert_in
+from testenv import assert_eq, assert_between, assert_in
 
 
-@harness.timeout(100)
+@testenv.timeout(100)
 def test_eight_processes_ten_requests_one_schedule(tmpdir):
     sb, ks = kit.start_many(tmpdir, 8, schedule=None)
     sb.put_tx("t1", "pending")
@@ -56,7 +56,7 @@ def test_many_transactions_across_processes(tmpdir):
 
 
 def test_budget_holds_across_processes(tmpdir):
-    sb, ks = kit.start_many(tmpdir, 4, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+    sb, ks = kit.start_many(tmpdir, 4, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"),
                                                                             read_budget_per_minute=10)])
     for i in range(24):
         sb.put_tx("b%d" % i, "pending")
@@ -74,7 +74,7 @@ def test_budget_holds_across_processes(tmpdir):
 
 def test_cache_and_pauses_are_shared(tmpdir):
     sb, (a, b) = kit.start_many(tmpdir, 2, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a")), harness.make_shop("toko-b", k.key_path("b"))])
+        testenv.make_shop("toko-a", k.key_path("a")), testenv.make_shop("toko-b", k.key_path("b"))])
     sb.put_tx("done", "succeeded")
     assert_eq(a.get("id=done", host="toko-a.test").header("kembali-status"), "succeeded")
     assert_eq(b.get("id=done", host="toko-a.test").header("kembali-status"), "succeeded")
@@ -117,11 +117,11 @@ def test_sigkill_mid_read(tmpdir):
     sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 10000}])
     th = threading.Thread(target=lambda: _ignore(lambda: a.get("id=t1", timeout=15)))
     th.start()
-    harness.wait_for(lambda: sb.reads("t1"), 30)
+    testenv.wait_for(lambda: sb.reads("t1"), 30)
     out = {}
     tb = threading.Thread(target=lambda: out.setdefault("b", b.get("id=t1")))
     tb.start()
-    harness.wait_for(lambda: b.metrics().get("kembali_held_requests") == 1, 30)  # b waits on a's read
+    testenv.wait_for(lambda: b.metrics().get("kembali_held_requests") == 1, 30)  # b waits on a's read
     a.proc.send_signal(signal.SIGKILL)  # in the middle of its read
     a.proc.wait(60)
     assert not a.find_log(event="read", id="t1"), "a was killed before its read ended"
@@ -141,7 +141,7 @@ def test_sigkill_mid_read(tmpdir):
     assert_between(times[1], lease - 0.5, lease + 1.0, "blocked no longer than the read timeout plus 1 s")
     assert int(b.wait_log(30, event="request", id="t1")["ms"]) / 1000 < lease + 0.5
     # a process started after the crash joins cleanly and shares the cache
-    c = harness.Kembali(tmpdir, config=lambda k: open(b.config_path).read(), keys={"a": kit.KEY}, name="k9")
+    c = testenv.Kembali(tmpdir, config=lambda k: open(b.config_path).read(), keys={"a": kit.KEY}, name="k9")
     c.start()
     assert_eq(c.get("id=t1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("t1")), 2)
@@ -168,7 +168,7 @@ def test_kill_storm_leaves_state_usable(tmpdir):
         while time.monotonic() < stop:
             try:
                 k.get("id=%s&format=json" % ids[i % len(ids)], timeout=30)
-            except harness.FcgiError:
+            except testenv.FcgiError:
                 if k is not ks[0]:
                     errors.append("a live process failed to answer")
             i += 7
@@ -205,11 +205,11 @@ def test_restart_keeps_the_shared_state(tmpdir):
 
 
 def test_incompatible_state_file_is_replaced(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    cfg = lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
-    k = harness.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = testenv.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
     state = os.path.join(tmpdir, "state")
-    path = os.path.join(state, "kembali-v%d.state" % harness.state_layout())  # this layout's name, damaged
+    path = os.path.join(state, "kembali-v%d.state" % testenv.state_layout())  # this layout's name, damaged
     with open(path, "wb") as f:
         f.write(b"kembali state version 0\n" + b"\0" * 5000)
     os.chmod(path, 0o600)
@@ -220,9 +220,9 @@ def test_incompatible_state_file_is_replaced(tmpdir):
 
 
 def test_state_dir_others_can_write_is_refused(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    cfg = lambda k: harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))])
-    k = harness.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    cfg = lambda k: testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))])
+    k = testenv.Kembali(tmpdir, config=cfg, keys={"a": kit.KEY})
     os.chmod(os.path.join(tmpdir, "state"), 0o777)
     try:
         k.start(timeout=60)
@@ -230,7 +230,7 @@ def test_state_dir_others_can_write_is_refused(tmpdir):
         pass
     assert_eq(k.wait(60), 1)
     assert_in("other users", k.log_text())
-    rc, out = harness.Kembali.run_check_config(k.config_path)
+    rc, out = testenv.Kembali.run_check_config(k.config_path)
     assert_eq(rc, 1)
     assert_in("other users", out)
 
@@ -240,7 +240,7 @@ def test_shared_socket_like_spawn_fcgi(tmpdir):
     sb.put_tx("t1", "pending")
     sb.put_tx("alone", "pending")
     addr = ks[0].addr
-    kit.parallel([lambda: harness.get(addr, "id=t1") for _ in range(20)] + [lambda: harness.get(addr, "id=alone")])
+    kit.parallel([lambda: testenv.get(addr, "id=t1") for _ in range(20)] + [lambda: testenv.get(addr, "id=alone")])
     served = [len(k.find_log(event="request")) for k in ks]
     # which process accepts a connection is the kernel's choice (one may take
     # them all); together they answer every request and keep one pace
@@ -270,8 +270,8 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     default); shop B's paid buyer is read and answered succeeded, and B's
     notify (kembali --notify, and the admin POST) is recorded."""
     sb, (k,) = kit.start_many(tmpdir, 1, top={"state_slots": 32}, shops=lambda k: [
-        harness.make_shop("toko-a", k.key_path("a")),
-        harness.make_shop("toko-b", k.key_path("b"), notify_secret_file=k.key_path("notify-a"))])
+        testenv.make_shop("toko-a", k.key_path("a")),
+        testenv.make_shop("toko-b", k.key_path("b"), notify_secret_file=k.key_path("notify-a"))])
     flood = ["r%08x" % (0x5eed0000 + 7919 * i) for i in range(40)]
     for t in flood:
         sb.put_tx(t, "pending")  # held to the deadline, read on the schedule
@@ -288,7 +288,7 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     for t in ts:
         t.start()
     # every flood request taken in: held, or answered at once
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests", 0) + len(k.find_log(event="request"))
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests", 0) + len(k.find_log(event="request"))
                      >= len(flood), 20, msg="the flood taken in")
     m = k.metrics()
     held_flood = m.get("kembali_held_requests")
@@ -296,7 +296,7 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     # shop B, while the flood is held (its entries in use)
     r = k.get("id=paid-b", host="toko-b.test")
     paid = (r.status, r.header("kembali-status"), len(sb.reads("paid-b")))
-    p = subprocess.run([harness.kembali_bin(), "--config", k.config_path, "--notify", "toko-b", "told-b",
+    p = subprocess.run([testenv.kembali_bin(), "--config", k.config_path, "--notify", "toko-b", "told-b",
                         "succeeded"], capture_output=True, text=True, timeout=30)
     cli = (p.returncode, p.stderr.strip())
     told = k.get("id=told-b", host="toko-b.test").header("kembali-status")
@@ -327,4 +327,4 @@ def test_one_shop_flooded_leaves_room_for_another(tmpdir):
     assert_eq(sorted(set(r.header("kembali-status") for r in out)), ["checking"])
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

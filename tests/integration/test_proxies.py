@@ -12,9 +12,9 @@ import socket
 import subprocess
 import threading
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 README_SOCKET = "/run/kembali/kembali.sock"
 APACHE = "/usr/sbin/apache2"
@@ -22,7 +22,7 @@ MODULES = "/usr/lib/apache2/modules"
 
 
 def readme():
-    with open(os.path.join(harness.top_srcdir(), "README.md")) as f:
+    with open(os.path.join(testenv.top_srcdir(), "README.md")) as f:
         return f.read()
 
 
@@ -61,7 +61,7 @@ def wait_port(proc, port, what, log):
             return True
         except OSError:
             return False
-    harness.wait_for(up, 30, msg=what + " listening")
+    testenv.wait_for(up, 30, msg=what + " listening")
 
 
 def check_answers(sb, k, get):
@@ -95,7 +95,7 @@ def connections(k, n, port):
     """FastCGI connections kembali accepted for n answers through the server."""
     before = k.metrics()["kembali_fastcgi_connections_total"]
     for _ in range(n):
-        status, headers, _ = harness.http_get(port, "/kembali?id=p1", {"Host": "shop.test"})
+        status, headers, _ = testenv.http_get(port, "/kembali?id=p1", {"Host": "shop.test"})
         assert_eq(headers.get("kembali-status"), "succeeded")
     return int(k.metrics()["kembali_fastcgi_connections_total"] - before)
 
@@ -105,11 +105,11 @@ def test_readme_caddy(tmpdir):
     if caddy is None:
         if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
             raise AssertionError("caddy is not installed")
-        raise harness.Skip("caddy is not installed")
+        raise testenv.Skip("caddy is not installed")
     block = readme_caddy()
     assert_in("unix/" + README_SOCKET, block)
     sb, k = reachable_kembali(tmpdir, None)
-    port = harness.free_port()
+    port = testenv.free_port()
     site = block.replace("unix/" + README_SOCKET, "unix/" + k.addr)
     site = site.replace("toko-a.example {", "http://:%d {" % port, 1)  # any host, on the test's port
     conf = os.path.join(tmpdir, "Caddyfile")
@@ -117,28 +117,28 @@ def test_readme_caddy(tmpdir):
         f.write("{\n\tadmin off\n\tauto_https off\n\tstorage file_system %s/caddy-data\n}\n%s\n" % (tmpdir, site))
     out = os.path.join(tmpdir, "caddy.log")
     env = dict(os.environ, HOME=tmpdir, XDG_DATA_HOME=tmpdir + "/xdg-data", XDG_CONFIG_HOME=tmpdir + "/xdg-config")
-    proc = harness.spawn([caddy, "run", "--config", conf, "--adapter", "caddyfile"], tmpdir, env=env,
+    proc = testenv.spawn([caddy, "run", "--config", conf, "--adapter", "caddyfile"], tmpdir, env=env,
                          stdout=open(out, "wb"), stderr=subprocess.STDOUT)
     wait_port(proc, port, "caddy", lambda: open(out, errors="replace").read())
-    check_answers(sb, k, lambda path, h: harness.http_get(port, path, dict({"Host": "shop.test"}, **h)))
+    check_answers(sb, k, lambda path, h: testenv.http_get(port, path, dict({"Host": "shop.test"}, **h)))
     # Caddy's FastCGI transport: a connection per request (as the README says)
     print("# 20 answers through Caddy: %d FastCGI connections" % connections(k, 20, port))
     # `handle /kembali` is that path only
-    status, headers, body = harness.http_get(port, "/kembali-metrics?format=metrics", {"Host": "shop.test"})
+    status, headers, body = testenv.http_get(port, "/kembali-metrics?format=metrics", {"Host": "shop.test"})
     assert_eq((status, headers.get("kembali-status"), body), (200, None, b""), "Caddy's own empty answer")
-    harness.kill_process(proc)
+    testenv.kill_process(proc)
 
 
 def test_readme_apache_proxy_fcgi(tmpdir):
     if not os.path.exists(APACHE) or not os.path.exists(MODULES + "/mod_proxy_fcgi.so"):
         if os.environ.get("KEMBALI_REQUIRE_APACHE") == "1":
             raise AssertionError("apache2 with mod_proxy_fcgi is not installed")
-        raise harness.Skip("apache2 with mod_proxy_fcgi is not installed")
+        raise testenv.Skip("apache2 with mod_proxy_fcgi is not installed")
     block = readme_apache()
     assert_in("unix:%s|fcgi://" % README_SOCKET, block)
     user = "www-data" if os.geteuid() == 0 else None
     sb, k = reachable_kembali(tmpdir, user)
-    port = harness.free_port()
+    port = testenv.free_port()
     os.makedirs(os.path.join(tmpdir, "run"), exist_ok=True)
     error_log = os.path.join(tmpdir, "apache-error.log")
     user_lines = "User %s\nGroup %s\n" % (user, user) if user else ""
@@ -161,19 +161,19 @@ LoadModule proxy_fcgi_module {MODULES}/mod_proxy_fcgi.so
     with open(path, "w") as f:
         f.write(conf)
     out = os.path.join(tmpdir, "apache.out")
-    proc = harness.spawn([APACHE, "-d", tmpdir, "-f", path, "-DFOREGROUND"], tmpdir,
+    proc = testenv.spawn([APACHE, "-d", tmpdir, "-f", path, "-DFOREGROUND"], tmpdir,
                          stdout=open(out, "wb"), stderr=subprocess.STDOUT)
 
     def log():
         return "".join(open(p, errors="replace").read() for p in (out, error_log) if os.path.exists(p))
     wait_port(proc, port, "apache", log)
-    check_answers(sb, k, lambda p, h: harness.http_get(port, p, dict({"Host": "shop.test"}, **h)))
+    check_answers(sb, k, lambda p, h: testenv.http_get(port, p, dict({"Host": "shop.test"}, **h)))
     # enablereuse=on: Apache keeps its connections to kembali for the next requests
     opened = connections(k, 20, port)
     print("# 20 answers through Apache: %d FastCGI connections" % opened)
     assert opened <= 10, "Apache reused its FastCGI connections (%d opened)" % opened
-    harness.kill_process(proc)
+    testenv.kill_process(proc)
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

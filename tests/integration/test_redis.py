@@ -14,9 +14,9 @@ import subprocess
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_between
+from testenv import assert_eq, assert_between
 
 
 def left_redis(ks):
@@ -32,18 +32,18 @@ def left_redis(ks):
 def hosts(tmpdir, n=3, budget=None, top=None, unix=True, two_shops=False):
     """n hosts on one new Redis; shop toko-a (KEY, `budget`), and toko-b
     (KEY2) when two_shops (requests then name their host)."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     shop = {} if budget is None else {"read_budget_per_minute": budget}
     sb, ks = kit.start_hosts(tmpdir, n, redis, top=dict(top or {}, redis=redis.unix_url() if unix else redis.url()),
-                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                             shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"),
                                                                 notify_secret_file=k.key_path("notify-a"), **shop)] +
-                             ([harness.make_shop("toko-b", k.key_path("b"))] if two_shops else []))
+                             ([testenv.make_shop("toko-b", k.key_path("b"))] if two_shops else []))
     for k in ks:
         k.wait_log(30, event="redis_joined")
     return redis, sb, ks
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_thirty_requests_over_three_hosts_cost_one_schedule(tmpdir):
     redis, sb, ks = hosts(tmpdir)
     sb.put_tx("t1", "pending")
@@ -161,9 +161,9 @@ def test_notify_reaches_every_host(tmpdir):
     threads = [threading.Thread(target=lambda k=k: out.setdefault(k.name, k.get("id=n1", timeout=20))) for k in ks[1:]]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: all(k.metrics()["kembali_held_requests"] == 1 for k in ks[1:]), 30)
+    testenv.wait_for(lambda: all(k.metrics()["kembali_held_requests"] == 1 for k in ks[1:]), 30)
     # the first read has ended (the next is 5 s away): what the notify saves is counted from here
-    harness.wait_for(lambda: any(k.find_log(event="read", id="n1") for k in ks), 30)
+    testenv.wait_for(lambda: any(k.find_log(event="read", id="n1") for k in ks), 30)
     reads_before = len(sb.reads("n1"))
     t0 = time.monotonic()
     r = kit.notify(ks[0], "n1", b'{"status":"succeeded"}')
@@ -180,8 +180,8 @@ def test_notify_reaches_every_host(tmpdir):
     sb.put_tx("n2", "pending")
     th = threading.Thread(target=lambda: out.setdefault("n2", ks[2].get("id=n2", timeout=20)))
     th.start()
-    harness.wait_for(lambda: ks[2].metrics()["kembali_held_requests"] == 1, 30)
-    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n2", "failed"],
+    testenv.wait_for(lambda: ks[2].metrics()["kembali_held_requests"] == 1, 30)
+    p = subprocess.run([testenv.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n2", "failed"],
                        capture_output=True, text=True, timeout=20)
     assert_eq(p.returncode, 0, p.stderr)
     th.join(60)
@@ -201,7 +201,7 @@ def test_notify_conflict_across_hosts(tmpdir):
     if left_redis(ks):
         return
     assert_eq(r.status, 409, repr(r))
-    harness.assert_in("failed is already known", r.text)
+    testenv.assert_in("failed is already known", r.text)
     line = ks[1].wait_log(30, event="notify_conflict", id="x1")
     assert_eq((line["level"], line["status"], line["http"]), ("error", "succeeded", "409"))
     assert_eq(ks[1].metrics()["kembali_notify_conflicts_total"], 1)
@@ -231,7 +231,7 @@ def test_an_idle_host_notices_a_stopped_redis(tmpdir):
     redis.resume()
     for k in ks:
         k.wait_log(30, event="redis_rejoined")
-        harness.wait_for(lambda: k.metrics()["kembali_redis_up"] == 1, 30)
+        testenv.wait_for(lambda: k.metrics()["kembali_redis_up"] == 1, 30)
         assert k.metrics()["kembali_redis_pings_total"] > 0
     # the PINGs are no round trips of answers: a cached answer still costs none
     sb.put_tx("i1", "succeeded")
@@ -242,7 +242,7 @@ def test_an_idle_host_notices_a_stopped_redis(tmpdir):
     assert_eq(ks[0].metrics()["kembali_redis_round_trips_total"], before)
 
 
-@harness.timeout(150)
+@testenv.timeout(150)
 def test_redis_stopped_killed_and_restarted(tmpdir):
     redis, sb, ks = hosts(tmpdir, budget=6, top={"redis_hosts": 3}, two_shops=True)
     # SIGSTOP mid-episode: Redis takes the claims and never answers
@@ -258,7 +258,7 @@ def test_redis_stopped_killed_and_restarted(tmpdir):
     threads = [threading.Thread(target=ask, args=(k, "s1")) for k in ks for _ in range(3)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: sb.reads("s1"), 30)
+    testenv.wait_for(lambda: sb.reads("s1"), 30)
     redis.pause()
     for t in threads:
         t.join(40)
@@ -284,22 +284,22 @@ def test_redis_stopped_killed_and_restarted(tmpdir):
     redis.restart()
     for k in ks:
         k.wait_log(15, event="redis_rejoined")
-    harness.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 30)
+    testenv.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 30)
     # the final status learnt while Redis was gone was written back
-    harness.wait_for(lambda: redis.keys("kembali:*t:s2"), 30, msg="s2's final status is in the new Redis")
+    testenv.wait_for(lambda: redis.keys("kembali:*t:s2"), 30, msg="s2's final status is in the new Redis")
     for k in ks[1:]:
         assert_eq(k.get("id=s2", host="toko-b.test").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("s2")), 1, "the other hosts learnt s2 from Redis")
     # coalescing across hosts again, once the new Redis's count of toko-b's
     # reads is whole: s2's read, made while it was gone, came back with the
     # hosts and started a grace (budget.h) in which nothing is granted
-    harness.wait_for(lambda: not redis.keys("kembali:*}g"), 30, msg="the count's grace ends")
+    testenv.wait_for(lambda: not redis.keys("kembali:*}g"), 30, msg="the count's grace ends")
     sb.put_tx("s3", "pending")
     kit.parallel([lambda k=k: k.get("id=s3", host="toko-b.test", timeout=30) for k in ks for _ in range(3)])
     kit.check_one_pace(sb, ks, "s3")
 
 
-@harness.timeout(150)
+@testenv.timeout(150)
 def test_write_back_keeps_room_for_every_key(tmpdir):
     """While Redis is gone, one shop is told 1,100 final statuses (more than
     the whole write-back queue, 1,024) and then another shop's buyer pays:
@@ -317,7 +317,7 @@ def test_write_back_keeps_room_for_every_key(tmpdir):
     assert_eq(ks[0].get("id=w1", host="toko-b.test").header("kembali-status"), "succeeded")
     redis.restart()
     ks[0].wait_log(15, event="redis_rejoined")
-    harness.wait_for(lambda: redis.keys("kembali:*t:w1"), 30, msg="w1's final status is in the new Redis")
+    testenv.wait_for(lambda: redis.keys("kembali:*t:w1"), 30, msg="w1's final status is in the new Redis")
     written = ks[0].metrics()["kembali_redis_written_back_total"]
     print("# %d statuses told to toko-a while Redis was gone: %d written back in all" % (told, written))
     assert_eq(written, 256 + 1)
@@ -330,7 +330,7 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     """Redis down when kembali starts: one log line, requests answered on
     the host's own state; once Redis runs (with a password), every host
     joins within the retry second and coalesces through it."""
-    redis = harness.Redis(tmpdir, password="s3cret-redis-pass", start=False)
+    redis = testenv.Redis(tmpdir, password="s3cret-redis-pass", start=False)
     sb, ks = kit.start_hosts(tmpdir, 2, redis, top={"redis": redis.unix_url()})
     for k in ks:
         line = k.wait_log(30, event="redis_unreachable")
@@ -347,12 +347,12 @@ def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     assert len(ks[0].find_log(event="redis_unreachable")) == 1, "logged once, not every second"
     # kembali --notify authenticates on its own connection (db 0: its AUTH
     # reply was once freed twice) and reaches the hosts
-    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "u2",
+    p = subprocess.run([testenv.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "u2",
                         "canceled"], capture_output=True, text=True, timeout=20)
     assert_eq((p.returncode, p.stderr), (0, ""))
     assert_eq(ks[1].get("id=u2").header("kembali-status"), "canceled")
     # a wrong password: the host stays on its own state, says why, never 5xx
-    bad = harness.Kembali(tmpdir, name="bad", keys={"a": kit.KEY}, config=lambda k: dict(
+    bad = testenv.Kembali(tmpdir, name="bad", keys={"a": kit.KEY}, config=lambda k: dict(
         __import__("json").load(open(ks[0].config_path)), redis_password_file=k.write_key("pw", "wrong")))
     bad.start()
     line = bad.wait_log(30, event="redis_unreachable")
@@ -366,7 +366,7 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
     # background, never in the loop)
     import socket
     by_name = socket.getaddrinfo("localhost", None, type=socket.SOCK_STREAM)[0][4][0] == "127.0.0.1"
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     url = "redis://localhost:%d" % redis.port if by_name else redis.url()
     sb, ks = kit.start_hosts(tmpdir, 3, redis, top={"redis": url})
     for k in ks:
@@ -397,7 +397,7 @@ def key_name(secret):
     return hmac.new(secret.encode(), b"kembali-names-v1", hashlib.sha256).digest()[:16].hex()
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     """The names of an API key's keys depend on that key alone: two hosts
     (and kembali --notify) use the documented names, Redis holds nothing
@@ -410,14 +410,14 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     sb.put_tx("s1", "succeeded")
     assert_eq(ks[0].get("id=s1").header("kembali-status"), "succeeded")
     names = [n.decode() if isinstance(n, bytes) else n for n in redis.keys("*")]
-    v = "kembali:v%d:" % harness.redis_schema()  # the schema version in every name
+    v = "kembali:v%d:" % testenv.redis_schema()  # the schema version in every name
     assert v + "{%s}t:s1" % k_a in names, names
     assert all(n.startswith(v + "{%s}" % k_a) for n in names), names
     assert_eq([n for n in names if "salt" in n], [], "nothing in Redis names the keys")
     for n in names:
         assert redis.cmd("PTTL", n) > 0, "every key expires: %s" % n
     # kembali --notify derives the same names (it connects on its own)
-    p = subprocess.run([harness.kembali_bin(), "--config", ks[1].config_path, "--notify", "toko-a", "s2",
+    p = subprocess.run([testenv.kembali_bin(), "--config", ks[1].config_path, "--notify", "toko-a", "s2",
                         "failed"], capture_output=True, text=True, timeout=20)
     assert_eq(p.returncode, 0, p.stderr)
     assert redis.cmd("EXISTS", v + "{%s}t:s2" % k_a) == 1, "the notify's key under the same name"
@@ -427,7 +427,7 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     ks[1].stop()
     ks[1].start()
     ks[1].wait_log(30, event="redis_joined")
-    harness.wait_for(lambda: len(ks[1].find_log(event="redis_joined")) == 2, 30, msg="h1 joined again")
+    testenv.wait_for(lambda: len(ks[1].find_log(event="redis_joined")) == 2, 30, msg="h1 joined again")
     sb.put_tx("t1", "pending")
     rs = kit.parallel([lambda k=k: k.get("id=t1", timeout=30) for k in ks for _ in range(3)])
     assert all(r.header("kembali-status") == "checking" for r in rs), [r.header("kembali-status") for r in rs]
@@ -439,4 +439,4 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -21,17 +21,17 @@ import subprocess
 import threading
 import time
 
-import harness
+import testenv
 import kit
 import test_sentinel
-from harness import assert_eq
+from testenv import assert_eq
 
 B = 20  # the key's read_budget_per_minute
 GRACE = 2.0  # budget.h: BUDGET_GRACE_MS (5 s with Sentinels)
 
 
 def two_hosts(tmpdir, redis, url=None):
-    """Two hosts on `redis` (a harness.Redis, or a redis-sentinel:// URL
+    """Two hosts on `redis` (a testenv.Redis, or a redis-sentinel:// URL
     with `redis` the master), shop toko-a with a budget of B, joined."""
     top = {"redis_hosts": 2}
     if url is not None:
@@ -39,7 +39,7 @@ def two_hosts(tmpdir, redis, url=None):
     else:
         top["redis"] = redis.unix_url()
     sb, ks = kit.start_hosts(tmpdir, 2, url or redis, top=top,
-                             shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                             shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"),
                                                                 read_budget_per_minute=B)])
     for k in ks:
         k.wait_log(30, event="redis_joined")
@@ -137,11 +137,11 @@ def spend(sb, ks, asker):
     return [len(k.find_log(event="redis_left")) for k in ks]
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_restart_without_persistence(tmpdir):
     """The budget spent, then redis-server killed and started again empty:
     the hosts' own records fill its count before it grants anything."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks, "r")
     since = spend(sb, ks, a)
@@ -160,13 +160,13 @@ def test_a_restart_without_persistence(tmpdir):
     judge("restart", sb, ks, B, a)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_redis_gone_after_one_host_spent_the_budget(tmpdir):
     """One host spent the whole budget through Redis, then Redis is gone
     and buyers come back to the other: that host heard every read granted
     (the channel's 'R'), so its own share is spent too while Redis is away,
     and the key stays within its budget."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks[:1], "u")
     since = spend(sb, ks, a)
@@ -178,7 +178,7 @@ def test_redis_gone_after_one_host_spent_the_budget(tmpdir):
         return
     # the other host heard each grant (a read granted milliseconds before
     # the fault may go unheard: budget.h's one residue)
-    harness.wait_for(lambda: ks[1].metrics().get('kembali_shop_reads_last_minute{shop="toko-a"}') == B, 10,
+    testenv.wait_for(lambda: ks[1].metrics().get('kembali_shop_reads_last_minute{shop="toko-a"}') == B, 10,
                      msg="the other host heard every read")
     redis.kill()
     for k in ks:
@@ -198,7 +198,7 @@ def stall(tmpdir, seconds):
     long enough), then a burst while they are away: each host reads its
     share alone, and once back those reads are in the count (claims sent
     to the stalled Redis are granted when it resumes, and count too)."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks, "s")
     since = [0, 0]
@@ -219,26 +219,26 @@ def stall(tmpdir, seconds):
     judge("SIGSTOP %.1f s" % seconds, sb, ks, 0, a)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_stall_of_a_tenth_of_a_second(tmpdir):
     stall(tmpdir, 0.1)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_stall_of_half_a_second(tmpdir):
     stall(tmpdir, 0.5)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_stall_of_two_seconds(tmpdir):
     stall(tmpdir, 2.0)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_flushall(tmpdir):
     """FLUSHALL while both hosts stay connected: the count found gone is
     announced, every host sends its reads, nothing is granted meanwhile."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks, "f")
     since = spend(sb, ks, a)
@@ -249,12 +249,12 @@ def test_flushall(tmpdir):
     judge("FLUSHALL", sb, ks, B, a)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_maxmemory_evicts_the_count(tmpdir):
     """maxmemory with volatile-ttl (docs/redis.md's setting): a burst of other
     keys with longer lives evicts the key's count; it is found gone and
     made whole again."""
-    redis = harness.Redis(tmpdir, args=["--maxmemory-policy", "volatile-ttl", "--maxmemory-samples", "10"])
+    redis = testenv.Redis(tmpdir, args=["--maxmemory-policy", "volatile-ttl", "--maxmemory-samples", "10"])
     sb, ks = two_hosts(tmpdir, redis)
     a = Asker(sb, ks, "e")
     since = spend(sb, ks, a)
@@ -277,18 +277,18 @@ def test_maxmemory_evicts_the_count(tmpdir):
     judge("maxmemory eviction", sb, ks, B, a)
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_a_failover_to_a_replica_that_lags(tmpdir):
     """Sentinel fails over to a replica that lacks the last writes (its copy
     of the count deleted: what a lagging replica would not have): the hosts
     join the new master and send their reads before it grants any."""
     master, replica = test_sentinel.pair(tmpdir)
-    sen = harness.Sentinel(tmpdir, master)
+    sen = testenv.Sentinel(tmpdir, master)
     sb, ks = two_hosts(tmpdir, master, url=test_sentinel.url([sen]))
     a = Asker(sb, ks, "o")
     since = spend(sb, ks, a)
-    harness.wait_for(sen.replicas_ready, 60, msg="Sentinel knows a good replica")
-    harness.wait_for(lambda: replica.keys("kembali:*}b"), 30, msg="the count reached the replica")
+    testenv.wait_for(sen.replicas_ready, 60, msg="Sentinel knows a good replica")
+    testenv.wait_for(lambda: replica.keys("kembali:*}b"), 30, msg="the count reached the replica")
     replica.cmd("CONFIG", "SET", "replica-read-only", "no")
     for key in replica.keys("kembali:*}b"):
         replica.cmd("DEL", key)
@@ -296,10 +296,10 @@ def test_a_failover_to_a_replica_that_lags(tmpdir):
     def failover():
         try:
             return sen.cmd("SENTINEL", "FAILOVER", test_sentinel.MASTER) == "OK"
-        except harness.RedisError as e:  # NOGOODSLAVE, INPROG: not ready yet
+        except testenv.RedisError as e:  # NOGOODSLAVE, INPROG: not ready yet
             print("# SENTINEL FAILOVER: %s" % e)
             return False
-    harness.wait_for(failover, 60, interval=0.5, msg="Sentinel accepts SENTINEL FAILOVER")
+    testenv.wait_for(failover, 60, interval=0.5, msg="Sentinel accepts SENTINEL FAILOVER")
     for k in ks:
         k.wait_log(30, event="redis_rejoined", port=str(replica.port))
     a.until(lambda: back(ks, since, replica.keys), limit=60)
@@ -307,21 +307,21 @@ def test_a_failover_to_a_replica_that_lags(tmpdir):
     judge("Sentinel failover to a lagging replica", sb, ks, B, a)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_status_written_back_keeps_its_age(tmpdir):
     """An expired read while Redis was gone is written back for what is
     left of its 60 s, not 60 s more: it never outlives Kasera's word."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     redis.kill()
     ks[0].wait_log(15, event="redis_left")
     sb.put_tx("old", "expired")
     assert_eq(ks[0].get("id=old&format=json").header("kembali-status"), "expired")
     read_at = kit.log_time(ks[0].wait_log(10, event="read", id="old"))
-    harness.wait_for(lambda: time.time() - read_at >= 5, 10, msg="the status is 5 s old")  # its age: the scenario
+    testenv.wait_for(lambda: time.time() - read_at >= 5, 10, msg="the status is 5 s old")  # its age: the scenario
     redis.restart()
     ks[0].wait_log(15, event="redis_rejoined")
-    keys = harness.wait_for(lambda: redis.keys("kembali:*t:old"), 10, msg="old is written back")
+    keys = testenv.wait_for(lambda: redis.keys("kembali:*t:old"), 10, msg="old is written back")
     with redis.client() as c:
         fu = int(c.cmd("HGET", keys[0], "fu"))
         t = c.cmd("TIME")
@@ -333,12 +333,12 @@ def test_a_status_written_back_keeps_its_age(tmpdir):
     assert pttl > 0
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_cgi_processes_wait_for_their_join(tmpdir):
     """Two hosts' CGI processes asked for one pending transaction at once
     (Apache mod_cgi on two machines): each joins Redis before its claim, so
     they make one read between them, not one each."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     sb, ks = two_hosts(tmpdir, redis)
     for k in ks:
         k.stop()
@@ -346,8 +346,8 @@ def test_cgi_processes_wait_for_their_join(tmpdir):
     for trial in range(3):
         id = "cgi%d" % trial
         sb.put_tx(id, "pending")
-        env = dict(harness.cgi_params("id=%s&format=json" % id, host="toko-a.test"), PATH=os.environ["PATH"])
-        procs = [subprocess.Popen([harness.kembali_bin(), "--config", k.config_path], env=env,
+        env = dict(testenv.cgi_params("id=%s&format=json" % id, host="toko-a.test"), PATH=os.environ["PATH"])
+        procs = [subprocess.Popen([testenv.kembali_bin(), "--config", k.config_path], env=env,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                  for k in ks]
         outs = [p.communicate(timeout=30) for p in procs]
@@ -371,15 +371,15 @@ def test_cgi_processes_wait_for_their_join(tmpdir):
     assert_eq(single, judged, "one read between the two hosts in every trial judged")
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_notify_passes_over_a_sentinel_naming_a_replica(tmpdir):
     """`kembali --notify` with a Sentinel that names the replica first: ROLE
     says slave, the next Sentinel is asked, the status lands on the master."""
     master, replica = test_sentinel.pair(tmpdir)
-    wrong = harness.Sentinel(tmpdir, replica, name="wrong", down_after_ms=600000)
-    good = harness.Sentinel(tmpdir, master, name="good", down_after_ms=600000)
+    wrong = testenv.Sentinel(tmpdir, replica, name="wrong", down_after_ms=600000)
+    good = testenv.Sentinel(tmpdir, master, name="good", down_after_ms=600000)
     sb, ks = two_hosts(tmpdir, master, url=test_sentinel.url([wrong, good]))
-    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n1",
+    p = subprocess.run([testenv.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "n1",
                         "succeeded"], capture_output=True, text=True, timeout=30)
     assert_eq((p.returncode, p.stdout, p.stderr), (0, "", ""))
     assert master.keys("kembali:*t:n1"), "the status is on the master"
@@ -396,8 +396,8 @@ def test_notify_passes_over_a_sentinel_naming_a_replica(tmpdir):
     one = os.path.join(tmpdir, "one.json")
     cfg = json.load(open(ks[0].config_path))
     cfg["redis"] = test_sentinel.url([wrong])
-    harness.write_config_file(one, cfg)
-    p = subprocess.run([harness.kembali_bin(), "--config", one, "--notify", "toko-a", "n2", "succeeded"],
+    testenv.write_config_file(one, cfg)
+    p = subprocess.run([testenv.kembali_bin(), "--config", one, "--notify", "toko-a", "n2", "succeeded"],
                        capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 0)
     assert "recorded on this host only" in p.stderr and "is not a master (ROLE says slave)" in p.stderr, p.stderr
@@ -405,4 +405,4 @@ def test_notify_passes_over_a_sentinel_naming_a_replica(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -18,8 +18,8 @@ cost there (the commands a script runs count in INFO commandstats).
 import os
 import subprocess
 
-import harness
-from harness import assert_eq
+import testenv
+from testenv import assert_eq
 
 K = "test:{k}"
 BUDGET = 120
@@ -29,7 +29,7 @@ CAP = 512
 
 
 def printer():
-    return os.path.join(harness.top_builddir(), "tests", "unit", "redis-scripts")
+    return os.path.join(testenv.top_builddir(), "tests", "unit", "redis-scripts")
 
 
 _KEYS = {}
@@ -125,9 +125,9 @@ def now_ms(c):
     return int(t[0]) * 1000 + int(t[1]) // 1000
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_a_later_hold_keeps_the_waiting_set_while_it_waits(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         held(c, sha, "A", "h1", 5000, 1)
@@ -139,9 +139,9 @@ def test_a_later_hold_keeps_the_waiting_set_while_it_waits(tmpdir):
         assert c.cmd("PTTL", K + "r") > 90000, "r expires at %d ms, A waits 100 s" % c.cmd("PTTL", K + "r")
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_a_leave_stamped_before_a_hold_that_came_first_leaves_it_held(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         held(c, sha, "A", "h1", 30000, 10)  # process 1 holds
@@ -164,9 +164,9 @@ def test_a_leave_stamped_before_a_hold_that_came_first_leaves_it_held(tmpdir):
         assert_eq(c.cmd("ZSCORE", K + "r", "A"), None)
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_the_reservations_are_the_waiting_sets(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         for tx in ("A", "B", "C"):
@@ -186,9 +186,9 @@ def test_the_reservations_are_the_waiting_sets(tmpdir):
         assert_eq(c.cmd("ZRANGE", K + "r", "0", "-1"), ["D"])
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_refused_claim_and_a_fresh_hold_read_no_waiting_transaction(tmpdir):
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         for i in range(CAP):
@@ -207,13 +207,13 @@ def test_a_refused_claim_and_a_fresh_hold_read_no_waiting_transaction(tmpdir):
         assert calls(c, "hmget") <= 2, "a fresh hold made %d HMGETs" % calls(c, "hmget")
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_a_read_is_counted_once_however_often_it_is_sent(tmpdir):
     """budget.h: a read granted by Redis is named as its host names it, so
     the host sending it again (every join) adds nothing and starts no
     grace; reads Redis lacked (made while it was away) are added, those
     older than the span are not, and nothing is granted during the grace."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         assert_eq(claim(c, sha, "A", member="h1:100")[0], "go")
@@ -234,14 +234,14 @@ def test_a_read_is_counted_once_however_often_it_is_sent(tmpdir):
         assert_eq((r[0], r[2]), ("wait", "budget"))
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_a_count_found_gone_asks_every_host_and_waits_when_it_was_lost(tmpdir):
     """A key's count gone (a restart, a flush, an eviction) is announced on
     the channel ('S K': every host sends its reads); when the host asking
     had read with the key lately (lost, not forgotten) nothing is granted
     for the grace, else the read goes at once (a key nobody used for an
     hour)."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c, redis.client() as sub:
         sha = scripts(c)
         sub.cmd("SUBSCRIBE", "test:wake")
@@ -280,12 +280,12 @@ def fair_share_case(c, sha, others):
     return r, calls(c, "hmget")
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_the_fair_share_counts_the_others_only_as_far_as_it_needs(tmpdir):
     # eligible = A + 2 others fits the room of 3: A reads; A + 3 others
     # does not, and one of them has had no read: A waits its turn, decided
     # from the first others read (the rest are not read)
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         r, _ = fair_share_case(c, sha, 2)
@@ -303,7 +303,7 @@ def p64(i):
 P56, P48 = "%032x" % 0x56, "%032x" % 0x48
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
     """docs/operations.md, "Ids nobody has paid for": a request is a client at
     its /64, its /56 and its /48, each with its allowance (5, 10, 20 404s
@@ -312,7 +312,7 @@ def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
     charged at each tier, block the /56 (one message, its name), and a
     /64 of it never seen before is blocked; another /56 of the /48 still
     reads, until the /48's 20."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c, redis.client() as sub:
         sha = scripts(c)
         sub.cmd("SUBSCRIBE", "test:wake")
@@ -353,7 +353,7 @@ def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
         assert_eq(claim(c, sha, "v5", tiers=(p64(200),), quarter=100)[2], "client")
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_the_404_quarter(tmpdir):
     """Reads of ids never answered take at most the quarter (3 here) while
     under way or once ended 404, every host's: a fourth waits ('budget')
@@ -361,7 +361,7 @@ def test_the_404_quarter(tmpdir):
     once, one that ended 404 stays for the span (the wait says when it
     ends); an id answered before is not counted; a read under way past its
     lease counts no more; a held request's last-chance read goes."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         ser = {}
@@ -411,13 +411,13 @@ def overrun(c, tx):
     c.cmd("HSET", K + "t:" + tx, "lu", "1", "ls", "1", "le", "1")
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_a_late_read_records_what_the_c_records(tmpdir):
     """A read that ends after its lease (or after another read started) is
     recorded as the C's finish records it (rules_read_records): its pending
     or unknown word only where no newer read's outcome or told status is
     recorded, its final status only forward, and a newer outcome stays."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
         one = claim(c, sha, "A", plan=False)
@@ -469,7 +469,7 @@ def monitor_args(line):
     return words
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_every_script_touches_only_the_keys_it_is_passed(tmpdir):
     """Redis's scripting contract (and a Cluster's slots): a script names
     every key it reads or writes in KEYS. Every command the scripts run
@@ -477,7 +477,7 @@ def test_every_script_touches_only_the_keys_it_is_passed(tmpdir):
     be among the ones its EVALSHA passed: holds, a claim that walks the
     waiting transactions, a client's claim and finish, a tell, a leave and
     a seed."""
-    redis = harness.Redis(tmpdir)
+    redis = testenv.Redis(tmpdir)
     with redis.client() as c, redis.client() as m:
         sha = scripts(c)
         m.cmd("MONITOR")
@@ -503,7 +503,7 @@ def test_every_script_touches_only_the_keys_it_is_passed(tmpdir):
                 continue
             try:
                 touched = c.cmd("COMMAND", "GETKEYS", *args)
-            except harness.RedisError:
+            except testenv.RedisError:
                 continue  # no key (TIME, PUBLISH)
             checked += 1
             for k in touched:
@@ -515,4 +515,4 @@ def test_every_script_touches_only_the_keys_it_is_passed(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -21,9 +21,9 @@ import os
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq
+from testenv import assert_eq
 
 SLACK = 0.35
 
@@ -406,9 +406,9 @@ ISSUE_TABLE = [
 def shops(k):
     """toko-a (KEY, notify secret), toko-b (KEY2), toko-c (a key of its own
     the sandbox knows, so that a scripted 401 pauses only it)."""
-    return [harness.make_shop("toko-a", k.key_path("a"), notify_secret_file=k.key_path("notify-a")),
-            harness.make_shop("toko-b", k.key_path("b")),
-            harness.make_shop("toko-c", k.key_path("a2"))]
+    return [testenv.make_shop("toko-a", k.key_path("a"), notify_secret_file=k.key_path("notify-a")),
+            testenv.make_shop("toko-b", k.key_path("b")),
+            testenv.make_shop("toko-c", k.key_path("a2"))]
 
 
 def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=False):
@@ -425,12 +425,12 @@ def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=Fal
             for x in s:
                 x["read_budget_per_minute"] = budget
         return s
-    harness.write_secret(harness.key_path(sub, "a2"), KEY3)
+    testenv.write_secret(testenv.key_path(sub, "a2"), KEY3)
     args = ["--key", KEY3]
     if kind == "file":
         sb, ks = kit.start_many(sub, 2, schedule=schedule, shops=shops_b, top=top, sandbox_args=args)
     else:
-        redis = harness.Redis(sub)
+        redis = testenv.Redis(sub)
         sb, ks = kit.start_hosts(sub, 2, redis, schedule=schedule, shops=shops_b, sandbox_args=args,
                                  top=dict(top, redis=redis.unix_url()))
         for k in ks:
@@ -596,7 +596,7 @@ def differ(tmpdir, table, schedule, budget=None, ids=None, together=False):
     assert not bad, "\n".join(bad)
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_fast_schedule_episodes_alike_in_both_stores(tmpdir):
     differ(tmpdir, FAST_TABLE, kit.FAST)
 
@@ -608,38 +608,38 @@ RETRY_DATE_TABLE = [
 ]
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_retry_after_date_alike_in_both_stores(tmpdir):
     differ(tmpdir, RETRY_DATE_TABLE, RETRY_DATE_SCHEDULE)
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_scarce_budget_alike_in_both_stores(tmpdir):
     differ(tmpdir, SCARCE_TABLE, kit.FAST, budget=6, ids=lambda name: ["%s%d" % (name, i) for i in range(3)])
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_reservations_past_the_span_alike_in_both_stores(tmpdir):
     # Redis counts every host's reservations where plan_busiest() counts
     # each at its time: the second buyer's first read tells them apart
     differ(tmpdir, FAR_TABLE, LONG, budget=2, ids=lambda name: ["%s%d" % (name, i) for i in range(2)])
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_probing_alike_in_both_stores(tmpdir):
     differ(tmpdir, PROBE_TABLE, kit.FAST, ids=lambda name: ["%s%d" % (name, i) for i in range(7)])
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_failed_authentication_429_alike_in_both_stores(tmpdir):
     # a host pause stops every read of that process's host: a setup of its own
     differ(tmpdir, AUTH_TABLE, kit.FAST, ids=lambda name: ["%s%d" % (name, i) for i in range(2)])
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_issue_16_retry_after_and_a_long_schedule(tmpdir):
     differ(tmpdir, ISSUE_TABLE, ISSUE, budget=20)
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

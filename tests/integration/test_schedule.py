@@ -8,14 +8,14 @@ carry them out, with margins a busy machine cannot break."""
 import threading
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_between
+from testenv import assert_eq, assert_between
 
 DEFAULT_READS = [0, 1.5, 3.5, 6.5, 11.5, 19.5, 32.5]
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_default_schedule_read_times(tmpdir):
     """One buyer, a transaction that stays pending: the seed's schedule."""
     sb, k = kit.start(tmpdir, schedule=None)
@@ -105,7 +105,7 @@ def test_late_joiner_follows_the_pace(tmpdir):
     assert_between(int(joiner["ms"]) / 1000, 3.7 - 0.003, kit.FAST_HOLD + 0.1, "the joiner waits its own deadline")
 
 
-@harness.timeout(100)
+@testenv.timeout(100)
 def test_json_polling_every_half_second(tmpdir):
     sb, k = kit.start(tmpdir, schedule=None)
     sb.put_tx("t1", "pending")
@@ -171,8 +171,8 @@ def test_json_fresh_transaction_one_read(tmpdir):
 def test_read_completes_when_its_requester_leaves(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded", responses=[{"delay_ms": 800}])
-    s = harness.fcgi_send(k.addr, harness.cgi_params("id=t1"))
-    harness.wait_for(lambda: sb.reads("t1"), 30)  # the read it started is in flight
+    s = testenv.fcgi_send(k.addr, testenv.cgi_params("id=t1"))
+    testenv.wait_for(lambda: sb.reads("t1"), 30)  # the read it started is in flight
     s.close()  # the buyer closed the tab
     r = k.get("id=t1")
     assert_eq(r.header("kembali-status"), "succeeded")
@@ -181,4 +181,4 @@ def test_read_completes_when_its_requester_leaves(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -14,10 +14,10 @@ import re
 import subprocess
 import threading
 
-import harness
+import testenv
 import kit
 import test_metrics
-from harness import assert_eq
+from testenv import assert_eq
 
 MASTER = "kembali"
 # The metrics with Sentinels only (metrics.c's table, FROM_SENTINEL)
@@ -27,10 +27,10 @@ SENTINEL_NAMES = ["kembali_redis_master_changes_total", "kembali_redis_sentinel_
 
 def pair(tmpdir, password=None):
     """A master and its replica (linked: the replica says so in ROLE)."""
-    master = harness.Redis(tmpdir, name="master", password=password)
+    master = testenv.Redis(tmpdir, name="master", password=password)
     args = ["--replicaof", "127.0.0.1", str(master.port)] + (["--masterauth", password] if password else [])
-    replica = harness.Redis(tmpdir, name="replica", password=password, args=args)
-    harness.wait_for(lambda: replica.cmd("ROLE")[3] == "connected", 30, msg="the replica is linked")
+    replica = testenv.Redis(tmpdir, name="replica", password=password, args=args)
+    testenv.wait_for(lambda: replica.cmd("ROLE")[3] == "connected", 30, msg="the replica is linked")
     return master, replica
 
 
@@ -45,14 +45,14 @@ def start_hosts(tmpdir, n, sentinels, master, sentinel_password=None):
     password and the Sentinels' when they have them."""
     top = {"redis_password_file": master.password_file()} if master.password else {}
     if sentinel_password is not None:
-        top["redis_sentinel_password_file"] = harness.write_secret(os.path.join(tmpdir, "sentinel.pw"),
+        top["redis_sentinel_password_file"] = testenv.write_secret(os.path.join(tmpdir, "sentinel.pw"),
                                                                    sentinel_password)
     return kit.start_hosts(tmpdir, n, url(sentinels), top=top)
 
 
 def nobody_port():
     """A TCP port of 127.0.0.1 where nothing listens."""
-    return harness.free_port()
+    return testenv.free_port()
 
 
 def left(ks, since=None):
@@ -74,13 +74,13 @@ def switch_time(sentinel, new_port):
     def find():
         m = pat.search(sentinel.log_text())
         return m and datetime.datetime.strptime(m.group(1), "%d %b %Y %H:%M:%S.%f").timestamp()
-    return harness.wait_for(find, 30, msg="Sentinel's +switch-master line; log:\n%s" % sentinel.log_text()[-3000:])
+    return testenv.wait_for(find, 30, msg="Sentinel's +switch-master line; log:\n%s" % sentinel.log_text()[-3000:])
 
 
-@harness.timeout(240)
+@testenv.timeout(240)
 def test_failover_moves_every_host_to_the_new_master(tmpdir):
     master, replica = pair(tmpdir, password="m4ster-pass")
-    sen = harness.Sentinel(tmpdir, master, password="s3ntinel-pass")
+    sen = testenv.Sentinel(tmpdir, master, password="s3ntinel-pass")
     sb, ks = start_hosts(tmpdir, 2, [sen], master, sentinel_password="s3ntinel-pass")
     for k in ks:
         line = k.wait_log(30, event="redis_joined")
@@ -97,7 +97,7 @@ def test_failover_moves_every_host_to_the_new_master(tmpdir):
         kit.check_one_pace(sb, ks, "f1")
 
     # tabs on both hosts wait on f2 while Sentinel fails over
-    harness.wait_for(sen.replicas_ready, 60, msg="Sentinel knows a good replica")
+    testenv.wait_for(sen.replicas_ready, 60, msg="Sentinel knows a good replica")
     sb.put_tx("f2", "pending")
     out, lock = [], threading.Lock()
 
@@ -109,16 +109,16 @@ def test_failover_moves_every_host_to_the_new_master(tmpdir):
     threads = [threading.Thread(target=tab, args=(k, d)) for k in ks for d in (0, 1.0, 2.0, 3.0)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: sb.reads("f2"), 30)
+    testenv.wait_for(lambda: sb.reads("f2"), 30)
 
     def failover():
         try:
             return sen.cmd("SENTINEL", "FAILOVER", MASTER) == "OK"
-        except harness.RedisError as e:  # NOGOODSLAVE, INPROG: Sentinel is not ready yet
+        except testenv.RedisError as e:  # NOGOODSLAVE, INPROG: Sentinel is not ready yet
             print("# SENTINEL FAILOVER: %s" % e)
             return False
-    harness.wait_for(failover, 60, interval=0.5, msg="Sentinel accepts SENTINEL FAILOVER")
-    harness.wait_for(lambda: sen.master_addr() == ("127.0.0.1", replica.port), 60,
+    testenv.wait_for(failover, 60, interval=0.5, msg="Sentinel accepts SENTINEL FAILOVER")
+    testenv.wait_for(lambda: sen.master_addr() == ("127.0.0.1", replica.port), 60,
                      msg="Sentinel names the replica")
     switched = switch_time(sen, replica.port)
     joined, leaving = [], []
@@ -143,7 +143,7 @@ def test_failover_moves_every_host_to_the_new_master(tmpdir):
         assert_eq(k.metrics()["kembali_redis_master_changes_total"], 1)
 
     # and one pace across both hosts after, on the new master
-    harness.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 30)
+    testenv.wait_for(lambda: all(k.metrics()["kembali_redis_up"] == 1 for k in ks), 30)
     before = left(ks, [1, 1])  # each left the old master once
     sb.put_tx("f3", "pending")
     kit.parallel([lambda k=k: k.get("id=f3", timeout=30) for k in ks for _ in range(2)])
@@ -152,14 +152,14 @@ def test_failover_moves_every_host_to_the_new_master(tmpdir):
     assert replica.keys("kembali:*t:f3"), "f3 is on the new master"
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_sentinel_down_among_several(tmpdir):
     """The first Sentinel listed is stopped (SIGSTOP: it accepts and never
     answers), the second is not there at all; the third names the master.
     Each host joins it, logs each failure once, and stays on the master."""
     master, replica = pair(tmpdir)
-    hung = harness.Sentinel(tmpdir, master, name="hung")
-    good = harness.Sentinel(tmpdir, master, name="good")
+    hung = testenv.Sentinel(tmpdir, master, name="hung")
+    good = testenv.Sentinel(tmpdir, master, name="good")
     hung.pause()
     gone = "127.0.0.1:%d" % nobody_port()
     sb, ks = start_hosts(tmpdir, 2, [hung, gone, good], master)
@@ -174,7 +174,7 @@ def test_a_sentinel_down_among_several(tmpdir):
     assert_eq(ks[1].get("id=d1").header("kembali-status"), "succeeded")
     assert_eq(len(sb.reads("d1")), 1, "the second host learnt d1 through the master")
     # kembali --notify (no loop) asks the Sentinels too, past the two that fail
-    p = subprocess.run([harness.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "d2", "failed"],
+    p = subprocess.run([testenv.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "d2", "failed"],
                        capture_output=True, text=True, timeout=30)
     assert_eq(p.returncode, 0, p.stderr)
     assert_eq(ks[1].get("id=d2").header("kembali-status"), "failed")
@@ -189,7 +189,7 @@ def test_a_sentinel_down_among_several(tmpdir):
             continue
         m = k.metrics()
         assert_eq(m["kembali_redis_sentinel_failures_total"], 2)
-        harness.wait_for(lambda: k.metrics()["kembali_redis_sentinel_asks_total"] >= m[
+        testenv.wait_for(lambda: k.metrics()["kembali_redis_sentinel_asks_total"] >= m[
             "kembali_redis_sentinel_asks_total"] + 3, 30, msg="three more questions")
         m = k.metrics()
         assert_eq((m["kembali_redis_up"], m["kembali_redis_sentinel_failures_total"]), (1, 2))
@@ -197,14 +197,14 @@ def test_a_sentinel_down_among_several(tmpdir):
         assert_eq(k.find_log(event="redis_left"), [])
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_a_sentinel_naming_a_replica_is_not_followed(tmpdir):
     """A Sentinel that names the replica (it monitors it as the master):
     ROLE says slave, the host does not use it, logs it, and asks again,
     the other Sentinel first; it joins the real master."""
     master, replica = pair(tmpdir)
-    wrong = harness.Sentinel(tmpdir, replica, name="wrong", down_after_ms=600000)
-    good = harness.Sentinel(tmpdir, master, name="good", down_after_ms=600000)
+    wrong = testenv.Sentinel(tmpdir, replica, name="wrong", down_after_ms=600000)
+    good = testenv.Sentinel(tmpdir, master, name="good", down_after_ms=600000)
     assert_eq(wrong.master_addr(), ("127.0.0.1", replica.port))
     sb, ks = start_hosts(tmpdir, 1, [wrong, good], master)
     k = ks[0]
@@ -217,14 +217,14 @@ def test_a_sentinel_naming_a_replica_is_not_followed(tmpdir):
                l.get("port") == str(replica.port)], [], "the replica was never joined")
     sb.put_tx("r1", "succeeded")
     assert_eq(k.get("id=r1").header("kembali-status"), "succeeded")
-    harness.wait_for(lambda: master.keys("kembali:*t:r1"), 10, msg="r1 is on the master")
+    testenv.wait_for(lambda: master.keys("kembali:*t:r1"), 10, msg="r1 is on the master")
     # with only that Sentinel: never joined, said once (not at every second's attempt), no request fails
-    lone = harness.Kembali(tmpdir, name="lone", keys={"a": kit.KEY}, config=lambda _: dict(
+    lone = testenv.Kembali(tmpdir, name="lone", keys={"a": kit.KEY}, config=lambda _: dict(
         json.load(open(k.config_path)), redis=url([wrong]), state_dir=os.path.join(tmpdir, "state-lone")))
     os.makedirs(os.path.join(tmpdir, "state-lone"), mode=0o700)
     lone.start()
     lone.wait_log(30, event="redis_not_master")
-    harness.wait_for(lambda: lone.metrics()["kembali_redis_sentinel_asks_total"] >= 4, 30, msg="four questions")
+    testenv.wait_for(lambda: lone.metrics()["kembali_redis_sentinel_asks_total"] >= 4, 30, msg="four questions")
     assert_eq(len(lone.find_log(event="redis_not_master")), 1)
     assert_eq(lone.find_log(event="redis_joined"), [])
     assert_eq(lone.get("id=r1").header("kembali-status"), "succeeded")
@@ -233,15 +233,15 @@ def test_a_sentinel_naming_a_replica_is_not_followed(tmpdir):
 def test_a_sentinel_refusing_the_password(tmpdir):
     """A wrong redis_sentinel_password_file: the host says so once, never
     joins, and answers on its own state."""
-    master = harness.Redis(tmpdir, name="master")
-    sen = harness.Sentinel(tmpdir, master, password="s3ntinel-pass")
+    master = testenv.Redis(tmpdir, name="master")
+    sen = testenv.Sentinel(tmpdir, master, password="s3ntinel-pass")
     sb, ks = start_hosts(tmpdir, 1, [sen], master, sentinel_password="wr0ng-pass")
     k = ks[0]
     line = k.wait_log(30, event="redis_sentinel_failed")
     assert_eq((line["sentinel"], line["why"]), (sen.hostport(), "the password is refused "
                                                 "(redis_sentinel_password_file)"))
     assert "no Sentinel named the master" in k.wait_log(10, event="redis_unreachable")["why"]
-    harness.wait_for(lambda: k.metrics()["kembali_redis_sentinel_failures_total"] >= 3, 30)
+    testenv.wait_for(lambda: k.metrics()["kembali_redis_sentinel_failures_total"] >= 3, 30)
     assert_eq(len(k.find_log(event="redis_sentinel_failed")), 1)
     assert_eq(k.find_log(event="redis_joined"), [])
     sb.put_tx("p1", "succeeded")
@@ -250,9 +250,9 @@ def test_a_sentinel_refusing_the_password(tmpdir):
 
 
 def base_config(tmpdir):
-    key = harness.write_secret(os.path.join(tmpdir, "k"), "sk_test_x")
+    key = testenv.write_secret(os.path.join(tmpdir, "k"), "sk_test_x")
     os.makedirs(os.path.join(tmpdir, "state"), mode=0o700, exist_ok=True)
-    return {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(harness.top_srcdir(), "templates"),
+    return {"api_base": "http://127.0.0.1:9", "templates_dir": os.path.join(testenv.top_srcdir(), "templates"),
             "state_dir": os.path.join(tmpdir, "state"), "shops": [{"id": "toko-a", "secret_key_file": key}]}
 
 
@@ -262,14 +262,14 @@ def check(tmpdir, sentinels, master, **extra):
     if master.password:
         cfg["redis_password_file"] = master.password_file()
     cfg.update(extra)
-    return harness.Kembali.run_check_config(cfg)
+    return testenv.Kembali.run_check_config(cfg)
 
 
 def test_check_config_probes_the_sentinels(tmpdir):
     master, replica = pair(tmpdir, password="m4ster-pass")
-    sen = harness.Sentinel(tmpdir, master, password="s3ntinel-pass")
-    spw = harness.write_secret(os.path.join(tmpdir, "sentinel.pw"), "s3ntinel-pass")
-    bad = harness.write_secret(os.path.join(tmpdir, "wrong.pw"), "wr0ng-pass")
+    sen = testenv.Sentinel(tmpdir, master, password="s3ntinel-pass")
+    spw = testenv.write_secret(os.path.join(tmpdir, "sentinel.pw"), "s3ntinel-pass")
+    bad = testenv.write_secret(os.path.join(tmpdir, "wrong.pw"), "wr0ng-pass")
 
     rc, out = check(tmpdir, [sen], master, redis_sentinel_password_file=spw)
     assert_eq(rc, 0, out)
@@ -311,4 +311,4 @@ def test_check_config_probes_the_sentinels(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 SPAWN_FCGI = "/usr/bin/spawn-fcgi"
 LIGHTTPD = "/usr/sbin/lighttpd"
@@ -23,18 +23,18 @@ def require(path):
         return path
     if os.environ.get("KEMBALI_REQUIRE_SERVERS") == "1":
         raise AssertionError("%s is missing and KEMBALI_REQUIRE_SERVERS=1" % path)
-    raise harness.Skip("%s is not installed" % path)
+    raise testenv.Skip("%s is not installed" % path)
 
 
 def config_file(tmpdir, sb):
     """A configuration (schedule kit.FAST) and its key file, readable by
     root only: these processes run as the test's user."""
-    keyf = harness.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
+    keyf = testenv.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
     state = os.path.join(tmpdir, "state")
     os.makedirs(state, mode=0o700, exist_ok=True)
-    cfg = harness.make_config(sb, [harness.make_shop("toko-a", keyf)], state_dir=state, schedule_ms=kit.FAST)
+    cfg = testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)], state_dir=state, schedule_ms=kit.FAST)
     path = os.path.join(tmpdir, "kembali.json")
-    harness.write_config_file(path, cfg)
+    testenv.write_config_file(path, cfg)
     return path
 
 
@@ -57,60 +57,60 @@ def stop_pids(pids, timeout=15):
 
 
 def check_log(text):
-    for mark in harness.Kembali.SANITIZER_MARKS:
+    for mark in testenv.Kembali.SANITIZER_MARKS:
         assert mark not in text, "sanitizer report:\n" + text[-3000:]
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_spawn_fcgi_four_children(tmpdir):
     """docs/operations.md's line: spawn-fcgi -s SOCKET -F 4 -- ... The children get
     the socket on fd 0 and stdout/stderr on /dev/null, so docs/operations.md wraps
     kembali in sh to keep its log; this runs that wrapper."""
     spawn = require(SPAWN_FCGI)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     cfg = config_file(tmpdir, sb)
-    sock = harness.socket_path(tmpdir, "kembali.sock")
+    sock = testenv.socket_path(tmpdir, "kembali.sock")
     log = os.path.join(tmpdir, "kembali.log")
     pidfile = os.path.join(tmpdir, "kembali.pids")
     out = subprocess.run([spawn, "-s", sock, "-F", "4", "-P", pidfile, "--",
-                          "/bin/sh", "-c", 'exec "$0" --config "$1" 2>>"$2"', harness.kembali_bin(), cfg, log],
+                          "/bin/sh", "-c", 'exec "$0" --config "$1" 2>>"$2"', testenv.kembali_bin(), cfg, log],
                          capture_output=True, text=True, timeout=20)
     assert_eq(out.returncode, 0, out.stderr)
     pids = [int(x) for x in open(pidfile).read().split()]
     try:
         assert_eq(len(pids), 4, out.stderr)
         text = lambda: open(log).read() if os.path.exists(log) else ""  # noqa: E731
-        harness.wait_for(lambda: len(harness.find_lines(text(), level="info", event="start")) == 4, 20,
+        testenv.wait_for(lambda: len(testenv.find_lines(text(), level="info", event="start")) == 4, 20,
                          msg="four start lines")
-        started = {int(l["pid"]) for l in harness.find_lines(text(), level="info", event="start")}
+        started = {int(l["pid"]) for l in testenv.find_lines(text(), level="info", event="start")}
         assert_eq(started, set(pids), "the children spawn-fcgi reported are the ones serving")
         sb.put_tx("t1", "pending")
         sb.put_tx("done", "succeeded")
-        rs = kit.parallel([lambda: harness.get(sock, "id=t1") for _ in range(20)] +
-                          [lambda: harness.get(sock, "id=done")])
+        rs = kit.parallel([lambda: testenv.get(sock, "id=t1") for _ in range(20)] +
+                          [lambda: testenv.get(sock, "id=done")])
         assert_eq([r.header("kembali-status") for r in rs], ["checking"] * 20 + ["succeeded"])
         kit.check_one_pace(sb, [text()], "t1")
-        assert_eq(len(harness.find_lines(text(), event="request")), 21)
+        assert_eq(len(testenv.find_lines(text(), event="request")), 21)
     finally:
         stop_pids(pids)
-    stopped = harness.find_lines(open(log).read(), event="stop", msg="stopped")
+    stopped = testenv.find_lines(open(log).read(), event="stop", msg="stopped")
     assert_eq(len(stopped), 4, "each child stopped cleanly on SIGTERM")
     check_log(open(log).read())
 
 
 def http_get(port, path):
-    return harness.http_get(port, path, {"Host": "toko-a.test"}, timeout=30)
+    return testenv.http_get(port, path, {"Host": "toko-a.test"}, timeout=30)
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_lighttpd_max_procs(tmpdir):
     """docs/operations.md's lighttpd fastcgi.server (bin-path, max-procs 4): lighttpd
     starts four kembali processes on one socket; ten buyers waiting on one
     pending transaction cost one pace, a final status is answered at once."""
     lighttpd = require(LIGHTTPD)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     cfg = config_file(tmpdir, sb)
-    port = harness.free_port()
+    port = testenv.free_port()
     docs = os.path.join(tmpdir, "docs")
     os.makedirs(docs)
     conf = os.path.join(tmpdir, "lighttpd.conf")
@@ -124,16 +124,16 @@ server.pid-file = "%(tmp)s/lighttpd.pid"
 fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
   "bin-path" => "%(bin)s", "bin-environment" => ("KEMBALI_CONFIG" => "%(cfg)s"),
   "max-procs" => 4, "check-local" => "disable" )))
-''' % {"docs": docs, "port": port, "tmp": tmpdir, "sock": harness.socket_path(tmpdir, "kembali.sock"),
-       "bin": harness.kembali_bin(), "cfg": cfg})
+''' % {"docs": docs, "port": port, "tmp": tmpdir, "sock": testenv.socket_path(tmpdir, "kembali.sock"),
+       "bin": testenv.kembali_bin(), "cfg": cfg})
     out_path = os.path.join(tmpdir, "lighttpd.out")  # the kembali processes' stderr: their log
     with open(out_path, "wb") as out:
-        proc = harness.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
+        proc = testenv.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
     text = lambda: open(out_path).read()  # noqa: E731
     try:
-        harness.wait_for(lambda: len(harness.find_lines(text(), level="info", event="start")) == 4, 20,
+        testenv.wait_for(lambda: len(testenv.find_lines(text(), level="info", event="start")) == 4, 20,
                          msg="four kembali processes started by lighttpd")
-        harness.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 30, msg="lighttpd serving")
+        testenv.wait_for(lambda: http_get(port, "/kembali?id=bad%20id")[0] == 400, 30, msg="lighttpd serving")
         sb.put_tx("t1", "pending")
         sb.put_tx("done", "succeeded")
         rs = kit.parallel([lambda: http_get(port, "/kembali?id=t1") for _ in range(10)])
@@ -143,13 +143,13 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
         assert_eq((status, headers.get("kembali-status")), (200, "succeeded"))
         assert_eq(body.strip(), b'{"id":"done","status":"succeeded","final":true}')
         starts, _ = kit.check_one_pace(sb, [text()], "t1")
-        served = {l["pid"] for l in harness.find_lines(text(), level="info", event="start")}
+        served = {l["pid"] for l in testenv.find_lines(text(), level="info", event="start")}
         print("# lighttpd max-procs 4: %d kembali processes; 10 held requests cost %d reads at %r"
               % (len(served), len(starts), starts))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
-    harness.wait_for(lambda: len(harness.find_lines(text(), event="stop", msg="stopped")) == 4, 15,
+    testenv.wait_for(lambda: len(testenv.find_lines(text(), event="stop", msg="stopped")) == 4, 15,
                      msg="each kembali process stopped when lighttpd did")
     check_log(text())
 
@@ -162,8 +162,8 @@ def test_systemd_units_verify(tmpdir):
     test_answers."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        raise harness.Skip("systemd-analyze is not installed")
-    built = os.path.join(harness.top_builddir(), "contrib", "ship", "kembali.service")
+        raise testenv.Skip("systemd-analyze is not installed")
+    built = os.path.join(testenv.top_builddir(), "contrib", "ship", "kembali.service")
     with open(built) as f:
         service = f.read()
     assert not re.search(r"@[a-z]+@", service), "unsubstituted: " + service
@@ -173,17 +173,17 @@ def test_systemd_units_verify(tmpdir):
     assert re.search(r"^Type=notify$", service, re.M), service
     assert re.search(r"^FileDescriptorStoreMax=[1-9]\d*$", service, re.M), service
     with open(os.path.join(tmpdir, "kembali.service"), "w") as f:
-        f.write(service.replace(m.group(1) + "/kembali", harness.kembali_bin()))
-    shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali.socket"), tmpdir)
+        f.write(service.replace(m.group(1) + "/kembali", testenv.kembali_bin()))
+    shutil.copy(os.path.join(testenv.top_srcdir(), "contrib", "ship", "kembali.socket"), tmpdir)
     # the per-site pair, as the instance site1 (verify takes no template)
-    with open(os.path.join(harness.top_builddir(), "contrib", "ship", "kembali@.service")) as f:
+    with open(os.path.join(testenv.top_builddir(), "contrib", "ship", "kembali@.service")) as f:
         site = f.read()
     assert not re.search(r"@[a-z]+@", site), "unsubstituted: " + site
     assert_in(m.group(2) + "/kembali/sites/%i.json", site)
     assert re.search(r"^Type=notify$", site, re.M) and re.search(r"^FileDescriptorStoreMax=[1-9]", site, re.M), site
     with open(os.path.join(tmpdir, "kembali@site1.service"), "w") as f:
-        f.write(site.replace(m.group(1) + "/kembali", harness.kembali_bin()))
-    shutil.copy(os.path.join(harness.top_srcdir(), "contrib", "ship", "kembali@.socket"),
+        f.write(site.replace(m.group(1) + "/kembali", testenv.kembali_bin()))
+    shutil.copy(os.path.join(testenv.top_srcdir(), "contrib", "ship", "kembali@.socket"),
                 os.path.join(tmpdir, "kembali@site1.socket"))
     # --man=no: Documentation=man:kembali(8) is installed with the program, not yet here
     p = subprocess.run([analyze, "verify", "--man=no"] + [os.path.join(tmpdir, u) for u in (
@@ -207,4 +207,4 @@ def test_systemd_units_verify(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

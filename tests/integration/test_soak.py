@@ -11,13 +11,13 @@ import time
 import urllib.error
 import urllib.request
 
-import harness
-from harness import assert_eq, assert_in
+import testenv
+from testenv import assert_eq, assert_in
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "soak"))
 import soak  # noqa: E402
 
-KEY = harness.DEFAULT_KEY
+KEY = testenv.DEFAULT_KEY
 
 
 def read(sb, id, key=KEY):
@@ -33,7 +33,7 @@ def read(sb, id, key=KEY):
 
 
 def test_sandbox_chaos_forced_faults_and_outage(tmpdir):
-    sb = harness.Sandbox(tmpdir)
+    sb = testenv.Sandbox(tmpdir)
     for i in range(12):
         sb.put_tx("c%d" % i, "succeeded")
     # forced faults come first, in order, for the key asked for
@@ -64,7 +64,7 @@ def test_sandbox_chaos_forced_faults_and_outage(tmpdir):
     assert_eq(stats["chaos"]["auth_block"], 1)
     try:
         sb.chaos(1, kinds=["nope"])
-    except harness.SandboxError as e:
+    except testenv.SandboxError as e:
         assert_in("400", str(e))
     else:
         raise AssertionError("an unknown kind was accepted")
@@ -77,13 +77,13 @@ def test_sandbox_chaos_forced_faults_and_outage(tmpdir):
         raise AssertionError("the sandbox still accepts during its outage")
     except ConnectionRefusedError:
         pass
-    harness.wait_for(lambda: sb.stats(), 10, interval=0.1)
+    testenv.wait_for(lambda: sb.stats(), 10, interval=0.1)
     assert_eq(sb.stats()["outages"], 1)
     assert_eq(len(sb.reads()), 12)
     assert_eq(read(sb, "c0")[0], 200)
 
 
-@harness.timeout(330)
+@testenv.timeout(330)
 def test_fault_soak_two_minutes(tmpdir):
     s = soak.Soak(tmpdir, seconds=120, clients=30, out=lambda line: print("# " + line, flush=True))
     try:
@@ -94,4 +94,4 @@ def test_fault_soak_two_minutes(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

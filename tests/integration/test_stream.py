@@ -11,9 +11,9 @@ import socket
 import struct
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in, assert_between
+from testenv import assert_eq, assert_in, assert_between
 
 DOC = {"HTTP_SEC_FETCH_DEST": "document"}
 
@@ -23,11 +23,11 @@ def stream_fcgi(addr, query, extra=None, timeout=60, sock=None, request_id=1, ke
     (parts, t0) with parts a list of (seconds since sent, STDOUT bytes)
     and the END_REQUEST as (t, None). With `sock`, that (kept) connection;
     on_first() is called once the first STDOUT record is in."""
-    s = sock or harness.fcgi_connect(addr)
+    s = sock or testenv.fcgi_connect(addr)
     s.settimeout(timeout)
-    params = harness.cgi_params(query, extra=extra)
+    params = testenv.cgi_params(query, extra=extra)
     t0 = time.monotonic()
-    s.sendall(harness.fcgi_request_bytes(params, request_id=request_id, keep_conn=keep_conn))
+    s.sendall(testenv.fcgi_request_bytes(params, request_id=request_id, keep_conn=keep_conn))
     buf = b""
     parts = []
 
@@ -141,7 +141,7 @@ def test_known_answers_stay_single(tmpdir):
 
 
 def test_progressive_false_turns_it_off(tmpdir):
-    sb, k = kit.start(tmpdir, shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"), progressive=False)])
+    sb, k = kit.start(tmpdir, shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"), progressive=False)])
     kit.pending_then(sb, "t1", 1, "canceled")
     parts, _ = stream_fcgi(k.addr, "id=t1", DOC)
     headers, body = head_and_body(b"".join(p for _, p in parts if p is not None))
@@ -186,10 +186,10 @@ def test_another_read_in_flight_paints_at_once(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t1", "succeeded", responses=[{"http": 200, "delay_ms": 2000,
                                              "body": {"id": "t1", "status": "pending"}}])
-    s1 = harness.fcgi_send(k.addr, harness.cgi_params("id=t1", extra=DOC))
-    harness.wait_for(lambda: sb.reads("t1"), 30)
+    s1 = testenv.fcgi_send(k.addr, testenv.cgi_params("id=t1", extra=DOC))
+    testenv.wait_for(lambda: sb.reads("t1"), 30)
     parts, _ = stream_fcgi(k.addr, "id=t1&tab=2", DOC)
-    harness.fcgi_receive(s1)
+    testenv.fcgi_receive(s1)
     lines = k.find_log(event="request", id="t1")
     assert_eq(len(lines), 2)
     second = [l for l in lines if int(l["streamed_ms"]) < 900]
@@ -245,7 +245,7 @@ def test_kept_connection_carries_a_stream_then_more(tmpdir):
     sb, k = kit.start(tmpdir)
     kit.pending_then(sb, "t1", 1, "failed")
     sb.put_tx("t2", "succeeded")
-    s = harness.fcgi_connect(k.addr)
+    s = testenv.fcgi_connect(k.addr)
     parts, _ = stream_fcgi(k.addr, "id=t1", DOC, sock=s, request_id=3, keep_conn=True)
     assert len([p for p in parts if p[1] is not None]) >= 2, "in parts"
     assert_eq(last_status(b"".join(p for _, p in parts if p is not None)), "failed")
@@ -255,7 +255,7 @@ def test_kept_connection_carries_a_stream_then_more(tmpdir):
     s.close()
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_comment_every_20_seconds(tmpdir):
     sb, k = kit.start(tmpdir, schedule=[0, 12000, 12000])
     sb.put_tx("t1", "pending")
@@ -272,7 +272,7 @@ def test_cgi_mode_streams(tmpdir):
     sb, k = kit.start(tmpdir)
     kit.pending_then(sb, "t-cgi", 2, "expired")
     env = dict(os.environ)
-    env.update(harness.cgi_params("id=t-cgi", extra=DOC))
+    env.update(testenv.cgi_params("id=t-cgi", extra=DOC))
     env["KEMBALI_CONFIG"] = k.config_path
     import subprocess
     p = subprocess.Popen([k.bin], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -332,7 +332,7 @@ def dechunk(body):
 
 def check_nginx_stream(tmpdir, gzip, **nginx):
     sb, k = kit.start(tmpdir)
-    ng = harness.Nginx(tmpdir, k, server_extra="gzip on; gzip_types text/html; gzip_min_length 0;" if gzip else "",
+    ng = testenv.Nginx(tmpdir, k, server_extra="gzip on; gzip_types text/html; gzip_min_length 0;" if gzip else "",
                        **nginx)
     kit.pending_then(sb, "t1", 2, "succeeded")
     first, end, hd, body = http_stream(ng.port, "/kembali?id=t1", {"Accept-Encoding": "gzip"} if gzip else None)
@@ -370,7 +370,7 @@ def test_nginx_kept_connections_unbuffered_pass_the_top_at_once(tmpdir):
     check_nginx_stream(tmpdir, gzip=False, keepalive=8, location_extra="fastcgi_buffering off;")
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_chromium_sees_the_waiting_top_then_the_result(tmpdir):
     """Through nginx in a real Chromium at a phone's size: the waiting top
     alone (a screenshot while the answer is still open), then the result
@@ -379,7 +379,7 @@ def test_chromium_sees_the_waiting_top_then_the_result(tmpdir):
     tmpdir (kept when it fails)."""
     from testenv import cdp
     sb, k = kit.start(tmpdir, schedule=[0, 1500, 1500, 1500, 1500])
-    ng = harness.Nginx(tmpdir, k)
+    ng = testenv.Nginx(tmpdir, k)
     kit.pending_then(sb, "ref-1001", 3, "succeeded")  # the result 4.5 s after the first read
     br = cdp.Chromium()
     try:
@@ -451,7 +451,7 @@ def test_a_stream_reader_that_stops_is_cut_off(tmpdir):
     ls.listen(64)
     ls.set_inheritable(True)
     sb, ks = kit.start_many(tmpdir, 1, schedule=[0, 5000, 5000], listen=ls,
-                            shops=lambda k: [harness.make_shop("toko-a", k.key_path("a"),
+                            shops=lambda k: [testenv.make_shop("toko-a", k.key_path("a"),
                                                                templates_dir=os.path.join(tmpdir, "tpl"))])
     k = ks[0]
     sb.put_tx("t1", "pending")
@@ -459,7 +459,7 @@ def test_a_stream_reader_that_stops_is_cut_off(tmpdir):
     stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     stuck.connect(ls.getsockname())
-    stuck.sendall(harness.fcgi_request_bytes(harness.cgi_params("id=t1", extra=DOC)))
+    stuck.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t1", extra=DOC)))
     line = k.wait_log(15, event="request", id="t1")
     assert_eq(line.get("gone"), "yes", "the stuck reader's request was dropped")
     assert "streamed_ms" in line, line
@@ -470,4 +470,4 @@ def test_a_stream_reader_that_stops_is_cut_off(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -10,11 +10,11 @@ import pwd
 import shutil
 import signal
 
-import harness
+import testenv
 import kit
 import test_apache
 import test_servers
-from harness import assert_eq
+from testenv import assert_eq
 from test_stream import http_stream, dechunk, last_status
 
 
@@ -33,22 +33,22 @@ def require_apache():
     if not os.path.exists(test_apache.APACHE) or not os.path.exists(test_apache.MODULES + "/mod_fcgid.so"):
         if os.environ.get("KEMBALI_REQUIRE_APACHE") == "1":
             raise AssertionError("apache2 or libapache2-mod-fcgid is not installed")
-        raise harness.Skip("apache2 or libapache2-mod-fcgid is not installed")
+        raise testenv.Skip("apache2 or libapache2-mod-fcgid is not installed")
 
 
 def fcgid_setup(tmpdir, buffer_line):
     """kembali under mod_fcgid (as test_apache runs it), with buffer_line."""
     require_apache()
     binary = os.path.join(tmpdir, "kembali")
-    shutil.copy(harness.kembali_bin(), binary)
+    shutil.copy(testenv.kembali_bin(), binary)
     templates = os.path.join(tmpdir, "templates")
-    shutil.copytree(os.path.join(harness.top_srcdir(), "templates"), templates)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    shutil.copytree(os.path.join(testenv.top_srcdir(), "templates"), templates)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     user = "www-data" if os.geteuid() == 0 else None
-    keyf = harness.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
+    keyf = testenv.write_secret(os.path.join(tmpdir, "key-a"), kit.KEY)
     state = os.path.join(tmpdir, "apache-state")
     os.makedirs(state, mode=0o700)
-    cfg = harness.make_config(sb, [harness.make_shop("toko-a", keyf)], state_dir=state, templates_dir=templates,
+    cfg = testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)], state_dir=state, templates_dir=templates,
                               schedule_ms=kit.FAST)
     cfg_path = os.path.join(tmpdir, "kembali.json")
     with open(cfg_path, "w") as f:
@@ -93,10 +93,10 @@ def check_streamed(port, sb, id):
     return first, end
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_apache_proxy_fcgi_flushpackets(tmpdir):
     require_apache()
-    port = harness.free_port()
+    port = testenv.free_port()
     sb, ks = kit.start_many(tmpdir, 1, listen="127.0.0.1:%d" % port)
     M = test_apache.MODULES
     ap = ApacheWith(tmpdir, f"""LoadModule proxy_module {M}/mod_proxy.so
@@ -110,24 +110,24 @@ ProxyPass "/kembali" "fcgi://127.0.0.1:{port}/" flushpackets=on
         ap.stop()
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_apache_fcgid_output_buffer_0(tmpdir):
     sb, ap = fcgid_setup(tmpdir, "FcgidOutputBufferSize 0")
     try:
-        harness.wait_for(lambda: ap.get("/kembali?id=bad%20id")[0] == 400, 30, msg="mod_fcgid serving")
+        testenv.wait_for(lambda: ap.get("/kembali?id=bad%20id")[0] == 400, 30, msg="mod_fcgid serving")
         first, end = check_streamed(ap.port, sb, "t1")
         print("# mod_fcgid FcgidOutputBufferSize 0: top at %.3f s, end at %.3f s" % (first, end))
     finally:
         ap.stop()
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_apache_fcgid_default_buffers_the_whole_page(tmpdir):
     """mod_fcgid's default output buffer: nothing until the end, then the
     whole page, valid, with its final word last."""
     sb, ap = fcgid_setup(tmpdir, "")
     try:
-        harness.wait_for(lambda: ap.get("/kembali?id=bad%20id")[0] == 400, 30, msg="mod_fcgid serving")
+        testenv.wait_for(lambda: ap.get("/kembali?id=bad%20id")[0] == 400, 30, msg="mod_fcgid serving")
         kit.pending_then(sb, "t1", 2, "failed")
         first, end, hd, body = http_stream(ap.port, "/kembali?id=t1", {"Host": "toko-a.test"})
         if hd.get("transfer-encoding") == "chunked":
@@ -142,12 +142,12 @@ def test_apache_fcgid_default_buffers_the_whole_page(tmpdir):
         ap.stop()
 
 
-@harness.timeout(90)
+@testenv.timeout(90)
 def test_lighttpd_stream_response_body(tmpdir):
     lighttpd = test_servers.require(test_servers.LIGHTTPD)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     cfg = test_servers.config_file(tmpdir, sb)
-    port = harness.free_port()
+    port = testenv.free_port()
     docs = os.path.join(tmpdir, "docs")
     os.makedirs(docs)
     conf = os.path.join(tmpdir, "lighttpd.conf")
@@ -162,12 +162,12 @@ server.stream-response-body = 2
 fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
   "bin-path" => "%(bin)s", "bin-environment" => ("KEMBALI_CONFIG" => "%(cfg)s"),
   "max-procs" => 1, "check-local" => "disable" )))
-''' % {"docs": docs, "port": port, "tmp": tmpdir, "sock": harness.socket_path(tmpdir, "kembali.sock"),
-       "bin": harness.kembali_bin(), "cfg": cfg})
+''' % {"docs": docs, "port": port, "tmp": tmpdir, "sock": testenv.socket_path(tmpdir, "kembali.sock"),
+       "bin": testenv.kembali_bin(), "cfg": cfg})
     with open(os.path.join(tmpdir, "lighttpd.out"), "wb") as out:
-        proc = harness.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
+        proc = testenv.spawn([lighttpd, "-D", "-f", conf], tmpdir, stdout=out, stderr=out)
     try:
-        harness.wait_for(lambda: test_servers.http_get(port, "/kembali?id=bad%20id")[0] == 400, 30,
+        testenv.wait_for(lambda: test_servers.http_get(port, "/kembali?id=bad%20id")[0] == 400, 30,
                          msg="lighttpd serving")
         first, end = check_streamed(port, sb, "t1")
         print("# lighttpd stream-response-body 2: top at %.3f s, end at %.3f s" % (first, end))
@@ -177,4 +177,4 @@ fastcgi.server = ("/kembali" => (( "socket" => "%(sock)s",
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -9,9 +9,9 @@ keys may not share a notify secret."""
 import os
 import signal
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 from test_tenants import tenant, tenants, write_shop
 
 
@@ -30,7 +30,7 @@ def test_broken_file_never_hands_its_host_to_a_squatter(tmpdir):
     victim's host with its own: at start evil does not serve a.example
     (neither file gets it, both are named); after the victim fixes its key
     and kembali reloads, evil still never serves it."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "evil"))
     os.chmod(os.path.join(keys, "toko-a"), 0o644)
     victim = write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["a.example"]))
@@ -38,13 +38,13 @@ def test_broken_file_never_hands_its_host_to_a_squatter(tmpdir):
                                                  shop_url="https://phish.example/"))
     sb.put_tx("t1", "succeeded")
 
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     assert_in("%s: secret_key_file" % victim, out)
     assert_in('%s: hosts: the host "a.example" is also claimed by shop "toko-a"' % evil, out)
     assert_in("host a.example: held by nobody, claimed by", out)
 
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     line = k.wait_log(30, event="shop_file_skipped", file=evil)
     assert_eq(line["collides_with"], "toko-a")
@@ -91,17 +91,17 @@ def test_restart_remembers_who_held_a_host(tmpdir):
     """toko-b served b.test; while kembali was stopped an intruder's file
     listing b.test was added (sorting first): after the start b.test is
     still toko-b's, and --check-config says so."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-b", "00-intruder"))
     write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B", hosts=["b.test"]))
     sb.put_tx("t1", "succeeded")
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     assert_in("Toko B", status(k, "b.test")[1])
     assert_eq(k.stop(), 0)
 
     intruder = write_shop(shops, "00-intruder.json", tenant("00-intruder", name="INTRUDER", hosts=["b.test"]))
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     assert_in("host b.test: held by toko-b\n", out)
     assert_in('%s: hosts: the host "b.test" is held by shop "toko-b"' % intruder, out)
@@ -118,18 +118,18 @@ def test_restart_remembers_who_held_a_host(tmpdir):
 def test_two_new_files_on_one_host_both_wait(tmpdir):
     """Two files claiming a host nobody held: neither gets it, each is
     named in the other's line and by --check-config."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
     a = write_shop(shops, "toko-a.json", tenant("toko-a", hosts=["shared.test", "a.test"]))
     b = write_shop(shops, "toko-b.json", tenant("toko-b", hosts=["shared.test"]))
     sb.put_tx("t1", "succeeded")
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     assert_eq(k.wait_log(30, event="shop_file_skipped", file=a)["collides_with"], "toko-b")
     assert_eq(k.wait_log(30, event="shop_file_skipped", file=b)["collides_with"], "toko-a")
     assert_eq(status(k, "shared.test")[0], "unknown_shop")
     assert_eq(status(k, "a.test")[0], "unknown_shop")
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     assert_in("host shared.test: held by nobody, claimed by toko-a and toko-b", out)
     assert_in("host a.test: held by toko-a (its file is skipped", out)
@@ -141,11 +141,11 @@ def test_two_new_files_on_one_host_both_wait(tmpdir):
 
 
 def test_hosts_released_by_removal_or_by_a_version_without_them(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b", "toko-c"))
     a = write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["one.test", "two.test"]))
     sb.put_tx("t1", "succeeded")
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     b = write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B", hosts=["one.test"]))
     c = write_shop(shops, "toko-c.json", tenant("toko-c", name="Toko C", hosts=["two.test"]))
@@ -180,11 +180,11 @@ def test_reload_decides_under_the_registry_lock(tmpdir):
     it (here: this test), the reload is refused after a bounded wait and
     the old configuration keeps serving; once released, it goes through."""
     import fcntl
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
     write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["a.test"]))
     sb.put_tx("t1", "succeeded")
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B", hosts=["b.test"]))
     with open(os.path.join(cfg["state_dir"], "kembali.hosts.lock"), "a") as lock:
@@ -205,10 +205,10 @@ def test_start_as_root_writes_the_registry_as_the_serving_user(tmpdir):
     as root but writes the registry only after dropping privileges, so a
     later reload (as that user) can still replace it."""
     if os.geteuid() != 0:
-        raise harness.Skip("needs root (--user)")
+        raise testenv.Skip("needs root (--user)")
     import pwd
     pw = pwd.getpwnam("nobody")
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
     os.chmod(tmpdir, 0o755)
     os.chown(cfg["state_dir"], pw.pw_uid, pw.pw_gid)
@@ -216,7 +216,7 @@ def test_start_as_root_writes_the_registry_as_the_serving_user(tmpdir):
         os.chmod(os.path.join(keys, name), 0o600)
     write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A", hosts=["a.test"]))
     sb.put_tx("t1", "succeeded")
-    k = harness.Kembali(tmpdir, config=cfg, args=["--user", "nobody"])
+    k = testenv.Kembali(tmpdir, config=cfg, args=["--user", "nobody"])
     k.start()
     assert_in("Toko A", status(k, "a.test")[1])
     reg = os.path.join(cfg["state_dir"], "kembali.hosts")
@@ -236,13 +236,13 @@ def test_shared_notify_secret_skips_the_second(tmpdir):
     """Two tenants with different keys and one notify secret: the second
     is skipped naming the first, so a notify signed for one is never
     accepted for the other; in `shops` the configuration is refused."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b"))
     for name in ("toko-a", "toko-b"):
-        harness.write_secret(os.path.join(keys, name + ".notify"), "whsec_shared")
+        testenv.write_secret(os.path.join(keys, name + ".notify"), "whsec_shared")
     write_shop(shops, "toko-a.json", tenant("toko-a", name="Toko A"))
     b = write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B"))
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     line = k.wait_log(30, event="shop_file_skipped", file=b)
     assert_eq(line["collides_with"], "toko-a")
@@ -256,21 +256,21 @@ def test_shared_notify_secret_skips_the_second(tmpdir):
     assert_eq(r.status, 204)
 
     # the same key may share it (one shop, two files)
-    harness.write_secret(os.path.join(keys, "toko-b"), kit.KEY)
+    testenv.write_secret(os.path.join(keys, "toko-b"), kit.KEY)
     k.signal(signal.SIGHUP)
     k.wait_log(30, event="reload", level="info", skipped="0")
 
     # in `shops`: the configuration is refused, naming both
-    main = harness.make_config(sb, [
-        harness.make_shop("m-a", os.path.join(keys, "toko-a"), notify_secret_file=os.path.join(keys, "toko-a.notify")),
-        harness.make_shop("m-b", os.path.join(keys, "toko-b"), notify_secret_file=os.path.join(keys, "toko-b.notify")),
+    main = testenv.make_config(sb, [
+        testenv.make_shop("m-a", os.path.join(keys, "toko-a"), notify_secret_file=os.path.join(keys, "toko-a.notify")),
+        testenv.make_shop("m-b", os.path.join(keys, "toko-b"), notify_secret_file=os.path.join(keys, "toko-b.notify")),
     ], keys_dir=keys)
-    harness.write_secret(os.path.join(keys, "toko-b"), kit.KEY2)
-    rc, out = harness.Kembali.run_check_config(main)
+    testenv.write_secret(os.path.join(keys, "toko-b"), kit.KEY2)
+    rc, out = testenv.Kembali.run_check_config(main)
     assert_eq(rc, 1, out)
     assert_in('shops "m-a" and "m-b" have different keys and one notify secret', out)
     assert "whsec_shared" not in out
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())

@@ -9,9 +9,9 @@ import os
 import shutil
 import signal
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 
 def tenants(tmpdir, sb, names=("toko-a", "toko-b")):
@@ -22,33 +22,33 @@ def tenants(tmpdir, sb, names=("toko-a", "toko-b")):
     os.makedirs(keys, exist_ok=True)
     os.makedirs(shops, exist_ok=True)
     for i, name in enumerate(names):
-        harness.write_secret(os.path.join(keys, name), (kit.KEY, kit.KEY2)[i % 2])
-    cfg = harness.make_config(sb, [], keys_dir=keys, shops_dir=shops)
+        testenv.write_secret(os.path.join(keys, name), (kit.KEY, kit.KEY2)[i % 2])
+    cfg = testenv.make_config(sb, [], keys_dir=keys, shops_dir=shops)
     return cfg, shops, keys
 
 
 def write_shop(shops, fname, shop):
     path = os.path.join(shops, fname)
-    harness.write_config_file(path, shop)
+    testenv.write_config_file(path, shop)
     return path
 
 
 def tenant(shop_name, keys=None, **kw):
-    """A tenant's shop file: harness.make_shop without id and key (the file's
+    """A tenant's shop file: testenv.make_shop without id and key (the file's
     name and keys_dir/NAME say them), or, given `keys` (keys_dir), with
     both spelt out as they must be (id NAME, secret_key_file keys/NAME)."""
-    shop = harness.make_shop(shop_name, os.path.join(keys, shop_name) if keys else None, **kw)
+    shop = testenv.make_shop(shop_name, os.path.join(keys, shop_name) if keys else None, **kw)
     if "id" not in kw and keys is None:
         del shop["id"]
     return shop
 
 
 def test_sighup_with_one_broken_shop_file(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b", "toko-c"))
-    write_shop(shops, "toko-a.json", harness.make_shop("toko-a", os.path.join(keys, "toko-a"), name="Toko A v1"))
+    write_shop(shops, "toko-a.json", testenv.make_shop("toko-a", os.path.join(keys, "toko-a"), name="Toko A v1"))
     write_shop(shops, "toko-b.json", tenant("toko-b", name="Toko B v1"))
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     sb.put_tx("t1", "succeeded")
     assert_in("Toko A v1", k.get("id=t1", host="toko-a.test").text)
@@ -73,7 +73,7 @@ def test_sighup_with_one_broken_shop_file(tmpdir):
     # a tenant's key that is a link to another file; a tenant reading the
     # environment
     outside = os.path.join(tmpdir, "other-tenant.key")
-    harness.write_secret(outside, kit.KEY2)
+    testenv.write_secret(outside, kit.KEY2)
     os.symlink(outside, os.path.join(keys, "toko-d"))
     evil = write_shop(shops, "toko-d.json", tenant("toko-d"))
     envy = write_shop(shops, "toko-e.json", {"secret_key_env": "HOME"})
@@ -93,13 +93,13 @@ def test_sighup_with_one_broken_shop_file(tmpdir):
 
 
 def test_start_skips_a_bad_shop_file(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb)
     write_shop(shops, "toko-a.json", tenant("toko-a"))
     bad = os.path.join(shops, "toko-b.json")
     with open(bad, "w") as f:
         f.write('{"id": "toko-b", "secret_key_file": ')
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     line = k.wait_log(30, event="shop_file_skipped", file=bad)
     assert_eq(line["at"], "start")
@@ -110,18 +110,18 @@ def test_start_skips_a_bad_shop_file(tmpdir):
 def test_check_config_names_every_bad_shop_file(tmpdir):
     cfg, shops, keys = tenants(tmpdir, None, ("toko-a", "toko-b", "toko-c", "toko-d", "toko-e", "toko-f"))
     cfg["api_base"] = "http://127.0.0.1:9"
-    cfg["shops"] = [harness.make_shop("main", os.path.join(keys, "toko-f"))]
+    cfg["shops"] = [testenv.make_shop("main", os.path.join(keys, "toko-f"))]
     write_shop(shops, "toko-a.json", tenant("toko-a"))
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 0, out)
     b = write_shop(shops, "toko-b.json", tenant("toko-b", typo=1))
-    harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY2)
-    c = write_shop(shops, "toko-c.json", harness.make_shop("toko-c", os.path.join(keys, "..", "keys", "..", "k")))
+    testenv.write_secret(os.path.join(tmpdir, "k"), kit.KEY2)
+    c = write_shop(shops, "toko-c.json", testenv.make_shop("toko-c", os.path.join(keys, "..", "keys", "..", "k")))
     d = write_shop(shops, "toko-d.json", tenant("toko-d", templates_dir="/etc"))
     e = write_shop(shops, "toko-e.json", tenant("toko-e", hosts=["main.test"]))
     f = write_shop(shops, "toko-f.json", tenant("toko-f"))
     g = write_shop(shops, "Toko G.json", tenant("toko-g"))
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     for path, why in ((b, "typo: unknown key"), (c, "secret_key_file: names"), (d, "templates_dir"),
                       (e, 'hosts: the host "main.test" is served by shop "main"'),
@@ -133,7 +133,7 @@ def test_check_config_names_every_bad_shop_file(tmpdir):
     assert_in("6 shop files would be skipped", out)
     assert_in("shop toko-a", out)
     # shops_dir without keys_dir: the main configuration is not usable
-    rc, out = harness.Kembali.run_check_config(dict(cfg, keys_dir=None))
+    rc, out = testenv.Kembali.run_check_config(dict(cfg, keys_dir=None))
     assert_eq(rc, 1, out)
     assert_in("keys_dir", out)
 
@@ -143,17 +143,17 @@ def test_hostile_files_take_nothing_from_other_tenants(tmpdir):
     file naming another tenant's key; a reload where a new file claims a
     host that a shop serves: each is skipped, naming the shop it collided
     with, and the other tenants' buyers keep their own shop (and key)."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a", "toko-b", "00-evil", "01-thief"))
     write_shop(shops, "toko-a.json", tenant("toko-a", keys, name="Toko A"))
     write_shop(shops, "toko-b.json", tenant("toko-b", keys, name="Toko B", shop_url="https://toko-b.test/"))
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     sb.put_tx("t1", "succeeded")
     assert_in("Toko B", k.get("id=t1", host="toko-b.test").text)
 
     # the file of the issue: toko-b's id, host and key file, sorting first
-    evil = write_shop(shops, "00-evil.json", harness.make_shop(
+    evil = write_shop(shops, "00-evil.json", testenv.make_shop(
         "toko-b", os.path.join(keys, "toko-b"), name="EVIL SHOP", hosts=["toko-b.test"],
         shop_url="https://evil.test/"))
     k.signal(signal.SIGHUP)
@@ -189,7 +189,7 @@ def test_hostile_files_take_nothing_from_other_tenants(tmpdir):
     assert kit.KEY not in k.log_text() and kit.KEY2 not in k.log_text()
 
     # --check-config reads the host registry: the host is toko-b's
-    rc, out = harness.Kembali.run_check_config(k.config_path)
+    rc, out = testenv.Kembali.run_check_config(k.config_path)
     assert_eq(rc, 1, out)
     assert_in('%s: hosts: the host "toko-b.test" is held by shop "toko-b"' % evil, out)
     assert_in("host toko-b.test: held by toko-b\n", out)
@@ -198,10 +198,10 @@ def test_hostile_files_take_nothing_from_other_tenants(tmpdir):
 def test_one_tenant_answers_only_its_hosts(tmpdir):
     """With shops_dir, the only shop does not answer every host ("Which shop"
     rule 3): another tenant's host gets unknown_shop, not this shop's page."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     cfg, shops, keys = tenants(tmpdir, sb, ("toko-a",))
     write_shop(shops, "toko-a.json", tenant("toko-a", keys, name="Toko A"))
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     sb.put_tx("t1", "succeeded")
     r = k.get("id=t1", host="toko-a.test")
@@ -219,7 +219,7 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
     small template repeating a 2 KB shop_url (55 MB a page, on main): each
     file is refused by name (a tenant must not make every page cost
     megabytes), at start and by --check-config."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY, kit.KEY2))
     cfg, shops, keys = tenants(tmpdir, sb, ("fine", "long-name", "many-hosts", "big-page", "amplify"))
     root = os.path.join(tmpdir, "tenant-templates")
     big = os.path.join(root, "big-page", "id")
@@ -241,7 +241,7 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
                           tenant("big-page", keys, templates_dir=os.path.join(root, "big-page")))
     amplify = write_shop(shops, "amplify.json", tenant("amplify", keys, templates_dir=os.path.join(root, "amplify"),
                                                        shop_url="https://amplify.test/?" + "&" * 2000))
-    rc, out = harness.Kembali.run_check_config(cfg)
+    rc, out = testenv.Kembali.run_check_config(cfg)
     assert_eq(rc, 1, out)
     assert_in("%s: name: is 201 characters long: at most 200" % long_name, out)
     assert_in("%s: hosts: at most 32 hosts" % many, out)
@@ -251,7 +251,7 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
               "at most 256 KiB" % (amplify, page_kib), out)
     assert_in("4 shop files would be skipped", out)
 
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     for f in (long_name, many, big_page, amplify):
         k.wait_log(30, event="shop_file_skipped", file=f, at="start")
@@ -271,13 +271,13 @@ def test_oversize_name_hosts_and_template_refused(tmpdir):
 
 
 def test_key_file_modes(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     key = os.path.join(tmpdir, "k")
-    harness.write_secret(key, kit.KEY)
-    cfg = harness.make_config(sb, [harness.make_shop("toko-a", key)])
+    testenv.write_secret(key, kit.KEY)
+    cfg = testenv.make_config(sb, [testenv.make_shop("toko-a", key)])
     for mode, ok in ((0o644, False), (0o660, False), (0o602, False), (0o600, True), (0o640, True)):
         os.chmod(key, mode)
-        rc, out = harness.Kembali.run_check_config(cfg)
+        rc, out = testenv.Kembali.run_check_config(cfg)
         assert_eq(rc, 0 if ok else 1, "mode %o: %s" % (mode, out))
         if not ok:
             assert_in(key, out)
@@ -290,18 +290,18 @@ def test_not_dumpable(tmpdir):
     core file): the kernel then gives /proc/PID to root. Run it as an
     ordinary user (not through --user, which makes any process
     non-dumpable), so only kembali's own prctl can explain a root owner."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     sb.put_tx("t1", "succeeded")
-    port = harness.free_port()
+    port = testenv.free_port()
     state = os.path.join(tmpdir, "state-nd")
     os.makedirs(state, mode=0o700)
     key = os.path.join(tmpdir, "nd.key")
-    harness.write_secret(key, kit.KEY)
+    testenv.write_secret(key, kit.KEY)
     args = []
-    bin = harness.kembali_bin()
+    bin = testenv.kembali_bin()
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
-            raise harness.Skip("setpriv (util-linux) is needed to run kembali as nobody")
+            raise testenv.Skip("setpriv (util-linux) is needed to run kembali as nobody")
         import pwd
         pw = pwd.getpwnam("nobody")
         for p in (state, key):
@@ -316,7 +316,7 @@ def test_not_dumpable(tmpdir):
         uid = pw.pw_uid
     else:
         uid = os.geteuid()
-    k = harness.Kembali(tmpdir, config=harness.make_config(sb, [harness.make_shop("toko-a", key)], state_dir=state),
+    k = testenv.Kembali(tmpdir, config=testenv.make_config(sb, [testenv.make_shop("toko-a", key)], state_dir=state),
                         listen="127.0.0.1:%d" % port, bin=bin, name="nd")
     k.start()
     status = open("/proc/%d/status" % k.pid).read()
@@ -342,13 +342,13 @@ def test_a_growing_host_has_room_for_every_key(tmpdir):
     within the minute; shop 69's buyer of a paid payment is still read
     and answered succeeded (the table grew at the reload, keeping what it
     held)."""
-    sb = harness.Sandbox(tmpdir, keys=[shop_key(0)])
+    sb = testenv.Sandbox(tmpdir, keys=[shop_key(0)])
     names = ["shop%02d" % i for i in range(70)]
     cfg, shops, keys = tenants(tmpdir, sb, ())
     for i, name in enumerate(names):
-        harness.write_secret(os.path.join(keys, name), shop_key(i))
+        testenv.write_secret(os.path.join(keys, name), shop_key(i))
     write_shop(shops, names[0] + ".json", tenant(names[0]))
-    k = harness.Kembali(tmpdir, config=cfg)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     assert_eq(k.metrics()["kembali_state_key_slots"], 64)
     sb.put_tx("paid-00", "succeeded")
@@ -371,7 +371,7 @@ def test_a_growing_host_has_room_for_every_key(tmpdir):
 
 
 if __name__ == "__main__":
-    harness.run(globals())
+    testenv.run(globals())
 
 
 def test_ten_rejected_keys_leave_the_other_tenants_reading(tmpdir):
@@ -381,19 +381,19 @@ def test_ten_rejected_keys_leave_the_other_tenants_reading(tmpdir):
     reads that end in 401, the other rejected keys make none (checking, a
     metric and a log line say why), and a healthy tenant's paid buyer is
     answered succeeded, not checking with Retry-After 61."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     keys = os.path.join(tmpdir, "keys")
     shops = os.path.join(tmpdir, "shops")
     os.makedirs(keys)
     os.makedirs(shops)
     bad = ["bad-%d" % i for i in range(10)]
-    harness.write_secret(os.path.join(keys, "toko-a"), kit.KEY)
+    testenv.write_secret(os.path.join(keys, "toko-a"), kit.KEY)
     write_shop(shops, "toko-a.json", tenant("toko-a"))
     for i, name in enumerate(bad):
-        harness.write_secret(os.path.join(keys, name), "sk_test_rejected_%02d_xxxxxxxxxxxx" % i)
+        testenv.write_secret(os.path.join(keys, name), "sk_test_rejected_%02d_xxxxxxxxxxxx" % i)
         write_shop(shops, name + ".json", tenant(name))
-    cfg = harness.make_config(sb, [], keys_dir=keys, shops_dir=shops, schedule_ms=kit.FAST)
-    k = harness.Kembali(tmpdir, config=cfg)
+    cfg = testenv.make_config(sb, [], keys_dir=keys, shops_dir=shops, schedule_ms=kit.FAST)
+    k = testenv.Kembali(tmpdir, config=cfg)
     k.start()
     sb.put_tx("t0", "succeeded")  # the healthy key has answered
     assert_eq(k.get("id=t0", host="toko-a.test").header("kembali-status"), "succeeded")

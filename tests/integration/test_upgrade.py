@@ -11,9 +11,11 @@ import subprocess
 import threading
 import time
 
-import harness
+import pytest
+
+import testenv
 import kit
-from harness import assert_eq
+from testenv import assert_eq
 from test_stream import DOC, head_and_body, last_status, stream_fcgi
 
 PAID_AT_MS = 2500  # reads at 0, 1.1, 2.2, 3.3 s: the fourth says succeeded
@@ -37,7 +39,7 @@ def stop_pid(pid, timeout=15):
     if pid_gone(pid):
         return
     os.kill(pid, signal.SIGTERM)
-    harness.wait_for(lambda: pid_gone(pid), timeout, msg="pid %d gone after SIGTERM" % pid)
+    testenv.wait_for(lambda: pid_gone(pid), timeout, msg="pid %d gone after SIGTERM" % pid)
 
 
 class Prober:
@@ -96,7 +98,7 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
     for t in threads:
         t.start()
     # held, and the streamed pages' tops sent (the first read came back pending)
-    harness.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
+    testenv.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
                      msg="two reads of each")
     assert k.metrics()["kembali_held_requests"] == 10
     with Prober(k, "id=t-new") as probe:
@@ -109,7 +111,7 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
             exited = time.monotonic() - t_sig
             # an upgrade with no read in flight is over in 0.1 s: the probe
             # asks on until it has asked a few times across and after it
-            harness.wait_for(lambda: len(probe.times) > 5, 10, msg="six new requests answered")
+            testenv.wait_for(lambda: len(probe.times) > 5, 10, msg="six new requests answered")
         finally:
             probe.stop.set()
     try:
@@ -118,7 +120,7 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
         assert_eq(rc, 0, "the old process's exit code")
         assert exited < 6.0, "the old process took %.1f s to exit" % exited
         assert pid_gone(old)
-        up = harness.wait_for(lambda: [x for x in k.find_log(event="upgrade") if "handed" in x], 5,
+        up = testenv.wait_for(lambda: [x for x in k.find_log(event="upgrade") if "handed" in x], 5,
                               msg="the handover's line")[0]
         # the 10 held, and any probe that was in hand at that moment
         assert int(up["handed"]) >= 10, up
@@ -151,7 +153,7 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
         stop_pid(new_pid)
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_sigusr2_twice_in_a_row(tmpdir):
     """Two upgrades in a row (two package upgrades, no restart between):
     the process that took over is upgraded in turn once its predecessor is
@@ -162,7 +164,7 @@ def test_sigusr2_twice_in_a_row(tmpdir):
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("r", k.get("id=t-twice", timeout=30)))
     t.start()
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="held")
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="held")
     k.signal(signal.SIGUSR2)
     second = int(successor(k, first)["pid"])
     try:
@@ -171,7 +173,7 @@ def test_sigusr2_twice_in_a_row(tmpdir):
         os.kill(second, signal.SIGUSR2)
         third = int(successor(k, second)["pid"])
         try:
-            harness.wait_for(lambda: pid_gone(second), 10, msg="the second process gone")
+            testenv.wait_for(lambda: pid_gone(second), 10, msg="the second process gone")
             took = k.wait_log(10, event="handover", **{"from": str(second)})
             assert_eq(took["held"], "1", took)
             t.join(30)
@@ -183,7 +185,7 @@ def test_sigusr2_twice_in_a_row(tmpdir):
         stop_pid(second)
 
 
-@harness.timeout(60)
+@testenv.timeout(60)
 def test_sigusr2_adopts_a_large_batch_in_slices(tmpdir):
     """600 held requests (more than the successor adopts in one turn of its
     loop, UPGRADE_ADOPT_SLICE): the batch is adopted over several turns,
@@ -192,20 +194,20 @@ def test_sigusr2_adopts_a_large_batch_in_slices(tmpdir):
     sb, k = kit.start(tmpdir)
     sb.put_tx("t-many", "pending")
     old = k.pid
-    payload = harness.fcgi_request_bytes(harness.cgi_params("id=t-many"))
+    payload = testenv.fcgi_request_bytes(testenv.cgi_params("id=t-many"))
     socks = []
     try:
         for _ in range(600):
-            c = harness.fcgi_connect(k.addr, timeout=30)
+            c = testenv.fcgi_connect(k.addr, timeout=30)
             c.sendall(payload)
             socks.append(c)
-        harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 600, 20, msg="600 held")
+        testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == 600, 20, msg="600 held")
         k.signal(signal.SIGUSR2)
         new_pid = int(successor(k, old)["pid"])
         try:
             took = k.wait_log(15, event="handover", **{"from": str(old)})
             assert_eq((took["connections"], took["held"]), ("600", "600"), took)
-            answers = [harness.fcgi_receive(c, timeout=30) for c in socks]
+            answers = [testenv.fcgi_receive(c, timeout=30) for c in socks]
             assert_eq(sorted(set((r.status, r.header("kembali-status")) for r in answers)), [(200, "checking")])
             assert_eq(k.wait(10), 0, "the old process's exit code")
         finally:
@@ -223,7 +225,7 @@ def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("r", k.get("id=t-held", timeout=30)))
     t.start()
-    harness.wait_for(lambda: len(sb.reads("t-held")) >= 1, 10, msg="the first read")
+    testenv.wait_for(lambda: len(sb.reads("t-held")) >= 1, 10, msg="the first read")
     with open(k.config_path) as f:
         good = f.read()
     k.write_config("{ not json")
@@ -247,8 +249,8 @@ def test_sigusr2_broken_configuration_keeps_the_old(tmpdir):
         stop_pid(int(new["pid"]))
 
 
-@harness.timeout(120)
-@harness.timeout(60)
+@testenv.timeout(120)
+@testenv.timeout(60)
 def test_sigusr2_late_confirmation_leaves_each_request_one_process(tmpdir):
     """A later batch's confirmation ('A') comes too late for the old process
     (kembali-testing's KEMBALI_TEST_UPGRADE_LATE_ACK makes it treat it so):
@@ -256,11 +258,11 @@ def test_sigusr2_late_confirmation_leaves_each_request_one_process(tmpdir):
     itself. The new one must not have touched them: it takes a batch only
     on the old one's 'C', which never came. A later batch: a request still
     arriving when the handover began, whole only after it."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
 
     def config(k):
-        return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
-    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=harness.kembali_testing_bin(),
+        return testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=testenv.kembali_testing_bin(),
                         env={"KEMBALI_TEST_UPGRADE_LATE_ACK": "1"}).start()
     old = k.pid
     sb.put_tx("t-held", "pending")
@@ -268,9 +270,9 @@ def test_sigusr2_late_confirmation_leaves_each_request_one_process(tmpdir):
     first = {}
     t = threading.Thread(target=lambda: first.setdefault("r", k.get("id=t-held", timeout=30)))
     t.start()
-    harness.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="one held")
-    whole = harness.fcgi_request_bytes(harness.cgi_params("id=t-late"))
-    c = harness.fcgi_connect(k.addr, timeout=30)
+    testenv.wait_for(lambda: k.metrics().get("kembali_held_requests") == 1, 10, msg="one held")
+    whole = testenv.fcgi_request_bytes(testenv.cgi_params("id=t-late"))
+    c = testenv.fcgi_connect(k.addr, timeout=30)
     c.sendall(whole[:-8])  # all but the closing empty stdin record: still arriving
     k.signal(signal.SIGUSR2)
     new_pid = int(successor(k, old)["pid"])
@@ -278,7 +280,7 @@ def test_sigusr2_late_confirmation_leaves_each_request_one_process(tmpdir):
         k.wait_log(15, event="upgrade", handed="1")  # the first batch: the held request
         c.sendall(whole[-8:])  # whole now: a later batch, whose 'A' the old one takes as too late
         k.wait_log(15, event="upgrade", level="error")
-        late = harness.fcgi_receive(c, timeout=30)
+        late = testenv.fcgi_receive(c, timeout=30)
         t.join(30)
         assert_eq(late.status, 200)
         assert_eq(late.header("kembali-status"), "checking", "answered by the old process, which reads no more")
@@ -301,15 +303,15 @@ def test_sigusr2_to_another_layout_keeps_the_pace_and_cache(tmpdir):
     started as a program file that the "package upgrade" then replaces
     with this build, as a package manager replaces /usr/sbin/kembali (SIGUSR2
     starts the path the process was started as)."""
-    mine = harness.state_layout()
+    mine = testenv.state_layout()
     prog = os.path.join(tmpdir, "bin", "kembali")
     os.makedirs(os.path.dirname(prog))
-    os.symlink(harness.kembali_testing_bin(), prog)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    os.symlink(testenv.kembali_testing_bin(), prog)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
 
     def config(k):
-        return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
-    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=prog,
+        return testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))], schedule_ms=kit.FAST)
+    k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=prog,
                         env={"KEMBALI_TEST_LAYOUT": str(mine - 1)}).start()
     old = k.pid
     sb.put_tx("t-cached", "succeeded")
@@ -325,8 +327,8 @@ def test_sigusr2_to_another_layout_keeps_the_pace_and_cache(tmpdir):
     for t in threads:
         t.start()
     # read twice by the old process, its second read over: the next is due 1.1 s after it
-    harness.wait_for(lambda: len(k.find_log(event="read", id="t-held")) >= 2, 10, msg="two reads of t-held")
-    os.replace(_symlink_to(harness.kembali_bin(), prog + ".new"), prog)  # the package upgrade
+    testenv.wait_for(lambda: len(k.find_log(event="read", id="t-held")) >= 2, 10, msg="two reads of t-held")
+    os.replace(_symlink_to(testenv.kembali_bin(), prog + ".new"), prog)  # the package upgrade
     k.signal(signal.SIGUSR2)
     new = successor(k, old)
     new_pid = int(new["pid"])
@@ -373,7 +375,7 @@ class FakeSystemd:
 
     def __init__(self, tmpdir):
         self.tmpdir = tmpdir
-        self.path = harness.socket_path(tmpdir, "notify.sock")
+        self.path = testenv.socket_path(tmpdir, "notify.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -398,7 +400,7 @@ class FakeSystemd:
             with self.lock:
                 got = [m for m in self.messages if all(m[0].get(k) == v for k, v in match.items())]
             return got if len(got) >= n else None
-        return harness.wait_for(found, timeout, msg="notify message %r" % match)
+        return testenv.wait_for(found, timeout, msg="notify message %r" % match)
 
     def store(self):
         """The file-descriptor store: name -> fd, as FDSTORE=1 / FDSTOREREMOVE=1 left it."""
@@ -425,31 +427,31 @@ class FakeSystemd:
             for i, h in enumerate(high):
                 os.dup2(h, 3 + i)
         # systemd sets LISTEN_PID to the service's own pid: a shell that execs keeps it
-        return harness.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" --config "$1"', harness.kembali_bin(), cfg],
+        return testenv.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" --config "$1"', testenv.kembali_bin(), cfg],
                              self.tmpdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                              pass_fds=tuple(range(3, 3 + len(fds))), preexec_fn=place)
 
 
 def test_systemd_restart_through_the_fd_store(tmpdir):
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    sock_path = harness.socket_path(tmpdir, "kembali.sock")
-    lsock = harness.unix_listen_socket(sock_path)  # kembali.socket's
-    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = testenv.socket_path(tmpdir, "kembali.sock")
+    lsock = testenv.unix_listen_socket(sock_path)  # kembali.socket's
+    keyf = testenv.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
     cfg = os.path.join(tmpdir, "sd.json")
-    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
+    testenv.write_config_file(cfg, testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
     sd = FakeSystemd(tmpdir)
-    bus = harness.SystemdBus(tmpdir, "restart")
+    bus = testenv.SystemdBus(tmpdir, "restart")
     a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"], bus=bus)
     sd.wait(READY="1")
     sb.put_tx("t-plain", [(0, "pending"), (PAID_AT_MS, "succeeded")])
     sb.put_tx("t-stream", [(0, "pending"), (PAID_AT_MS, "succeeded")])
     sb.put_tx("t-new", "succeeded")
     sb.put_tx("t-cached", "succeeded")
-    assert_eq(harness.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")  # read once, cached
+    assert_eq(testenv.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")  # read once, cached
     results = {}
 
     def plain(i):
-        results[i] = harness.get(sock_path, "id=t-plain", timeout=30).header("kembali-status")
+        results[i] = testenv.get(sock_path, "id=t-plain", timeout=30).header("kembali-status")
 
     def streamed(i):
         parts, _ = stream_fcgi(sock_path, "id=t-stream", DOC, timeout=30)
@@ -459,7 +461,7 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     threads = [threading.Thread(target=plain if i < 3 else streamed, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
+    testenv.wait_for(lambda: len(sb.reads("t-plain")) >= 2 and len(sb.reads("t-stream")) >= 2, 10,
                      msg="two reads of each")
     time.sleep(0.2)  # the streamed tops are out (not a race: a top not yet sent goes over as not sent)
     a.send_signal(signal.SIGTERM)  # systemctl restart: the stop
@@ -471,7 +473,7 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
     assert "kembali-handover" in stored, stored
     assert not results, "nobody answered by the stopping process: %r" % results
     # meanwhile a buyer arrives: it waits in the socket's backlog, as under systemd
-    late = threading.Thread(target=lambda: results.setdefault("late", harness.get(sock_path, "id=t-new", timeout=30)))
+    late = threading.Thread(target=lambda: results.setdefault("late", testenv.get(sock_path, "id=t-new", timeout=30)))
     late.start()
     # ... and the start: the socket unit's descriptor first, then the store's (in an order of its own)
     names = ["kembali.socket", "kembali-handover"] + conns[::-1]
@@ -485,7 +487,7 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
             assert_eq(results.get(i), want, "held request %d, answered by the new process" % i)
         assert_eq(results["late"].header("kembali-status"), "succeeded", "the request that came meanwhile")
         # the old process's cache is the new one's: answered without a read
-        assert_eq(harness.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")
+        assert_eq(testenv.get(sock_path, "id=t-cached").header("kembali-status"), "succeeded")
         assert_eq(len(sb.reads("t-cached")), 1, "t-cached read again after the restart")
         for id in ("t-plain", "t-stream"):
             reads = sb.reads(id)
@@ -495,7 +497,7 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
             assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, kit.read_times(sb, id)
         with open(os.path.join(tmpdir, "b.log")) as f:
             text = f.read()
-        took = harness.find_lines(text, event="handover", **{"from": "systemd"})
+        took = testenv.find_lines(text, event="handover", **{"from": "systemd"})
         assert_eq([(l["connections"], l["held"]) for l in took], [("6", "6")], text)
         assert_eq(sd.store(), {}, "the new process emptied the store")
     finally:
@@ -503,22 +505,22 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
         assert_eq(b.wait(15), 0, "the new process's exit code")
 
 
-@harness.pytest.mark.parametrize("job", ["stop", None, "unknown-bus"])
-@harness.timeout(60)
+@pytest.mark.parametrize("job", ["stop", None, "unknown-bus"])
+@testenv.timeout(60)
 def test_systemd_stop_answers_the_held(tmpdir, job):
     """systemctl stop (job "stop") or a SIGTERM sent by hand (no job): no
     next process will take what the store holds, and systemd closes it once
     the unit is down, so the stopping process answers its held buyers
     itself (checking) and stores nothing. When the bus cannot say
     ("unknown-bus": none listens), it stores, as a restart needs."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    sock_path = harness.socket_path(tmpdir, "kembali.sock")
-    lsock = harness.unix_listen_socket(sock_path)
-    keyf = harness.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    sock_path = testenv.socket_path(tmpdir, "kembali.sock")
+    lsock = testenv.unix_listen_socket(sock_path)
+    keyf = testenv.write_secret(os.path.join(tmpdir, "k"), kit.KEY)
     cfg = os.path.join(tmpdir, "sd.json")
-    harness.write_config_file(cfg, harness.make_config(sb, [harness.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
+    testenv.write_config_file(cfg, testenv.make_config(sb, [testenv.make_shop("toko-a", keyf)], schedule_ms=kit.FAST))
     sd = FakeSystemd(tmpdir)
-    bus = harness.SystemdBus(tmpdir, job) if job != "unknown-bus" else None
+    bus = testenv.SystemdBus(tmpdir, job) if job != "unknown-bus" else None
     a = sd.start("a", cfg, [lsock.fileno()], ["kembali.socket"], bus=bus)
     sd.wait(READY="1")
     sb.put_tx("t-held", "pending")
@@ -526,19 +528,19 @@ def test_systemd_stop_answers_the_held(tmpdir, job):
 
     def ask(i):
         try:
-            results[i] = harness.get(sock_path, "id=t-held", timeout=30).header("kembali-status")
+            results[i] = testenv.get(sock_path, "id=t-held", timeout=30).header("kembali-status")
         except Exception as e:  # noqa: BLE001 - compared below
             results[i] = repr(e)
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    harness.wait_for(lambda: harness.parse_metrics(harness.get(sock_path, "format=metrics", extra={"KEMBALI_ADMIN": "1"})
+    testenv.wait_for(lambda: testenv.parse_metrics(testenv.get(sock_path, "format=metrics", extra={"KEMBALI_ADMIN": "1"})
                                                    .text).get("kembali_held_requests") == 3, 10, msg="three held")
     a.send_signal(signal.SIGTERM)
     assert_eq(a.wait(10), 0, "the stopping process's exit code")
     with open(os.path.join(tmpdir, "a.log")) as f:
         text = f.read()
-    said = harness.find_lines(text, event="stop", systemd_job=(job or "none") if bus is not None else "unknown")
+    said = testenv.find_lines(text, event="stop", systemd_job=(job or "none") if bus is not None else "unknown")
     assert said, text
     stored = sorted(n for n in sd.store() if n.startswith("kc-"))
     if bus is None:

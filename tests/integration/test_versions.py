@@ -9,16 +9,16 @@ these tests drive."""
 import os
 import time
 
-import harness
+import testenv
 import kit
-from harness import assert_eq, assert_in
+from testenv import assert_eq, assert_in
 
 
 def _kembali(tmpdir, sb, name, top=None, bin=None, env=None, schedule=kit.FAST):
     def config(k):
         extra = dict(top or {}, schedule_ms=schedule)
-        return harness.make_config(sb, [harness.make_shop("toko-a", k.key_path("a"))], **extra)
-    k = harness.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name=name, bin=bin, env=env)
+        return testenv.make_config(sb, [testenv.make_shop("toko-a", k.key_path("a"))], **extra)
+    k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, name=name, bin=bin, env=env)
     return k.start()
 
 
@@ -35,20 +35,20 @@ def _layout_warnings(k):
     return [l for l in k.find_log(event="state", level="warn") if "another state layout" in l.get("msg", "")]
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_two_layouts_on_one_state_dir(tmpdir):
     """The new version started beside a live old one (another state layout)
     neither replaces nor changes the old's file: the old keeps its cache
     (its succeeded answers again with no read) and its pace; the new one
     uses its own file and says so once; both answer held requests; once
     the old has stopped, the new one's next start removes the old file."""
-    mine = harness.state_layout()
+    mine = testenv.state_layout()
     old_v = mine - 1
     state = os.path.join(tmpdir, "state")
     old_file = os.path.join(state, "kembali-v%d.state" % old_v)
     new_file = os.path.join(state, "kembali-v%d.state" % mine)
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    old = _kembali(tmpdir, sb, "old", bin=harness.kembali_testing_bin(), env={"KEMBALI_TEST_LAYOUT": old_v},
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    old = _kembali(tmpdir, sb, "old", bin=testenv.kembali_testing_bin(), env={"KEMBALI_TEST_LAYOUT": old_v},
                    schedule=SCHEDULE_START)  # room for two paces (rules_tx_limited_wait)
     sb.put_tx("c1", "succeeded")
     assert_eq(old.get("id=c1").header("kembali-status"), "succeeded")
@@ -99,7 +99,7 @@ def test_two_layouts_on_one_state_dir(tmpdir):
     assert_eq(len(sb.reads("c2")), 1, "the new one's own file kept its cache across the restart")
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_one_layout_tx_limited_moves_away(tmpdir):
     """Two layouts read one transaction on two separate paces, b's buyer
     0.3 s after a's: Kasera's per-transaction window refuses b's reads
@@ -110,9 +110,9 @@ def test_one_layout_tx_limited_moves_away(tmpdir):
     side gets 200s, never only refusals, and neither side's reads start
     less than 1.1 s apart. The default schedule's first steps (a schedule
     of 1.1 s waits leaves no room for two paces at all)."""
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
-    a = _kembali(tmpdir, sb, "a", bin=harness.kembali_testing_bin(),
-                 env={"KEMBALI_TEST_LAYOUT": harness.state_layout() - 1}, schedule=SCHEDULE_START)
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
+    a = _kembali(tmpdir, sb, "a", bin=testenv.kembali_testing_bin(),
+                 env={"KEMBALI_TEST_LAYOUT": testenv.state_layout() - 1}, schedule=SCHEDULE_START)
     b = _kembali(tmpdir, sb, "b", schedule=SCHEDULE_START)
     sb.put_tx("p2", "pending")
     def b_later():
@@ -129,18 +129,18 @@ def test_one_layout_tx_limited_moves_away(tmpdir):
         assert kit.min_gap(starts) is None or kit.min_gap(starts) >= 1.1 - 0.003, "%s: reads %r" % (k.name, starts)
 
 
-@harness.timeout(120)
+@testenv.timeout(120)
 def test_two_redis_schemas_keep_their_own_keys(tmpdir):
     """Two hosts of two versions on one Redis (a rolling upgrade): each
     writes only keys of its own schema (PREFIXvN:{K}...), so neither reads
     or damages the other's; each answers; the cost is one more pace per
     transaction while both run."""
-    redis = harness.Redis(tmpdir)
-    mine, other = harness.redis_schema(), harness.redis_schema() + 1
-    sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+    redis = testenv.Redis(tmpdir)
+    mine, other = testenv.redis_schema(), testenv.redis_schema() + 1
+    sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
     hosts = []
     for i, (bin, env) in enumerate([(None, None),
-                                    (harness.kembali_testing_bin(), {"KEMBALI_TEST_REDIS_SCHEMA": other})]):
+                                    (testenv.kembali_testing_bin(), {"KEMBALI_TEST_REDIS_SCHEMA": other})]):
         state = os.path.join(tmpdir, "state-h%d" % i)
         os.makedirs(state, mode=0o700, exist_ok=True)
         hosts.append(_kembali(tmpdir, sb, "h%d" % i, top={"redis": redis.unix_url(), "state_dir": state}, bin=bin, env=env))

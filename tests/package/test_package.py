@@ -28,9 +28,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 
-import harness  # noqa: E402
+import testenv  # noqa: E402
 import kit  # noqa: E402
-from harness import assert_eq, assert_in  # noqa: E402
+from testenv import assert_eq, assert_in  # noqa: E402
 
 PKG = "kembali"
 UNITS = "/lib/systemd/system"
@@ -85,7 +85,7 @@ def build(tmpdir):
     """dpkg-buildpackage -us -uc -b on `git archive HEAD`: the .changes path."""
     src = os.path.join(tmpdir, "src")
     os.makedirs(src)
-    archive = subprocess.run(["git", "-C", harness.top_srcdir(), "archive", "--format=tar", "HEAD"],
+    archive = subprocess.run(["git", "-C", testenv.top_srcdir(), "archive", "--format=tar", "HEAD"],
                              stdout=subprocess.PIPE, check=True, timeout=60).stdout
     subprocess.run(["tar", "-x", "-C", src], input=archive, check=True, timeout=60)
     env = dict(os.environ, DEB_BUILD_OPTIONS="parallel=%d" % min(2, os.cpu_count() or 1))
@@ -123,7 +123,7 @@ def check_installed():
         assert_in(f, files)
         assert os.path.isfile(f), f
     # the monitoring kit is whole where it is installed: its rules pass their tests there
-    p = sh([harness.promtool_or_skip(), "test", "rules", "kembali.rules.test.yml"], cwd=MONITORING)
+    p = sh([testenv.promtool_or_skip(), "test", "rules", "kembali.rules.test.yml"], cwd=MONITORING)
     assert_in("SUCCESS", p.stdout)
     conffiles = sh(["dpkg-query", "-W", "-f=${Conffiles}", PKG]).stdout
     for f in (CONFIG, "/etc/logrotate.d/kembali"):
@@ -194,7 +194,7 @@ def start_as_systemd(tmpdir, name, instance=None):
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LISTEN_FDS": "1",
            "LISTEN_FDNAMES": os.path.basename(path)}
     # systemd sets LISTEN_PID to the service's own pid: a shell that execs keeps it
-    proc = harness.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh"] + argv, tmpdir, env=env,
+    proc = testenv.spawn(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh"] + argv, tmpdir, env=env,
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, user=user, group=group,
                          extra_groups=[], umask=int(svc["UMask"][0], 8), cwd="/", pass_fds=(3,),
                          preexec_fn=lambda: os.dup2(lsock.fileno(), 3))
@@ -207,10 +207,10 @@ def answer(sock_path, sb, tx, host):
 
     def get():
         try:
-            return harness.get(sock_path, "id=" + tx, host=host)
-        except harness.FcgiError:
+            return testenv.get(sock_path, "id=" + tx, host=host)
+        except testenv.FcgiError:
             return None
-    r = harness.wait_for(get, 30, msg="an answer on " + sock_path)
+    r = testenv.wait_for(get, 30, msg="an answer on " + sock_path)
     assert_eq((r.status, r.header("kembali-status")), (200, "succeeded"), r)
     assert_in(b'data-status="succeeded"', r.stdout)
     assert_eq(len(sb.reads(tx)), 1, "one read of %s, with the shop's key" % tx)
@@ -241,7 +241,7 @@ def serve(tmpdir, sb, name, config_path, instance=None):
               "the socket: the web server's group only")
     answer(path, sb, "pkg-%s" % (instance or name), "toko-a.example")
     # the state is the unit's StateDirectory, as the configuration says
-    state = os.path.join("/var/lib/kembali", instance or "", "kembali-v%d.state" % harness.state_layout())
+    state = os.path.join("/var/lib/kembali", instance or "", "kembali-v%d.state" % testenv.state_layout())
     assert_eq(pwd.getpwuid(os.stat(state).st_uid).pw_name, PKG, state)
     p = sh(["runuser", "-u", PKG, "--", "kembali", "--check-config", "--config", config_path], ok=False)
     proc.terminate()
@@ -250,10 +250,10 @@ def serve(tmpdir, sb, name, config_path, instance=None):
               "--check-config as the user kembali: " + p.stdout)
 
 
-@harness.timeout(600)
+@testenv.timeout(600)
 def test_package(tmpdir):
     if os.geteuid() != 0:
-        raise harness.Skip("installs a package: run as root")
+        raise testenv.Skip("installs a package: run as root")
     for tool in ("dpkg-buildpackage", "lintian", "git", "apt-get", "runuser"):
         if shutil.which(tool) is None:
             raise AssertionError("%s is not installed (contrib/deps installs it)" % tool)
@@ -268,7 +268,7 @@ def test_package(tmpdir):
     try:
         sh(["apt-get", "install", "-y", "-q", "--no-install-recommends", deb[0]], env=APT_ENV)
         check_installed()
-        sb = harness.Sandbox(tmpdir, keys=(kit.KEY,))
+        sb = testenv.Sandbox(tmpdir, keys=(kit.KEY,))
         serve(tmpdir, sb, "kembali", CONFIG)
         serve(tmpdir, sb, "kembali", "/etc/kembali/sites/site1.json", instance="site1")
     finally:

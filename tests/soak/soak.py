@@ -58,7 +58,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import harness  # noqa: E402
+import testenv  # noqa: E402
+from testenv.env import _tail  # noqa: E402
+from testenv.procs import _all_procs, _kill_all  # noqa: E402
 import kit  # noqa: E402
 
 KEY_A, KEY_B = kit.KEY, kit.KEY2
@@ -166,14 +168,14 @@ class Soak:
         return time.monotonic() - self.t0 if self.t0 is not None else 0.0
 
     def config(self, k):
-        shops = [harness.make_shop(s, k.key_path(v["key"]), read_budget_per_minute=v["budget"])
+        shops = [testenv.make_shop(s, k.key_path(v["key"]), read_budget_per_minute=v["budget"])
                  for s, v in SHOPS.items()]
-        return harness.make_config(self.sb, shops, schedule_ms=SCHEDULE, read_timeout_ms=READ_TIMEOUT_MS)
+        return testenv.make_config(self.sb, shops, schedule_ms=SCHEDULE, read_timeout_ms=READ_TIMEOUT_MS)
 
     def start_proc(self, slot):
         name = "k%d" % self.next_name
         self.next_name += 1
-        k = harness.Kembali(self.tmpdir, config=self.config, keys={"a": KEY_A, "b": KEY_B}, name=name,
+        k = testenv.Kembali(self.tmpdir, config=self.config, keys={"a": KEY_A, "b": KEY_B}, name=name,
                             listen=self.shared)
         k.start(timeout=30)
         k.wait_log(30, event="start")
@@ -233,23 +235,23 @@ class Soak:
     def request(self, rec, query, method="GET", accept=None, host=None, addr="10.0.0.1", abandon=None):
         """One FastCGI request; fills rec (a dict already in self.records)."""
         extra = {"REMOTE_ADDR": addr}
-        params = harness.cgi_params(query, method, accept, host, extra)
+        params = testenv.cgi_params(query, method, accept, host, extra)
         rec["t_start"] = time.monotonic()
         try:
-            s = harness.fcgi_send(self.sock, params, timeout=30)
+            s = testenv.fcgi_send(self.sock, params, timeout=30)
             if abandon is not None:  # a reload: the tab goes away before its answer
                 time.sleep(abandon)
                 s.close()
                 rec["abandoned"] = True
                 return None
-            r = harness.fcgi_receive(s, timeout=30, started=rec["t_start"])
+            r = testenv.fcgi_receive(s, timeout=30, started=rec["t_start"])
             rec["status"] = r.status
             rec["word"] = r.header("kembali-status")
             rec["elapsed"] = r.elapsed
             return r
-        except harness.FcgiError as e:
+        except testenv.FcgiError as e:
             rec["error"] = str(e)[:300]
-            rec["timeout"] = isinstance(e, harness.FcgiTimeout)
+            rec["timeout"] = isinstance(e, testenv.FcgiTimeout)
             return None
         finally:
             rec["t_end"] = time.monotonic()
@@ -439,7 +441,7 @@ class Soak:
         except Exception:  # noqa: BLE001 - its own answer may be cut by the outage
             pass
         time.sleep(secs)
-        harness.wait_for(lambda: self.sb.stats(), 15, interval=0.1, msg="the sandbox back after its outage")
+        testenv.wait_for(lambda: self.sb.stats(), 15, interval=0.1, msg="the sandbox back after its outage")
         self.note("API back")
         self.api_up.set()
 
@@ -517,7 +519,7 @@ class Soak:
                         continue
                     p.crash = (t, rc)
                     self.failures.append("%s (pid %d) exited by itself with %s at %.1f s; its log ends:\n%s"
-                                         % (p.k.name, p.k.pid, rc, t, harness._tail(p.k.log_path, 3000)))
+                                         % (p.k.name, p.k.pid, rc, t, _tail(p.k.log_path, 3000)))
                 if not self.stop.is_set():
                     try:
                         self.start_proc(p.slot)
@@ -534,9 +536,9 @@ class Soak:
 
     # -- the run ---------------------------------------------------------------
     def run(self):
-        self.sb = harness.Sandbox(self.tmpdir, keys=(KEY_A, KEY_B))
+        self.sb = testenv.Sandbox(self.tmpdir, keys=(KEY_A, KEY_B))
         self.sb.chaos(self.seed, rate=CHAOS_RATE, kinds=CHAOS_KINDS, hang_ms=HANG_MS, pad_bytes=100000)
-        self.shared = harness.unix_listen_socket(harness.socket_path(self.tmpdir, "shared.sock"), backlog=1024)
+        self.shared = testenv.unix_listen_socket(testenv.socket_path(self.tmpdir, "shared.sock"), backlog=1024)
         self.sock = self.shared.getsockname()
         self.t0 = time.monotonic()
         for slot in range(PROCS):
@@ -572,7 +574,7 @@ class Soak:
             rc = p.k.stop(timeout=15)
             if rc != 0:
                 self.failures.append("%s exited %s after SIGTERM; its log ends:\n%s"
-                                     % (p.k.name, rc, harness._tail(p.k.log_path, 3000)))
+                                     % (p.k.name, rc, _tail(p.k.log_path, 3000)))
         self.sb.stop()
         self.check()
         return self
@@ -629,10 +631,10 @@ class Soak:
         self.log_max = {"html": 0, "json": 0}
         for p in self.procs:
             text = p.k.log_text()
-            for m in harness.Kembali.SANITIZER_MARKS:
+            for m in testenv.Kembali.SANITIZER_MARKS:
                 if m in text:
                     marks.append("%s: %s" % (p.k.log_path, m))
-            for line in harness.parse_log(text):
+            for line in testenv.parse_log(text):
                 if line.get("event") != "request" or "ms" not in line:
                     continue
                 fmt = line.get("format", "html")
@@ -641,7 +643,7 @@ class Soak:
                 if ms > DEADLINE.get(fmt, HOLD) + MARGIN:
                     late.append("%s: %s" % (p.k.name, line["_raw"]))
         sb_text = self.sb.log_text()
-        for m in harness.Kembali.SANITIZER_MARKS:
+        for m in testenv.Kembali.SANITIZER_MARKS:
             if m in sb_text:
                 marks.append("%s: %s" % (self.sb.log_path, m))
         self.fail("request log lines past their deadline", late)
@@ -666,7 +668,7 @@ class Soak:
         logged = {}
         by_rid = {}
         for p in self.procs:
-            for l in harness.parse_log(p.k.log_text()):
+            for l in testenv.parse_log(p.k.log_text()):
                 if l.get("event") == "read" and "ms" in l:
                     start = kit.began(l)
                     entry = [start, start + int(l.get("sent_ms", 0)) / 1000, kit.log_time(l)]
@@ -718,7 +720,7 @@ class Soak:
         key_of = {s: v["tail"] for s, v in SHOPS.items()}
         by_tx = {}
         for p in self.procs:
-            for l in harness.parse_log(p.k.log_text()):
+            for l in testenv.parse_log(p.k.log_text()):
                 if l.get("event") == "read" and "ms" in l:
                     start = kit.began(l)
                     by_tx.setdefault((l.get("id"), key_of.get(l.get("shop"))), []).append(
@@ -922,7 +924,7 @@ def main(argv=None):
     try:
         s.run()
     finally:
-        harness._kill_all(list(harness._all_procs))
+        _kill_all(list(_all_procs))
     s.report()
     if not s.failures and not a.keep:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""The integration tests' environment, one module per concern (harness.py
-re-exports them all; conftest.py loads fixtures.py):
+"""The integration tests' environment, one module per concern; the
+package gives every public name of them (``testenv.Kembali``,
+``from testenv import assert_eq``), and conftest.py loads fixtures.py:
 
 - env: the build and source trees, the binaries, ``Skip``, time limits
   (``timeout``), the environment a child gets;
@@ -18,4 +19,30 @@ re-exports them all; conftest.py loads fixtures.py):
   driven over its DevTools protocol (``from testenv import cdp``);
 - fixtures: pytest's hooks and fixtures (a folder per test, processes
   killed, final checks, time limits).
+
+A test file looks like::
+
+    import testenv
+    from testenv import assert_eq
+
+    def test_invalid_id(tmpdir):
+        with testenv.Sandbox(tmpdir) as sb, testenv.Kembali(tmpdir, ...) as k:
+            r = k.get("id=%00")
+            assert_eq(r.status, 400)
+
+pytest runs it (conftest.py: ``tmpdir`` is the test's own folder, a str,
+kept when it fails; every process started through the harness is killed
+when the test ends); ``@testenv.timeout(N)`` sets its time limit.
 """
+
+from testenv.asserts import *  # noqa: F401,F403
+from testenv.chromium import *  # noqa: F401,F403
+from testenv.env import *  # noqa: F401,F403
+from testenv.fcgi import *  # noqa: F401,F403
+from testenv.kembali import *  # noqa: F401,F403
+from testenv.logs import *  # noqa: F401,F403
+from testenv.nginx import *  # noqa: F401,F403
+from testenv.procs import *  # noqa: F401,F403
+from testenv.redis import *  # noqa: F401,F403
+from testenv.sandbox import *  # noqa: F401,F403
+from testenv.sdbus import *  # noqa: F401,F403

@@ -141,5 +141,5 @@ def timeout(seconds: float):
 
 def run(tests) -> None:
     """``python3 test_x.py [pytest args]``: pytest on that file (the
-    ``if __name__ == "__main__": harness.run(globals())`` trailer)."""
+    ``if __name__ == "__main__": testenv.run(globals())`` trailer)."""
     sys.exit(pytest.main([tests["__file__"]] + sys.argv[1:]))

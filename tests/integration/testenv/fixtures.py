@@ -9,7 +9,7 @@ tests/integration/conftest.py (and tests/package/conftest.py).
 - A passing test then runs the final checks it registered (e.g.
   ``Kembali.final_check``: SIGTERM gives exit 0, no sanitizer report), which
   may fail it.
-- Time limits (pytest-timeout, hang detectors only): ``@harness.timeout(N)``
+- Time limits (pytest-timeout, hang detectors only): ``@testenv.timeout(N)``
   (``env.timeout``),
   else 120 s, each multiplied by $HARNESS_TIMEOUT_SCALE (slow sanitizer
   builds).
