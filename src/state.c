@@ -503,7 +503,7 @@ enum state_told state_tell(struct state *st, const struct state_key *key, const 
         e->remote_until = 0; /* what another host's read would say is told */
         if (status_may_replace(e, status, true, now)) {
             status_record(e, status, word, now);
-            e->facts_serial = st->h->serial + 1; /* newer than every read started before it */
+            e->facts_serial = ++st->h->serial; /* a serial of its own: newer than every read claimed before it */
         } else {
             done = STATE_TOLD_KEPT;
             if (e->not_found) { /* the shop knows it: no 404 stands (a kept status is final) */
