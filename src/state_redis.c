@@ -460,29 +460,44 @@ static void client_args(char *limit, size_t limitlen, char *window, size_t windo
     snprintf(window, windowlen, "%lld", (long long)STATE_CLIENT_WINDOW_MS);
 }
 
+/* The command line of `cmd` (EVALSHA or EVAL) for script `script` (ref:
+ * its SHA or its text) with the keys it takes for (k, id, client) under
+ * vprefix (state_redis_script_keys: named in keys[], counted in snkeys),
+ * then args[0..nargs), into argv (room for 3 + STATE_REDIS_SCRIPT_KEYS_MAX
+ * + nargs); returns its length. */
+static int script_argv(const char *cmd, const char *ref, int script, const char *vprefix,
+                       const struct state_redis_id *k, const char *id, const struct state_redis_client *client,
+                       const char *const *args, int nargs, char keys[][STATE_REDIS_KEY_MAX], char snkeys[8],
+                       const char **argv)
+{
+    int nkeys = state_redis_script_keys(script, vprefix, k, id, client, keys);
+    snprintf(snkeys, 8, "%d", nkeys);
+    int n = 0;
+    argv[n++] = cmd;
+    argv[n++] = ref;
+    argv[n++] = snkeys;
+    for (int i = 0; i < nkeys; i++)
+        argv[n++] = keys[i];
+    for (int i = 0; i < nargs; i++)
+        argv[n++] = args[i];
+    return n;
+}
+
 /* EVALSHA script `script` with the keys it takes for (k, id, client)
- * (state_redis_script_keys) and args[0..nargs), as op. false when it
- * could not be sent (op is freed then). */
+ * (script_argv) and args[0..nargs), as op. false when it could not be
+ * sent (op is freed then). */
 static bool send_script(struct state_redis *r, int script, const struct state_redis_id *k, const char *id,
                         const struct state_redis_client *client, const char *const *args, int nargs,
                         struct state_redis_op *op)
 {
     char keys[STATE_REDIS_SCRIPT_KEYS_MAX][STATE_REDIS_KEY_MAX], snkeys[8];
-    int nkeys = state_redis_script_keys(script, r->vprefix, k, id, client, keys);
-    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
-    int argc = 3 + nkeys + nargs;
-    const char **argv = calloc((size_t)argc, sizeof *argv);
-    size_t *lens = calloc((size_t)argc, sizeof *lens);
+    int cap = 3 + STATE_REDIS_SCRIPT_KEYS_MAX + nargs;
+    const char **argv = calloc((size_t)cap, sizeof *argv);
+    size_t *lens = calloc((size_t)cap, sizeof *lens);
     bool ok = false;
     if (argv != NULL && lens != NULL) {
-        int n = 0;
-        argv[n++] = "EVALSHA";
-        argv[n++] = r->sha[script];
-        argv[n++] = snkeys;
-        for (int i = 0; i < nkeys; i++)
-            argv[n++] = keys[i];
-        for (int i = 0; i < nargs; i++)
-            argv[n++] = args[i];
+        int argc = script_argv("EVALSHA", r->sha[script], script, r->vprefix, k, id, client, args, nargs, keys,
+                               snkeys, argv);
         for (int i = 0; i < argc; i++)
             lens[i] = strlen(argv[i]);
         ok = state_redis_op_send(r->main, op, argc, argv, lens);
@@ -492,6 +507,24 @@ static bool send_script(struct state_redis *r, int script, const struct state_re
     free(argv);
     free(lens);
     return ok;
+}
+
+/* The tell script's ARGV (lua_tell) for `word` (final: a final status,
+ * cached ttl_ms) about id of key k, the others' next read paced by sched
+ * (NULL: the floor), published on channel; ttl and waits hold their
+ * text. */
+#define TELL_ARGS 7
+static void tell_args(const char *args[TELL_ARGS], const char *word, bool final, int64_t ttl_ms,
+                      const struct pace_schedule *sched, const char *id, const char *channel,
+                      const struct state_redis_id *k, char ttl[24], char waits[PACE_MAX_STEPS * 12])
+{
+    snprintf(ttl, 24, "%lld", (long long)ttl_ms);
+    if (sched != NULL) /* the others' next read, by the pace the reads made */
+        waits_csv(sched, waits, PACE_MAX_STEPS * 12);
+    else
+        snprintf(waits, PACE_MAX_STEPS * 12, "0,%d", PACE_MIN_WAIT_MS);
+    const char *a[TELL_ARGS] = {word, final ? "1" : "0", ttl, waits, id, channel, k->hex};
+    memcpy(args, a, sizeof a);
 }
 
 struct state_redis_op *state_redis_claim(struct state_redis *r, const char *secret, const char *id,
@@ -584,15 +617,11 @@ static bool send_tell_op(struct state_redis *r, const struct state_redis_id *k, 
                          bool final, const struct pace_schedule *sched, int64_t ttl_ms, struct state_redis_op *op)
 {
     char ttl[24], waits[PACE_MAX_STEPS * 12];
-    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_ms);
-    if (sched != NULL) /* the others' next read, by the pace the reads made */
-        waits_csv(sched, waits, sizeof waits);
-    else
-        snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
-    const char *args[] = {word, final ? "1" : "0", ttl, waits, id, r->channel, k->hex};
+    const char *args[TELL_ARGS];
+    tell_args(args, word, final, ttl_ms, sched, id, r->channel, k, ttl, waits);
     if (op == NULL && (op = state_redis_op_new(r, OP_FIRE)) == NULL)
         return false;
-    return send_script(r, SCRIPT_TELL, k, id, NULL, args, ARGC(args), op);
+    return send_script(r, SCRIPT_TELL, k, id, NULL, args, TELL_ARGS, op);
 }
 
 static void send_tell(struct state_redis *r, const char *secret, const char *id, const char *word, bool final,
@@ -813,8 +842,8 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
     redisSetTimeout(c, tv);
     int rc = -1;
     redisReply *x = NULL;
-    char db[16], ttl[24], waits[32],
-        channel[STATE_REDIS_VPREFIX_MAX + 8], vprefix[STATE_REDIS_VPREFIX_MAX];
+    char db[16], ttl[24], waits[PACE_MAX_STEPS * 12], channel[STATE_REDIS_VPREFIX_MAX + 8],
+        vprefix[STATE_REDIS_VPREFIX_MAX];
     snprintf(db, sizeof db, "%d", cfg->db);
     if (cfg->password && (x = sync_cmd(c, 2, (const char *[]){"AUTH", cfg->password}, err, errlen)) == NULL)
         goto out;
@@ -845,24 +874,16 @@ static int tell_at(const struct config_redis *cfg, const char *host, int port, b
         goto out;
     }
     state_redis_prefix(vprefix, sizeof vprefix, cfg->prefix, cfg->schema);
-    char keys[STATE_REDIS_SCRIPT_KEYS_MAX][STATE_REDIS_KEY_MAX], snkeys[8];
-    int nkeys = state_redis_script_keys(SCRIPT_TELL, vprefix, &k, id, NULL, keys);
-    snprintf(snkeys, sizeof snkeys, "%d", nkeys);
-    snprintf(ttl, sizeof ttl, "%lld", (long long)rules_status_ttl(tx_status_parse(word)));
-    snprintf(waits, sizeof waits, "0,%d", PACE_MIN_WAIT_MS);
     snprintf(channel, sizeof channel, "%swake", vprefix);
     char *text = state_redis_script_text(SCRIPT_TELL);
     if (text == NULL) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    const char *argv[3 + STATE_REDIS_SCRIPT_KEYS_MAX + 7] = {"EVAL", text, snkeys};
-    int argc = 3;
-    for (int i = 0; i < nkeys; i++)
-        argv[argc++] = keys[i];
-    const char *args[] = {word, final ? "1" : "0", ttl, waits, id, channel, k.hex};
-    for (int i = 0; i < ARGC(args); i++)
-        argv[argc++] = args[i];
+    const char *args[TELL_ARGS], *argv[3 + STATE_REDIS_SCRIPT_KEYS_MAX + TELL_ARGS];
+    tell_args(args, word, final, rules_status_ttl(tx_status_parse(word)), NULL, id, channel, &k, ttl, waits);
+    char keys[STATE_REDIS_SCRIPT_KEYS_MAX][STATE_REDIS_KEY_MAX], snkeys[8];
+    int argc = script_argv("EVAL", text, SCRIPT_TELL, vprefix, &k, id, NULL, args, TELL_ARGS, keys, snkeys, argv);
     x = sync_cmd(c, argc, argv, err, errlen);
     free(text);
     if (x == NULL)
