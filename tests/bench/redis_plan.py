@@ -19,7 +19,6 @@ A fresh hold's cost is measured on ids held once each (the hold's cleanup
 runs as EVAL, which commandstats counts apart from EVALSHA)."""
 
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -49,24 +48,13 @@ return 1
 """
 
 
-def printer():
-    return os.path.join(testenv.top_builddir(), "tests", "unit", "redis-scripts")
-
-
 def script(name):
-    return subprocess.run([printer(), name], check=True, capture_output=True, text=True).stdout
-
-
-_KEYS = {}
+    return testenv.redis_script_text(name)
 
 
 def keys(name, i):
-    """The keys kembali passes script `name` for transaction i (no client):
-    the printer's (state_redis_script_keys)."""
-    if name not in _KEYS:
-        _KEYS[name] = subprocess.run([printer(), "keys", name, "bench:", "k", "@ID@"], check=True,
-                                     capture_output=True, text=True).stdout.split()
-    return [n.replace("@ID@", str(i)) for n in _KEYS[name]]
+    """The keys kembali passes script `name` for transaction i (no client)."""
+    return testenv.redis_script_keys(name, "bench:", "k", i)
 
 
 def hold(c, sha, text, i, host="h1"):

@@ -343,12 +343,6 @@ def test_sigterm_answers_requests_in_hand(tmpdir):
     assert time.monotonic() - t0 < 30, "answered (a hang detector)"
 
 
-def process_state(pid):
-    """The state letter of /proc/PID/stat (T: stopped)."""
-    with open("/proc/%d/stat" % pid) as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
     """A request that has arrived when SIGTERM comes is answered (not
     dropped), from what is known, and no read is started for it: kembali is
@@ -366,7 +360,7 @@ def test_sigterm_with_a_request_arriving_starts_no_read(tmpdir):
         # way out of epoll_wait, which had already taken the request's
         # readiness, would run the request a turn before SIGTERM (seen once,
         # in a loaded CI run)
-        testenv.wait_for(lambda: process_state(k.pid) == "T", 30, msg="kembali stopped")
+        testenv.wait_for(lambda: testenv.proc_status(k.pid, "State").startswith("T"), 30, msg="kembali stopped")
         s.sendall(testenv.fcgi_request_bytes(testenv.cgi_params("id=t-late")))
         os.kill(k.pid, signal.SIGTERM)
     finally:

@@ -15,8 +15,6 @@ cost there (the commands a script runs count in INFO commandstats).
   it needs (one HMGET per waiting one made both cost
   ~11 us per waiting transaction: 5.8 ms at 512)."""
 
-import os
-import subprocess
 
 import testenv
 from testenv import assert_eq
@@ -28,36 +26,16 @@ HOLD_MS = 34000
 CAP = 512
 
 
-def printer():
-    return os.path.join(testenv.top_builddir(), "tests", "unit", "redis-scripts")
-
-
-_KEYS = {}
-
-
 def keys(name, tx, tiers=()):
-    """The keys kembali passes script `name` (the printer's, built by
-    state_redis_script_keys) for transaction tx and a client's tiers."""
-    if (name, len(tiers)) not in _KEYS:
-        tier_marks = ["@T%d@" % i for i in range(len(tiers))]
-        out = subprocess.run([printer(), "keys", name, "test:", "k", "@ID@"] + tier_marks, check=True,
-                             capture_output=True, text=True).stdout
-        _KEYS[(name, len(tiers))] = out.split()
-    names = []
-    for n in _KEYS[(name, len(tiers))]:
-        n = n.replace("@ID@", tx)
-        for i, t in enumerate(tiers):
-            n = n.replace("@T%d@" % i, t)
-        names.append(n)
-    return names
+    """The keys kembali passes script `name` for transaction tx and a
+    client's tiers."""
+    return testenv.redis_script_keys(name, "test:", "k", tx, tiers)
 
 
 def scripts(c):
-    exe = printer()
     sha = {}
     for name in ("claim", "finish", "tell", "held", "left", "seed"):
-        text = subprocess.run([exe, name], check=True, capture_output=True, text=True).stdout
-        sha[name] = c.cmd("SCRIPT", "LOAD", text)
+        sha[name] = c.cmd("SCRIPT", "LOAD", testenv.redis_script_text(name))
     return sha
 
 

@@ -16,7 +16,7 @@ from .asserts import wait_for
 from .env import _LazyTail, _merge_env, _tail, kembali_bin, top_srcdir
 from .fcgi import FcgiError, Response, _addr_str, fcgi_connect, get
 from .logs import find_lines, parse_log, parse_metrics
-from .procs import _tmpdir_or_new, current_test, kill_process, socket_path, spawn
+from .procs import _tmpdir_or_new, current_test, kill_process, proc_status, socket_path, spawn
 
 
 class Kembali:
@@ -246,11 +246,7 @@ class Kembali:
 
     # -- memory ---------------------------------------------------------------
     def _proc_status(self, field: str) -> int:
-        with open("/proc/%d/status" % self.proc.pid) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-        raise AssertionError("%s not in /proc/%d/status" % (field, self.proc.pid))
+        return int(proc_status(self.proc.pid, field).split()[0])
 
     def rss_kb(self) -> int:
         return self._proc_status("VmRSS")

@@ -41,6 +41,16 @@ _all_procs: list[subprocess.Popen] = []
 _registry_lock = threading.Lock()
 
 
+def proc_status(pid: int, field: str) -> str:
+    """Field `field` of /proc/PID/status, as written ("T (stopped)" for
+    State, "1234 kB" for VmRSS)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    raise AssertionError("%s not in /proc/%d/status" % (field, pid))
+
+
 def current_test() -> TestContext | None:
     return _current[-1] if _current else None
 

@@ -11,12 +11,43 @@ import socket
 import subprocess
 import time
 
-from .env import Skip, _tail
+from .env import Skip, _tail, top_builddir
 from .kembali import write_secret
 from .procs import free_port, kill_process, socket_path, spawn
 
 
 REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def redis_scripts_bin() -> str:
+    """tests/unit/redis-scripts: prints each script's text and keys as
+    kembali builds them."""
+    return os.path.join(top_builddir(), "tests", "unit", "redis-scripts")
+
+
+def redis_script_text(name: str) -> str:
+    """Script `name`'s text as kembali loads it."""
+    return subprocess.run([redis_scripts_bin(), name], check=True, capture_output=True, text=True).stdout
+
+
+_SCRIPT_KEYS: dict = {}
+
+
+def redis_script_keys(name: str, vprefix: str, k: str, tx, tiers=()) -> list:
+    """The keys kembali passes script `name` (state_redis_script_keys) under
+    vprefix for key name k, transaction tx and a client's tiers' names."""
+    marks = ["@T%d@" % i for i in range(len(tiers))]
+    at = (name, vprefix, k, len(tiers))
+    if at not in _SCRIPT_KEYS:
+        _SCRIPT_KEYS[at] = subprocess.run([redis_scripts_bin(), "keys", name, vprefix, k, "@ID@"] + marks,
+                                          check=True, capture_output=True, text=True).stdout.split()
+    names = []
+    for n in _SCRIPT_KEYS[at]:
+        n = n.replace("@ID@", str(tx))
+        for mark, t in zip(marks, tiers):
+            n = n.replace(mark, t)
+        names.append(n)
+    return names
 
 
 class RedisError(Exception):
