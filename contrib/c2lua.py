@@ -154,7 +154,7 @@ class Translator:
 
     # ---- expressions: (lua text, is a truth value) ----
     BINARY = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
-    LUA_OP = {"||": "or", "&&": "and", "!=": "~=", "%": None}
+    LUA_OP = {"||": "or", "&&": "and", "!=": "~="}
 
     def expr(self):
         cond = self.binary(0)
