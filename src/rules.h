@@ -218,7 +218,7 @@ struct rules_found {
     bool nf_cached;    /* a 404 is remembered and its memory runs */
 };
 
-/* Is what a read found recorded (docs/operations.md, "A read's outcome")?
+/* Is what a read found recorded (state.h, "A read's outcome")?
  * The current read records what Kasera said unless a cached final status
  * says otherwise (a 404 never hides one; a status replaces it as
  * rules_may_replace allows a read's answer); a late read's final status

@@ -500,7 +500,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
  * known status (no entry, or only a remembered 404), stale or not: see
  * state_client_blocked().
  *
- * A read's outcome: a read is current when it ends within its lease and no
+ * A read's outcome (rules_read_current and rules_read_records decide it,
+ * in both stores): a read is current when it ends within its lease and no
  * other read of the transaction was claimed since; otherwise it is stale
  * (report->stale), and what it found never overwrites what is newer:
  *   - a status, current: recorded, except that a cached final status is
@@ -513,7 +514,8 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
  *     404 is remembered;
  *   - a 404, current: remembered unless a final status is cached;
  *   - a 404, stale: remembered only when nothing at all is known (no status,
- *     no later outcome): a late 404 cannot hide a succeeded, cached or not;
+ *     no 404 whose memory runs, no later outcome): a late 404 cannot hide a
+ *     succeeded, cached or not;
  *   - Retry-After windows, stated exhausted windows, key pauses (429, 401),
  *     the host pause, a rejected episode (counted from this read's start):
  *     applied however stale, since they happened at Kasera and each only
