@@ -121,6 +121,25 @@ int64_t plan_next_gap(const struct pace_schedule *s, int reads)
     return pace_wait(s, reads + 1);
 }
 
+bool plan_fresh_hold(int holders, int64_t hold_until, int64_t now)
+{
+    return holders <= 0 || hold_until <= now;
+}
+
+int64_t plan_hold_chance(int64_t deadline, int64_t now)
+{
+    int64_t at = deadline - PLAN_LEAD_MS;
+    return at > now ? at : 0;
+}
+
+int64_t plan_later_chance(int holders, int64_t hold_until, int64_t now)
+{
+    int64_t at = hold_until - PLAN_LEAD_MS;
+    if (holders <= 0 || at < now + PACE_MIN_WAIT_MS)
+        return 0;
+    return at;
+}
+
 bool plan_drifted(const struct pace_schedule *s, int64_t resv_at, int reads, bool withheld, int64_t now)
 {
     int64_t due = resv_at - pace_sum(s);

@@ -159,6 +159,21 @@ bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int6
  * `reads` reads of its episode (plan_tx.next_gap). Can't fail. */
 int64_t plan_next_gap(const struct pace_schedule *s, int reads);
 
+/* Does a hold at `now` start a new holding period of a transaction held
+ * by `holders` hosts until hold_until (none, or the last deadline
+ * passed)? Both stores' holds decide by it. Can't fail. */
+bool plan_fresh_hold(int holders, int64_t hold_until, int64_t now);
+
+/* The reservation a new holding period of a request held until `deadline`
+ * asks for: its last-chance read, PLAN_LEAD_MS before the deadline; 0
+ * when that time is not after now. Can't fail. */
+int64_t plan_hold_chance(int64_t deadline, int64_t now);
+
+/* After a last-chance read started now, the chance kept for the requests
+ * held later (`holders` hosts, until hold_until): their last-chance time,
+ * when it is at least the floor from now; 0 for none. Can't fail. */
+int64_t plan_later_chance(int holders, int64_t hold_until, int64_t now);
+
 /* plan_tx.drifted: the plan held the transaction back (withheld) and now
  * is more than PLAN_DRIFT_MS later than where the schedule, counted back
  * from its reservation at resv_at (its last read), puts its read number

@@ -272,9 +272,9 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
         st_budget_mark_probe(k, ticket->budget_at, true);
     /* requests held later than the one a last-chance read was for keep a
      * chance too (counted after this read) */
-    if (kind == PLAN_LAST_CHANCE && e->holders > 0 && e->hold_until - PLAN_LEAD_MS >= now + PACE_MIN_WAIT_MS &&
-        st_plan_reserve_at(st, e, k, sched, budget, e->hold_until - PLAN_LEAD_MS, now))
-        e->resv_at = e->hold_until - PLAN_LEAD_MS;
+    int64_t later = kind == PLAN_LAST_CHANCE ? plan_later_chance(e->holders, e->hold_until, now) : 0;
+    if (later > 0 && st_plan_reserve_at(st, e, k, sched, budget, later, now))
+        e->resv_at = later;
     ticket->key = *key;
     util_copy(ticket->id, sizeof ticket->id, id);
     ticket->serial = e->inflight_serial;
@@ -659,7 +659,7 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
     struct st_tx *e = k != NULL ? st_tx_get(st, key, id, now, false, k) : NULL;
     if (e != NULL && k != NULL) {
         e->last_used = k->last_used = now;
-        bool fresh = e->holders <= 0 || e->hold_until <= now;
+        bool fresh = plan_fresh_hold(e->holders, e->hold_until, now);
         if (fresh) {
             /* a new holding period; holders past their deadline may still
              * unhold (their count stays: st_waiting_tx ignores a hold whose
@@ -679,9 +679,9 @@ bool state_hold(struct state *st, const struct state_key *key, const char *id,
             k->arr_head = (k->arr_head + 1) % ST_ARRIVALS;
             if (k->arr_n < ST_ARRIVALS)
                 k->arr_n++;
-            if (!st->greedy && deadline - PLAN_LEAD_MS > now &&
-                st_plan_reserve_at(st, e, k, sched, budget, deadline - PLAN_LEAD_MS, now))
-                e->resv_at = deadline - PLAN_LEAD_MS;
+            int64_t at = plan_hold_chance(deadline, now);
+            if (!st->greedy && at > 0 && st_plan_reserve_at(st, e, k, sched, budget, at, now))
+                e->resv_at = at;
         }
     }
     st_unlock(st);

@@ -31,7 +31,7 @@ local x = {holders = 0, cached_until = 0, floor_until = 0}
 local probe, cap, free_at = {}, 0, 0
 local last_end, key_paused_until = 0, 0
 local n = {final_until = 0, nf_until = 0, blocked_until = 0, first_flight_end = 0, counted = 0, allowance = 0,
-           used = 0, nth_newest = 0, serial = 0, latest_serial = 0, lease_until = 0}
+           used = 0, nth_newest = 0, serial = 0, latest_serial = 0, lease_until = 0, deadline = 0}
 local found = {current = false, older = false, not_found = false, final = false, forward = false, known = false,
                known_final = false, final_cached = false, nf_cached = false}
 for i = 2, #ARGV do
@@ -112,6 +112,9 @@ if op == 'client_blocks' then return rules_client_blocks(n.blocked_until, n.coun
 if op == 'budget_free' then return tostring(rules_budget_free(n.used, k.budget, n.nth_newest, now)) end
 if op == 'read_current' then return rules_read_current(n.serial, n.latest_serial, n.lease_until, now) and '1' or '0' end
 if op == 'read_records' then return rules_read_records(found) and '1' or '0' end
+if op == 'fresh_hold' then return plan_fresh_hold(x.holders, w.hold_until, now) and '1' or '0' end
+if op == 'hold_chance' then return tostring(plan_hold_chance(n.deadline, now)) end
+if op == 'later_chance' then return tostring(plan_later_chance(x.holders, w.hold_until, now)) end
 if op == 'drifted' then return plan_drifted(ws, t.resv_at, w.reads, withheld, now) and '1' or '0' end
 return redis.error_reply('unknown op ' .. op)
 """
@@ -143,9 +146,10 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
     assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "budget_free", "busiest", "client_blocks",
-                                              "client_next", "demand", "drifted", "gap", "headroom", "held", "late_span",
-                                              "next_read", "nf_free", "nf_until", "read", "read_current",
-                                              "read_records", "ready", "reserve", "retry", "room", "waiter", "waits"])
+                                              "client_next", "demand", "drifted", "fresh_hold", "gap", "headroom", "held",
+                                              "hold_chance", "late_span", "later_chance", "next_read", "nf_free",
+                                              "nf_until", "read", "read_current", "read_records", "ready", "reserve",
+                                              "retry", "room", "waiter", "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

@@ -516,6 +516,7 @@ struct vector {
     int64_t nth_newest;                 /* budget_free (with used, budget) */
     int64_t serial, latest_serial, lease_until; /* read_current */
     struct rules_found found;           /* read_records */
+    int64_t deadline;                   /* hold_chance */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -561,6 +562,7 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"known_final", NULL, NULL, &v->found.known_final},
         {"final_cached", NULL, NULL, &v->found.final_cached},
         {"nf_cached", NULL, NULL, &v->found.nf_cached},
+        {"deadline", NULL, &v->deadline, NULL},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -677,6 +679,12 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         snprintf(out, cap, "%d", rules_read_current(v->serial, v->latest_serial, v->lease_until, v->now) ? 1 : 0);
     } else if (strcmp(op, "read_records") == 0) {
         snprintf(out, cap, "%d", rules_read_records(&v->found) ? 1 : 0);
+    } else if (strcmp(op, "fresh_hold") == 0) {
+        snprintf(out, cap, "%d", plan_fresh_hold(v->x.holders, v->w.hold_until, v->now) ? 1 : 0);
+    } else if (strcmp(op, "hold_chance") == 0) {
+        snprintf(out, cap, "%lld", (long long)plan_hold_chance(v->deadline, v->now));
+    } else if (strcmp(op, "later_chance") == 0) {
+        snprintf(out, cap, "%lld", (long long)plan_later_chance(v->x.holders, v->w.hold_until, v->now));
     } else if (strcmp(op, "drifted") == 0) {
         snprintf(out, cap, "%d", plan_drifted(&v->ws, v->t.resv_at, v->w.reads, v->withheld, v->now) ? 1 : 0);
     } else {
