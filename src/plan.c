@@ -181,6 +181,23 @@ int64_t plan_arrivals(struct plan_key *k, const int64_t *at, int n, int64_t now)
     return plan_arrival_rate(k, n_short, first_short, n_long, first_long);
 }
 
+void plan_tx_fill(const struct pace_schedule *s, bool waiting, int64_t resv_at, int reads, int early_reads,
+                  bool withheld, int64_t now, struct plan_tx *t)
+{
+    t->reserved = waiting && resv_at != 0;
+    t->resv_at = 0;
+    if (waiting)
+        t->resv_at = resv_at;
+    t->early_reads = 0;
+    if (reads > 0)
+        t->early_reads = early_reads;
+    t->next_gap = plan_next_gap(s, reads); /* the wait after this read */
+    /* later than where the schedule, counted back from the reservation
+     * (its last read), puts this read: the schedule no longer ends at the
+     * reserved read */
+    t->drifted = t->reserved && plan_drifted(s, resv_at, reads, withheld, now);
+}
+
 int64_t plan_retry(const struct plan_tx *t, const int64_t *ev, int n, int64_t thins, int64_t recheck, int64_t now)
 {
     int64_t r = now + recheck;

@@ -159,6 +159,15 @@ bool plan_ready(const struct pace_schedule *s, const struct plan_waiter *w, int6
  * `reads` reads of its episode (plan_tx.next_gap). Can't fail. */
 int64_t plan_next_gap(const struct pace_schedule *s, int reads);
 
+/* *t for a transaction whose reservation is at resv_at (0: none), that
+ * has made `reads` reads of its episode (0 when its episode ended),
+ * `early_reads` of them early, and that the plan held back during this
+ * hold (withheld): a reservation counts while it waits (`waiting`,
+ * plan_waits), drifted as plan_drifted() says. Both stores' claims fill
+ * it so. Can't fail. */
+void plan_tx_fill(const struct pace_schedule *s, bool waiting, int64_t resv_at, int reads, int early_reads,
+                  bool withheld, int64_t now, struct plan_tx *t);
+
 /* Does a hold at `now` start a new holding period of a transaction held
  * by `holders` hosts until hold_until (none, or the last deadline
  * passed)? Both stores' holds decide by it. Can't fail. */

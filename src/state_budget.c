@@ -315,19 +315,11 @@ enum plan_read st_plan_verdict(struct state *st, const struct st_tx *e, const st
     int64_t oldest, ev[STATE_BUDGET_MAX + ST_WAITING_MAX];
     int nev;
     plan_gather(st, k, e, sched, budget, now, &pk, &oldest, ev, &nev);
-    struct plan_tx pt = {0};
-    if (e != NULL && st_waiting_tx(st, k, (int32_t)(e - st->txs), now) != NULL) {
-        pt.reserved = e->resv_at != 0;
-        pt.resv_at = e->resv_at;
-    }
+    struct plan_tx pt;
+    bool waiting = e != NULL && st_waiting_tx(st, k, (int32_t)(e - st->txs), now) != NULL;
     int reads = e != NULL && pace_in_episode(e->reads, e->last_start, now) ? e->reads : 0;
-    if (reads > 0)
-        pt.early_reads = e->early_reads;
-    pt.next_gap = plan_next_gap(sched, reads); /* the wait after this read */
-    /* later than where the seed's schedule, counted back from the
-     * reservation (its last read), puts this read, the schedule no longer
-     * ends at the reserved read */
-    pt.drifted = pt.reserved && plan_drifted(sched, e->resv_at, reads, e->withheld, now);
+    plan_tx_fill(sched, waiting, e != NULL ? e->resv_at : 0, reads, e != NULL ? e->early_reads : 0,
+                 e != NULL && e->withheld, now, &pt);
     enum plan_read r = plan_may_read(&pk, &pt, now);
     if (r != PLAN_NO)
         return r;

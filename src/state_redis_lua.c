@@ -353,10 +353,8 @@ static const char lua_claim[] =
     "  local n_short, first_short = since(PLAN_RATE_MS)\n"
     "  local n_long, first_long = since(PLAN_RATE_LONG_MS)\n"
     "  local thins = plan_arrival_rate(pk, n_short, first_short, n_long, first_long)\n"
-    "  local pt = {reserved = false, resv_at = 0, next_gap = plan_next_gap(ws, n), drifted = false, early_reads = 0}\n"
-    "  if tx_waits(me) then pt.reserved, pt.resv_at = me.rv ~= 0, me.rv end\n"
-    "  if n > 0 then pt.early_reads = me.er end\n"
-    "  pt.drifted = pt.reserved and plan_drifted(ws, me.rv, n, me.wh == 1, now)\n"
+    "  local pt = {}\n" /* as the C fills it (n: 0 once the episode ended) */
+    "  plan_tx_fill(ws, tx_waits(me), me.rv, n, me.er, me.wh == 1, now, pt)\n"
     "  pk.demand = plan_demand(ws, tx_waiter(me), now)\n"
     /* A refusal first, cheaply (a flash sale's claims are mostly refused):
      * the reads of the last 60 s and the reservations counted, not read

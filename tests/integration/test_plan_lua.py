@@ -24,6 +24,7 @@ for _, f in ipairs({'budget', 'recent', 'schedule_reads', 'demand', 'busiest', '
                     'arrivals', 'arrivals_long', 'eligible', 'hold_ms'}) do k[f] = 0 end
 for _, f in ipairs({'resv_at', 'next_gap', 'early_reads'}) do t[f] = 0 end
 k.starved, t.reserved, t.drifted = false, false, false
+local waiting = false
 local w, ws, withheld = {reads = 0, last_start = 0, hold_until = 0, busy_until = 0, not_before = 0}, {n = 0, wait_ms = {}}, false
 local now, at, tt, from, thins, recheck, nev = 0, 0, 0, -math.huge, math.huge, 0, 0
 local first_short, first_long = math.huge, math.huge
@@ -48,6 +49,7 @@ for i = 2, #ARGV do
   elseif name == 'last_end' then last_end = tonumber(val)
   elseif name == 'key_paused_until' then key_paused_until = tonumber(val)
   elseif name == 'withheld' then withheld = val == '1'
+  elseif name == 'waiting' then waiting = val == '1'
   elseif name and n[name] ~= nil then n[name] = tonumber(val)
   elseif name and found[name] ~= nil then found[name] = val == '1'
   elseif name and w[name] ~= nil then w[name] = tonumber(val)
@@ -112,6 +114,12 @@ if op == 'client_blocks' then return rules_client_blocks(n.blocked_until, n.coun
 if op == 'budget_free' then return tostring(rules_budget_free(n.used, k.budget, n.nth_newest, now)) end
 if op == 'read_current' then return rules_read_current(n.serial, n.latest_serial, n.lease_until, now) and '1' or '0' end
 if op == 'read_records' then return rules_read_records(found) and '1' or '0' end
+if op == 'tx_fill' then
+  local o = {}
+  plan_tx_fill(ws, waiting, t.resv_at, w.reads, t.early_reads, withheld, now, o)
+  return (o.reserved and '1' or '0') .. ',' .. o.resv_at .. ',' .. o.early_reads .. ',' .. o.next_gap .. ',' ..
+         (o.drifted and '1' or '0')
+end
 if op == 'fresh_hold' then return plan_fresh_hold(x.holders, w.hold_until, now) and '1' or '0' end
 if op == 'hold_chance' then return tostring(plan_hold_chance(n.deadline, now)) end
 if op == 'later_chance' then return tostring(plan_later_chance(x.holders, w.hold_until, now)) end
@@ -149,7 +157,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
                                               "client_next", "demand", "drifted", "fresh_hold", "gap", "headroom", "held",
                                               "hold_chance", "late_span", "later_chance", "next_read", "nf_free",
                                               "nf_until", "read", "read_current", "read_records", "ready", "reserve",
-                                              "retry", "room", "waiter", "waits"])
+                                              "retry", "room", "tx_fill", "waiter", "waits"])
     wrong = []
     with redis.client() as c:
         for line, op, fields, want in cases:

@@ -517,6 +517,7 @@ struct vector {
     int64_t serial, latest_serial, lease_until; /* read_current */
     struct rules_found found;           /* read_records */
     int64_t deadline;                   /* hold_chance */
+    bool waiting;                       /* tx_fill (with ws, resv_at, reads, early_reads, withheld) */
 };
 
 /* One FIELD=VALUE of a case into v; false when the field is unknown. */
@@ -562,7 +563,7 @@ static bool vector_field(struct vector *v, const char *name, const char *val)
         {"known_final", NULL, NULL, &v->found.known_final},
         {"final_cached", NULL, NULL, &v->found.final_cached},
         {"nf_cached", NULL, NULL, &v->found.nf_cached},
-        {"deadline", NULL, &v->deadline, NULL},
+        {"deadline", NULL, &v->deadline, NULL},       {"waiting", NULL, NULL, &v->waiting},
     };
     if (strcmp(name, "thins") == 0)
         v->has_thins = true;
@@ -679,6 +680,11 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
         snprintf(out, cap, "%d", rules_read_current(v->serial, v->latest_serial, v->lease_until, v->now) ? 1 : 0);
     } else if (strcmp(op, "read_records") == 0) {
         snprintf(out, cap, "%d", rules_read_records(&v->found) ? 1 : 0);
+    } else if (strcmp(op, "tx_fill") == 0) {
+        struct plan_tx t;
+        plan_tx_fill(&v->ws, v->waiting, v->t.resv_at, v->w.reads, v->t.early_reads, v->withheld, v->now, &t);
+        snprintf(out, cap, "%d,%lld,%d,%lld,%d", t.reserved ? 1 : 0, (long long)t.resv_at, t.early_reads,
+                 (long long)t.next_gap, t.drifted ? 1 : 0);
     } else if (strcmp(op, "fresh_hold") == 0) {
         snprintf(out, cap, "%d", plan_fresh_hold(v->x.holders, v->w.hold_until, v->now) ? 1 : 0);
     } else if (strcmp(op, "hold_chance") == 0) {
