@@ -79,34 +79,41 @@ static void claim_verdict(const redisReply *x, struct state_redis_claim *c)
     c->v = STATE_REDIS_DOWN;
     if (!reply_is(x, REDIS_REPLY_ARRAY) || x->elements < 2 || !reply_is(x->element[0], REDIS_REPLY_STRING))
         return;
-    const char *v = x->element[0]->str;
+    enum state_redis_word v = state_redis_word_of(x->element[0]->str, x->element[0]->len);
     int64_t n = reply_int(x->element[1]);
     if (n < 0)
         n = 0;
     /* a wait, bounded as a published one is (the callers add it to now) */
     c->ms = n > STATE_REDIS_MSG_MAX_MS ? STATE_REDIS_MSG_MAX_MS : n;
-    if (strcmp(v, "go") == 0) {
+    /* the third element: the final status's word, or why it waits */
+    const redisReply *third = x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) ? x->element[2] : NULL;
+    static const enum state_wait why_wait[SRW_N] = {
+        [SRW_PACE] = WAIT_PACE,     [SRW_RETRY] = WAIT_RETRY, [SRW_KEY] = WAIT_KEY_PAUSE, [SRW_BUDGET] = WAIT_BUDGET,
+        [SRW_PLAN] = WAIT_BUDGET,   [SRW_SEED] = WAIT_BUDGET, [SRW_CLIENT] = WAIT_CLIENT,
+    };
+    switch (v) {
+    case SRW_GO:
         c->v = STATE_REDIS_GO;
         c->serial = (uint64_t)n;
         c->ms = 0;
-    } else if (strcmp(v, "final") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING) &&
-               ids_valid_word(x->element[2]->str, x->element[2]->len)) {
-        c->v = STATE_REDIS_FINAL;
-        util_copy(c->word, sizeof c->word, x->element[2]->str);
-    } else if (strcmp(v, "nf") == 0) {
-        c->v = STATE_REDIS_NOT_FOUND;
-    } else if (strcmp(v, "busy") == 0) {
-        c->v = STATE_REDIS_BUSY;
-    } else if (strcmp(v, "blocked") == 0) {
-        c->v = STATE_REDIS_BLOCKED;
-    } else if (strcmp(v, "wait") == 0 && x->elements >= 3 && reply_is(x->element[2], REDIS_REPLY_STRING)) {
-        const char *why = x->element[2]->str;
-        c->v = STATE_REDIS_WAIT;
-        c->why = strcmp(why, "key") == 0 ? WAIT_KEY_PAUSE : strcmp(why, "retry") == 0 ? WAIT_RETRY
-                 : strcmp(why, "budget") == 0 || strcmp(why, "plan") == 0 ||
-                           strcmp(why, "seed") == 0                                 ? WAIT_BUDGET
-                 : strcmp(why, "client") == 0                                       ? WAIT_CLIENT
-                                                                                     : WAIT_PACE;
+        break;
+    case SRW_FINAL:
+        if (third != NULL && ids_valid_word(third->str, third->len)) {
+            c->v = STATE_REDIS_FINAL;
+            util_copy(c->word, sizeof c->word, third->str);
+        }
+        break;
+    case SRW_NOT_FOUND: c->v = STATE_REDIS_NOT_FOUND; break;
+    case SRW_BUSY: c->v = STATE_REDIS_BUSY; break;
+    case SRW_BLOCKED: c->v = STATE_REDIS_BLOCKED; break;
+    case SRW_WAIT:
+        if (third != NULL) {
+            enum state_redis_word why = state_redis_word_of(third->str, third->len);
+            c->v = STATE_REDIS_WAIT;
+            c->why = why < SRW_N && why_wait[why] != WAIT_NONE ? why_wait[why] : WAIT_PACE;
+        }
+        break;
+    default: break;
     }
 }
 

@@ -41,7 +41,7 @@
     "local function next_gate(kp)\n" /* struct rules_gate: the transaction's fields, its key's pause */ \
     "  return {reads = n, last_start = ls, last_end = le, not_before = ra, key_paused_until = kp}\n" \
     "end\n"                                                                                \
-    "local WHY = {[RULES_WHY_PACE] = 'pace', [RULES_WHY_RETRY] = 'retry', [RULES_WHY_KEY_PAUSE] = 'key'}\n" \
+    "local WHY = {[RULES_WHY_PACE] = W_PACE, [RULES_WHY_RETRY] = W_RETRY, [RULES_WHY_KEY_PAUSE] = W_KEY}\n" \
     "local function schedule(waits)\n" /* struct pace_schedule, for plan_lua()'s functions */ \
     "  local ps = {n = 0, wait_ms = {}}\n"                                                 \
     "  for w in string.gmatch(waits, '%d+') do ps.wait_ms[ps.n] = tonumber(w); ps.n = ps.n + 1 end\n" \
@@ -274,13 +274,13 @@
  * in the key's count (budget_member), 14 the channel, 15 the key's name
  * (K), 16 '1' when a count found gone was lost (budget_count_lost), 17 the
  * grace (ms, budget_grace_ms), 18 the 404 quarter (rules_not_found_cap).
- * Returns {'go', serial, 'early'|'last'} or why not. */
+ * Returns {W_GO, serial, W_EARLY or W_LAST} or why not (STATE_REDIS_WORDS). */
 static const char lua_claim[] =
     LUA_HEAD LUA_TX LUA_PLAN LUA_NF_QUARTER
     "local hd = held()\n" /* as the C's claim decides it (rules_held) */
-    "if hd == RULES_HELD_FINAL then return {'final', fu - now, s} end\n"
-    "if hd == RULES_HELD_NOT_FOUND then return {'nf', nf - now} end\n"
-    "if hd == RULES_HELD_BUSY then return {'busy', lu - now} end\n"
+    "if hd == RULES_HELD_FINAL then return {W_FINAL, fu - now, s} end\n"
+    "if hd == RULES_HELD_NOT_FOUND then return {W_NOT_FOUND, nf - now} end\n"
+    "if hd == RULES_HELD_BUSY then return {W_BUSY, lu - now} end\n"
     /* an id nobody knows, for a client (each tier: the address, an IPv6
      * address's /56 and /48): as rules_client_next decides for each tier
      * (blocked, or its 404s and reads in flight already its allowance:
@@ -299,8 +299,8 @@ static const char lua_claim[] =
     "    local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
     "    local at = rules_client_next(bl > 0 and now + bl or 0, redis.call('ZCARD', kc) + redis.call('ZCARD', kf),\n"
     "                                 o[2] and tonumber(o[2]) or 0, t.allow, tonumber(ARGV[10]), now)\n"
-    "    if at > now and bl > 0 then return {'blocked', at - now} end\n"
-    "    if at > now then return {'wait', at - now, 'client'} end\n"
+    "    if at > now and bl > 0 then return {W_BLOCKED, at - now} end\n"
+    "    if at > now then return {W_WAIT, at - now, W_CLIENT} end\n"
     "  end\n"
     "end\n"
     /* the pace, the floor at Kasera, Retry-After and the key's pause, as
@@ -310,7 +310,7 @@ static const char lua_claim[] =
     "local ws = schedule(ARGV[1])\n"
     "local nx = {}\n"
     "rules_next_read(ws, next_gate(kp), now, nx)\n"
-    "if nx.at > now then return {'wait', nx.at - now, WHY[nx.why]} end\n"
+    "if nx.at > now then return {W_WAIT, nx.at - now, WHY[nx.why]} end\n"
     "if not pace_in_episode(n, ls, now) then n = 0 end\n"
     /* the key's count (budget.h): its mark '~' (scored +inf, never a
      * read) says it is whole; found gone, every host is asked for its
@@ -324,7 +324,7 @@ static const char lua_claim[] =
     "local grace = redis.call('PTTL', K_GRACE)\n"
     "if grace > 0 then\n"
     "  redis.call('PEXPIRE', K_BUDGET, MARK_KEEP)\n"
-    "  return {'wait', grace, 'seed'}\n"
+    "  return {W_WAIT, grace, W_SEED}\n"
     "end\n"
     "redis.call('ZREMRANGEBYSCORE', K_BUDGET, '-inf', now - BUDGET_SPAN)\n"
     "local used, budget, nth = redis.call('ZCOUNT', K_BUDGET, '-inf', '(+inf'), tonumber(ARGV[2]), 0\n"
@@ -332,7 +332,7 @@ static const char lua_claim[] =
     "  nth = tonumber(redis.call('ZREVRANGEBYSCORE', K_BUDGET, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', budget - 1, 1)[2])\n"
     "end\n"
     "local free = rules_budget_free(used, budget, nth, now)\n"
-    "if free > now then return {'wait', free - now, 'budget'} end\n"
+    "if free > now then return {W_WAIT, free - now, W_BUDGET} end\n"
     /* plan.c's decision on what plan_gather() and st_plan_verdict() gather,
      * every host's: the reads of the last 60 s, the waiting transactions
      * (their reservations, demand, pace) and the arrivals */
@@ -369,7 +369,7 @@ static const char lua_claim[] =
     "    redis.call('HSET', K_TX, 'wh', 1)\n"
     "    if redis.call('PTTL', K_TX) < 0 then redis.call('PEXPIREAT', K_TX, now + KEEP + MARGIN) end\n"
     "    local fe = first_event(K_BUDGET, K_RESERVED)\n"
-    "    return {'wait', plan_retry(pt, {[0] = fe}, fe and 1 or 0, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "    return {W_WAIT, plan_retry(pt, {[0] = fe}, fe and 1 or 0, thins, PLAN_RECHECK, now) - now, W_PLAN}\n"
     "  end\n"
     "  local ev, nev = plan_events(K_BUDGET, K_RESERVED)\n"
     "  pk.recent = 0\n"
@@ -421,7 +421,7 @@ static const char lua_claim[] =
     "  if kind == PLAN_NO then\n"
     "    redis.call('HSET', K_TX, 'wh', 1)\n"
     "    if redis.call('PTTL', K_TX) < 0 then redis.call('PEXPIREAT', K_TX, now + KEEP + MARGIN) end\n"
-    "    return {'wait', plan_retry(pt, ev, nev, thins, PLAN_RECHECK, now) - now, 'plan'}\n"
+    "    return {W_WAIT, plan_retry(pt, ev, nev, thins, PLAN_RECHECK, now) - now, W_PLAN}\n"
     "  end\n"
     "  if kind == PLAN_LAST_CHANCE then\n"
     /* requests held later than the one it was for keep a chance too
@@ -450,7 +450,7 @@ static const char lua_claim[] =
      * within PLAN_LEAD_MS of its deadline) */
     "if not s and kind ~= PLAN_LAST_CHANCE then\n"
     "  local til = rules_nf_until(nf_spent(K_NOT_FOUND, tonumber(ARGV[18]), tonumber(ARGV[3])), me.ho, me.hu, me.rv, now)\n"
-    "  if til > now then return {'wait', math.max(til - now, 1), 'budget'} end\n"
+    "  if til > now then return {W_WAIT, math.max(til - now, 1), W_BUDGET} end\n"
     "end\n"
     "if kind ~= PLAN_LAST_CHANCE then er = er + 1 end\n"
     "ser = ser + 1\n"
@@ -473,7 +473,7 @@ static const char lua_claim[] =
     "  redis.call('PEXPIREAT', K_NOT_FOUND, now + BUDGET_SPAN + MARGIN)\n"
     "end\n"
     "follow(K_WAITING, K_WAITERS, ARGV[5])\n"
-    "return {'go', ser, kind == PLAN_LAST_CHANCE and 'last' or 'early'}\n";
+    "return {W_GO, ser, kind == PLAN_LAST_CHANCE and W_LAST or W_EARLY}\n";
 
 /* A request for the transaction is held on host ARGV[1] (state_hold): the
  * hold as state_hold() makes it, every host's. ARGV: 1 host, 2 the
@@ -797,7 +797,7 @@ static int key_locals(int script, char *buf, size_t len)
 char *state_redis_script_text(int script)
 {
     const char *body = scripts[script].body;
-    char prelude[2048], plan[PLAN_LUA_MAX] = "", locals[512], letters[256];
+    char prelude[2048], plan[PLAN_LUA_MAX] = "", locals[512], letters[STATE_REDIS_MSG_LUA_MAX];
     int n = rules_lua_prelude(prelude, sizeof prelude);
     int m = scripts[script].plans ? plan_lua(plan, sizeof plan) : 0;
     int q = key_locals(script, locals, sizeof locals);

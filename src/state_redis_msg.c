@@ -18,21 +18,73 @@ static const struct {
 #undef MSG_LETTER
 #define N_LETTERS (sizeof letters / sizeof letters[0])
 
+#define WORD(e, name, word) {name, word},
+static const struct {
+    const char *name, *word;
+} words[SRW_N] = {STATE_REDIS_WORDS(WORD)};
+#undef WORD
+
+enum state_redis_word state_redis_word_of(const char *w, size_t len)
+{
+    for (int i = 0; i < SRW_N; i++)
+        if (strlen(words[i].word) == len && memcmp(words[i].word, w, len) == 0)
+            return (enum state_redis_word)i;
+    return SRW_N;
+}
+
+/* "local A, B = 'x', 'y'\n" for n names and values (name(i), value(i))
+ * at buf + *at; false when it does not fit. */
+static bool lua_locals(char *buf, size_t len, size_t *at, size_t n, const char *(*name)(size_t),
+                       const char *(*value)(size_t))
+{
+    for (size_t i = 0; i < 2 * n + 1; i++) {
+        int k;
+        if (i < n)
+            k = snprintf(buf + *at, len - *at, "%s%s", i == 0 ? "local " : ", ", name(i));
+        else if (i < 2 * n)
+            k = snprintf(buf + *at, len - *at, "%s'%s'", i == n ? " = " : ", ", value(i - n));
+        else
+            k = snprintf(buf + *at, len - *at, "\n");
+        if (k < 0 || (size_t)k >= len - *at)
+            return false;
+        *at += (size_t)k;
+    }
+    return true;
+}
+
+static const char *letter_name(size_t i)
+{
+    return letters[i].name;
+}
+
+static const char *letter_value(size_t i)
+{
+    static const char one[][2] = {
+#define ONE(kind, name, letter) {letter, '\0'},
+        STATE_REDIS_MSG_LETTERS(ONE)
+#undef ONE
+    };
+    return one[i];
+}
+
+static const char *word_name(size_t i)
+{
+    return words[i].name;
+}
+
+static const char *word_value(size_t i)
+{
+    return words[i].word;
+}
+
 int state_redis_msg_lua(char *buf, size_t len)
 {
     size_t at = 0;
-    for (size_t i = 0; i < 2 * N_LETTERS + 1; i++) {
-        int n;
-        if (i < N_LETTERS)
-            n = snprintf(buf + at, len - at, "%s%s", i == 0 ? "local " : ", ", letters[i].name);
-        else if (i < 2 * N_LETTERS)
-            n = snprintf(buf + at, len - at, "%s'%c'", i == N_LETTERS ? " = " : ", ", letters[i - N_LETTERS].letter);
-        else
-            n = snprintf(buf + at, len - at, "\n");
-        if (n < 0 || (size_t)n >= len - at)
-            return -1;
-        at += (size_t)n;
-    }
+    if (len > 0)
+        buf[0] = '\0';
+    if (!lua_locals(buf, len, &at, N_LETTERS, letter_name, letter_value) ||
+        !lua_locals(buf, len, &at, SRW_N, word_name, word_value))
+        return -1;
     return (int)at;
 }
 

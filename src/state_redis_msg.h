@@ -63,10 +63,40 @@ struct state_redis_msg {
     X(STATE_REDIS_MSG_SEED, "MSG_SEED", 'S')                                                                         \
     X(STATE_REDIS_MSG_READ, "MSG_READ", 'R')
 
-/* Write "local MSG_FINAL, ... = 'F', ...\n" (STATE_REDIS_MSG_LETTERS) into
- * buf, for the scripts; its length, or -1 when buf is too small. Can't
- * fail otherwise. */
+/* The words of a claim's answer (the claim script's, read back by
+ * state_redis.c): its verdict, then why it waits, or which read it grants
+ * (an early one or a last-chance one: for tests and benches). The scripts know each by
+ * the name beside it (state_redis_msg_lua). */
+#define STATE_REDIS_WORDS(X)                                                                                         \
+    X(SRW_GO, "W_GO", "go")                                                                                          \
+    X(SRW_FINAL, "W_FINAL", "final")                                                                                 \
+    X(SRW_NOT_FOUND, "W_NOT_FOUND", "nf")                                                                            \
+    X(SRW_BUSY, "W_BUSY", "busy")                                                                                    \
+    X(SRW_BLOCKED, "W_BLOCKED", "blocked")                                                                           \
+    X(SRW_WAIT, "W_WAIT", "wait")                                                                                    \
+    X(SRW_PACE, "W_PACE", "pace")                                                                                    \
+    X(SRW_RETRY, "W_RETRY", "retry")                                                                                 \
+    X(SRW_KEY, "W_KEY", "key")                                                                                       \
+    X(SRW_BUDGET, "W_BUDGET", "budget")                                                                              \
+    X(SRW_PLAN, "W_PLAN", "plan")                                                                                    \
+    X(SRW_SEED, "W_SEED", "seed")                                                                                    \
+    X(SRW_CLIENT, "W_CLIENT", "client")                                                                              \
+    X(SRW_EARLY, "W_EARLY", "early")                                                                                 \
+    X(SRW_LAST, "W_LAST", "last")
+
+#define STATE_REDIS_WORD_ENUM(e, name, word) e,
+enum state_redis_word { STATE_REDIS_WORDS(STATE_REDIS_WORD_ENUM) SRW_N };
+#undef STATE_REDIS_WORD_ENUM
+
+/* Which word of a claim's answer w (len bytes) is; SRW_N for none. Can't
+ * fail. */
+enum state_redis_word state_redis_word_of(const char *w, size_t len);
+
+/* Write "local MSG_FINAL, ... = 'F', ...\n" (STATE_REDIS_MSG_LETTERS) and
+ * the same of the claim's words (STATE_REDIS_WORDS) into buf, for the
+ * scripts; its length, or -1 when buf is too small. Can't fail otherwise. */
 int state_redis_msg_lua(char *buf, size_t len);
+#define STATE_REDIS_MSG_LUA_MAX 1024 /* holds it (test_state_redis_msg) */
 
 /* Read one published line (len bytes, not NUL-terminated) into *m.
  * false, and *m unspecified, for anything but the forms above. This

@@ -52,6 +52,27 @@ static void test_each_kind(void **unused)
     assert_string_equal(m.key.hex, K);
 }
 
+/* The scripts' names for the letters and the claim's words: every one,
+ * in a buffer of STATE_REDIS_MSG_LUA_MAX, and each word read back as
+ * itself. */
+static void test_the_scripts_words(void **unused)
+{
+    (void)unused;
+    char buf[STATE_REDIS_MSG_LUA_MAX];
+    int n = state_redis_msg_lua(buf, sizeof buf);
+    assert_true(n > 0);
+    assert_non_null(strstr(buf, "local MSG_FINAL, MSG_STATUS, MSG_NEXT, MSG_NOT_FOUND, MSG_BLOCK, MSG_SEED, MSG_READ = "
+                                "'F', 'P', 'W', 'N', 'B', 'S', 'R'\n"));
+    assert_non_null(strstr(buf, "local W_GO, W_FINAL, W_NOT_FOUND, "));
+    assert_int_equal(state_redis_msg_lua(buf, 40), -1);
+    static const char *const said[SRW_N] = {"go", "final", "nf", "busy", "blocked", "wait", "pace",
+                                            "retry", "key", "budget", "plan", "seed", "client", "early", "last"};
+    for (int i = 0; i < SRW_N; i++)
+        assert_int_equal(state_redis_word_of(said[i], strlen(said[i])), i);
+    assert_int_equal(state_redis_word_of("gone", 4), SRW_N);
+    assert_int_equal(state_redis_word_of("go", 1), SRW_N);
+}
+
 static void test_refused(void **unused)
 {
     (void)unused;
@@ -169,6 +190,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_kind),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_the_scripts_words),
         cmocka_unit_test(test_master_addr),
         cmocka_unit_test(test_order_move),
     };
