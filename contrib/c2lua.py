@@ -39,7 +39,7 @@ import sys
 SOURCES = [
     ("src/pace.c", ["pace_sum", "pace_in_episode", "pace_wait", "pace_next_read"]),
     ("src/rules.c", ["rules_floor", "rules_raise", "rules_next_read", "rules_nf_free", "rules_nf_until",
-                     "rules_held", "rules_client_next", "rules_client_blocks", "rules_budget_free",
+                     "rules_held", "rules_client_blocked", "rules_client_next", "rules_client_blocks", "rules_budget_free",
                      "rules_read_current", "rules_read_records"]),
     ("src/plan.c", None),
 ]

@@ -194,11 +194,17 @@ int rules_held(int64_t final_until, int64_t nf_until, int64_t busy_until, int64_
     return RULES_HELD_NONE;
 }
 
-int64_t rules_client_next(int64_t blocked_until, int counted, int64_t first_flight_end, int allowance,
-                          int64_t recheck, int64_t now)
+int64_t rules_client_blocked(const int64_t *blocked_until, int n, int64_t now)
 {
-    if (blocked_until > now)
-        return blocked_until;
+    int64_t last = 0;
+    for (int i = 0; i < n; i++)
+        if (blocked_until[i] > now && blocked_until[i] > last)
+            last = blocked_until[i];
+    return last;
+}
+
+int64_t rules_client_next(int counted, int64_t first_flight_end, int allowance, int64_t recheck, int64_t now)
+{
     if (counted < allowance)
         return now;
     int64_t at = now + recheck;

@@ -179,15 +179,20 @@ enum rules_held { RULES_HELD_NONE, RULES_HELD_FINAL, RULES_HELD_NOT_FOUND, RULES
  * and the news Redis publishes decide by it. Can't fail. */
 int rules_held(int64_t final_until, int64_t nf_until, int64_t busy_until, int64_t now);
 
+/* Is a client (docs/operations.md, "Ids nobody has paid for") blocked:
+ * until the last of its tiers' blocks (blocked_until[0..n), 0: none)
+ * ends, or 0 when none holds at `now`. A blocked client reads no id
+ * nobody knows; its tiers' counts are asked only when this is 0
+ * (rules_client_next). Can't fail. */
+int64_t rules_client_blocked(const int64_t *blocked_until, int n, int64_t now);
+
 /* When a read of an id nobody knows may start as far as one tier of its
- * client (docs/operations.md, "Ids nobody has paid for") is concerned:
- * its block's end while it is blocked (blocked_until, 0: none); else now
- * while `counted` (its 404s in the window and its reads of such ids in
- * flight) is under `allowance`; else the end of its first read in flight
- * (first_flight_end, 0: none), but at most `recheck` from now. Can't
- * fail. */
-int64_t rules_client_next(int64_t blocked_until, int counted, int64_t first_flight_end, int allowance,
-                          int64_t recheck, int64_t now);
+ * client, not blocked (rules_client_blocked), is concerned: now while
+ * `counted` (its 404s in the window and its reads of such ids in flight)
+ * is under `allowance`; else the end of its first read in flight
+ * (first_flight_end, 0: none), but at most `recheck` from now. The first
+ * tier that holds the read back answers. Can't fail. */
+int64_t rules_client_next(int counted, int64_t first_flight_end, int allowance, int64_t recheck, int64_t now);
 
 /* Does a 404 just charged to a client's tier start its block? Yes when it
  * is not blocked (blocked_until) and its 404s in the window, this one

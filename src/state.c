@@ -347,7 +347,7 @@ static void status_record(struct st_tx *e, enum tx_status s, const char *word, i
 }
 
 /* Record what the read of ticket t found (status s, or a 404)? The facts
- * of e as rules_read_records() takes them (docs/operations.md, "A read's
+ * of e as rules_read_records() takes them (state.h, "A read's
  * outcome"). `current`: t's lease holds and no other read of the
  * transaction started since (rules_read_current). */
 static bool read_may_record(const struct st_tx *e, const struct state_ticket *t, bool current, bool not_found,
@@ -625,7 +625,7 @@ bool state_learn_not_found(struct state *st, const struct state_key *key, const 
             if (!e->not_found || e->known_until < until)
                 e->known_until = until;
             e->not_found = 1;
-            e->facts_serial = st->h->serial;
+            e->facts_serial = ++st->h->serial;
         }
         st_change_log(st, STATE_CHANGE_TX, key, id);
     }

@@ -112,8 +112,9 @@ static void client_hits_expire(struct st_client *c, uint32_t what, int64_t now)
     c->nhits = (uint8_t)keep;
 }
 
-/* May entry c's read start at `now` (st_client_fly's rule for one id)?
- * false with *until as st_client_fly says. */
+/* May entry c (not blocked) count one more read at `now` (st_client_fly's
+ * rule for one tier, rules_client_next)? false with *until as
+ * st_client_fly says. */
 static bool client_may_fly(struct st_client *c, int64_t now, int64_t *until)
 {
     client_fly_expire(c, now);
@@ -122,8 +123,7 @@ static bool client_may_fly(struct st_client *c, int64_t now, int64_t *until)
     for (int i = 0; i < c->nfly; i++)
         if (first == 0 || c->fly_until[i] < first)
             first = c->fly_until[i];
-    *until = rules_client_next(c->blocked_until, c->nhits + c->nfly, first, STATE_CLIENT_404S_AT(c->tier),
-                               STATE_CLIENT_RECHECK_MS, now);
+    *until = rules_client_next(c->nhits + c->nfly, first, STATE_CLIENT_404S_AT(c->tier), STATE_CLIENT_RECHECK_MS, now);
     return *until <= now;
 }
 
@@ -131,14 +131,19 @@ bool st_client_fly(struct state *st, const struct state_client *id, uint32_t wha
                        int64_t now, int64_t *until)
 {
     struct st_client *e[STATE_CLIENT_TIERS] = {NULL};
+    int64_t blocked[STATE_CLIENT_TIERS] = {0};
     for (int t = 0; t < STATE_CLIENT_TIERS; t++) {
         const uint8_t *b = client_tier(id, t);
         if (b == NULL || (e[t] = client_get(st, b, t, now, true)) == NULL)
             continue; /* none there, or no room: not counted */
         e[t]->last_used = now;
-        if (!client_may_fly(e[t], now, until))
-            return false;
+        blocked[t] = e[t]->blocked_until;
     }
+    if ((*until = rules_client_blocked(blocked, STATE_CLIENT_TIERS, now)) > 0)
+        return false;
+    for (int t = 0; t < STATE_CLIENT_TIERS; t++)
+        if (e[t] != NULL && !client_may_fly(e[t], now, until))
+            return false;
     for (int t = 0; t < STATE_CLIENT_TIERS; t++) {
         struct st_client *c = e[t];
         if (c == NULL)

@@ -73,7 +73,8 @@ struct st_tx {
     int64_t not_before;     /* Retry-After, stated reset, rejected episode */
     int64_t inflight_until; /* lease of the read in flight; 0 when none */
     uint64_t inflight_serial; /* serial of the last read claimed */
-    uint64_t facts_serial;    /* serial of the read whose outcome is recorded (a told one: the last claimed) */
+    uint64_t facts_serial;    /* serial of the read whose outcome is recorded (a told one, or another
+                               * host's 404: a serial of its own, after every read claimed before it) */
     int64_t last_used;
     /* what other hosts say (state_defer) */
     int64_t remote_until;      /* a read of it in flight there until then; 0: none */

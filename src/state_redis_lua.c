@@ -30,7 +30,7 @@
     "local t = redis.call('TIME')\n"                                                       \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"              \
     "local h = redis.call('HMGET', K_TX, 's', 'fu', 'nf', 'n', 'ls', 'lu', 'ra', 'ser', 'le', 'fs')\n" \
-    "local s = h[1]\n"                                                                     \
+    "local s = h[1]\n" /* false when none (HMGET's missing field) */                      \
     "local fu, nf = tonumber(h[2]) or 0, tonumber(h[3]) or 0\n"                            \
     "local n, ls, lu = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0\n"    \
     "local ra, ser, le = tonumber(h[7]) or 0, tonumber(h[8]) or 0, tonumber(h[9]) or 0\n"   \
@@ -282,24 +282,30 @@ static const char lua_claim[] =
     "if hd == RULES_HELD_NOT_FOUND then return {W_NOT_FOUND, nf - now} end\n"
     "if hd == RULES_HELD_BUSY then return {W_BUSY, lu - now} end\n"
     /* an id nobody knows, for a client (each tier: the address, an IPv6
-     * address's /56 and /48): as rules_client_next decides for each tier
-     * (blocked, or its 404s and reads in flight already its allowance:
-     * each host hears of another's read's end only for its own ids, so it
-     * asks again soon), the first that holds it back */
+     * address's /56 and /48), as st_client_fly: blocked at any tier
+     * (rules_client_blocked), or at one whose 404s and reads in flight are
+     * already its allowance (rules_client_next: each host hears of
+     * another's read's end only for its own ids, so it asks again soon) */
     "local fly = ARGV[4] == '1' and not s\n"
     "local tiers = {}\n" /* tier i: KEYS[base], [base + 1], [base + 2]: block, 404s, in flight */
     "if fly then\n"
     "  local lim = {}\n"
     "  for a in string.gmatch(ARGV[8], '%d+') do lim[#lim + 1] = tonumber(a) end\n"
     "  for base = FIXED_KEYS + 1, #KEYS - 2, 3 do tiers[#tiers + 1] = {base = base, allow = lim[#tiers + 1]} end\n"
+    "  local blocks = {}\n" /* each tier's block's end, from 0 */
+    "  for i, t in ipairs(tiers) do\n"
+    "    local bl = redis.call('PTTL', KEYS[t.base])\n"
+    "    blocks[i - 1] = bl > 0 and now + bl or 0\n"
+    "  end\n"
+    "  local bl = rules_client_blocked(blocks, #tiers, now)\n"
+    "  if bl > 0 then return {W_BLOCKED, bl - now} end\n"
     "  for _, t in ipairs(tiers) do\n"
-    "    local bl, kc, kf = redis.call('PTTL', KEYS[t.base]), KEYS[t.base + 1], KEYS[t.base + 2]\n"
+    "    local kc, kf = KEYS[t.base + 1], KEYS[t.base + 2]\n"
     "    redis.call('ZREMRANGEBYSCORE', kf, '-inf', now)\n"
     "    redis.call('ZREMRANGEBYSCORE', kc, '-inf', now - tonumber(ARGV[9]))\n"
     "    local o = redis.call('ZRANGE', kf, 0, 0, 'WITHSCORES')\n"
-    "    local at = rules_client_next(bl > 0 and now + bl or 0, redis.call('ZCARD', kc) + redis.call('ZCARD', kf),\n"
-    "                                 o[2] and tonumber(o[2]) or 0, t.allow, tonumber(ARGV[10]), now)\n"
-    "    if at > now and bl > 0 then return {W_BLOCKED, at - now} end\n"
+    "    local at = rules_client_next(redis.call('ZCARD', kc) + redis.call('ZCARD', kf), o[2] and tonumber(o[2]) or 0,\n"
+    "                                 t.allow, tonumber(ARGV[10]), now)\n"
     "    if at > now then return {W_WAIT, at - now, W_CLIENT} end\n"
     "  end\n"
     "end\n"
@@ -328,8 +334,8 @@ static const char lua_claim[] =
     "end\n"
     "redis.call('ZREMRANGEBYSCORE', K_BUDGET, '-inf', now - BUDGET_SPAN)\n"
     "local used, budget, nth = redis.call('ZCOUNT', K_BUDGET, '-inf', '(+inf'), tonumber(ARGV[2]), 0\n"
-    "if used >= budget and budget > 0 then\n" /* the budget-th newest read, for rules_budget_free */
-    "  nth = tonumber(redis.call('ZREVRANGEBYSCORE', K_BUDGET, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', budget - 1, 1)[2])\n"
+    "if used >= budget and budget > 0 then\n" /* the budget-th newest read (the mark '~' is last), for rules_budget_free */
+    "  nth = tonumber(redis.call('ZRANGE', K_BUDGET, used - budget, used - budget, 'WITHSCORES')[2])\n"
     "end\n"
     "local free = rules_budget_free(used, budget, nth, now)\n"
     "if free > now then return {W_WAIT, free - now, W_BUDGET} end\n"
@@ -609,8 +615,8 @@ static const char lua_finish[] =
     "local word, gone, final = ARGV[3], ARGV[6] == '1', ARGV[4] == '1'\n"
     "if word ~= '' or gone then\n"
     "  local fd = {current = current, older = serial < fs, not_found = gone, final = final,\n"
-    "              forward = word ~= '' and forward(s, word), known = s ~= nil, known_final = s ~= nil and R[s] ~= nil,\n"
-    "              final_cached = s ~= nil and fu > now, nf_cached = nf > now}\n"
+    "              forward = word ~= '' and forward(s, word), known = not not s, known_final = not not (s and R[s]),\n"
+    "              final_cached = not not (s and R[s] and fu > now), nf_cached = nf > now}\n"
     "  if rules_read_records(fd) then\n"
     "    if gone then\n"
     "      nf = now + tonumber(ARGV[7])\n"

@@ -25,7 +25,7 @@ LONG_VALUE = "v" * 70000  # a param longer than one record
 
 
 # ---------------------------------------------------------------------------
-# A FastCGI responder (the application side), independent of harness.py
+# A FastCGI responder (the application side), independent of testenv
 # ---------------------------------------------------------------------------
 
 def _rec(rtype, content=b"", rid=1, pad=None):

@@ -108,8 +108,9 @@ if op == 'held' then
            [RULES_HELD_BUSY] = 'busy'})[rules_held(n.final_until, n.nf_until, w.busy_until, now)]
 end
 if op == 'client_next' then
-  return tostring(rules_client_next(n.blocked_until, n.counted, n.first_flight_end, n.allowance, recheck, now))
+  return tostring(rules_client_next(n.counted, n.first_flight_end, n.allowance, recheck, now))
 end
+if op == 'client_blocked' then return tostring(rules_client_blocked(ev, nev, now)) end
 if op == 'client_blocks' then return rules_client_blocks(n.blocked_until, n.counted, n.allowance, now) and '1' or '0' end
 if op == 'budget_free' then return tostring(rules_budget_free(n.used, k.budget, n.nth_newest, now)) end
 if op == 'read_current' then return rules_read_current(n.serial, n.latest_serial, n.lease_until, now) and '1' or '0' end
@@ -153,7 +154,7 @@ def test_the_lua_plan_decides_every_case_as_plan_c(tmpdir):
     script = plan_lua() + DRIVER
     cases = vectors()
     assert len(cases) >= 30, "the shared table has %d cases" % len(cases)
-    assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "budget_free", "busiest", "client_blocks",
+    assert_eq(sorted({c[1] for c in cases}), ["arrival_rate", "arrivals", "budget_free", "busiest", "client_blocked", "client_blocks",
                                               "client_next", "demand", "drifted", "fresh_hold", "gap", "headroom", "held",
                                               "hold_chance", "late_span", "later_chance", "next_read", "nf_free",
                                               "nf_until", "read", "read_current", "read_records", "ready", "reserve",

@@ -329,6 +329,13 @@ def test_an_ipv6_prefix_counts_at_its_56_and_48(tmpdir):
         for i in range(5):
             assert_eq(claim(c, sha, "v%d" % i, tiers=(p64(200),), quarter=100)[0], "go")
         assert_eq(claim(c, sha, "v5", tiers=(p64(200),), quarter=100)[2], "client")
+        # a /64 at its 5 in flight, of the blocked /56: blocked (every
+        # tier's block first, as the C's st_client_fly), until the block ends
+        for i in range(5):
+            assert_eq(claim(c, sha, "y%d" % i, tiers=(p64(300), "%032x" % 0x5603, P48 + "0"), quarter=100)[0], "go")
+        r = claim(c, sha, "y5", tiers=(p64(300), P56, P48), quarter=100)
+        assert_eq(r[0], "blocked", "blocked at its /56, whatever its /64's count")
+        assert 599000 < r[1] <= 600000, r
 
 
 @testenv.timeout(60)
@@ -394,7 +401,8 @@ def test_a_late_read_records_what_the_c_records(tmpdir):
     """A read that ends after its lease (or after another read started) is
     recorded as the C's finish records it (rules_read_records): its pending
     or unknown word only where no newer read's outcome or told status is
-    recorded, its final status only forward, and a newer outcome stays."""
+    recorded, its final status only forward, a newer outcome stays, and its
+    404 where nothing is known."""
     redis = testenv.Redis(tmpdir)
     with redis.client() as c:
         sha = scripts(c)
@@ -419,6 +427,12 @@ def test_a_late_read_records_what_the_c_records(tmpdir):
         assert_eq(c.cmd("HGET", K + "t:A", "s"), "succeeded", "a late final status moves what is known forward")
         finish(c, sha, "A", two[1], word="failed", final=True)
         assert_eq(c.cmd("HGET", K + "t:A", "s"), "succeeded", "never sideways")
+        # a late 404 of an id nobody knows is remembered
+        late = claim(c, sha, "B", plan=False)
+        assert_eq(late[0], "go")
+        overrun(c, "B")
+        finish(c, sha, "B", late[1], not_found=True)
+        assert int(c.cmd("HGET", K + "t:B", "nf") or 0) > now_ms(c), "a late 404 where nothing is known"
 
 
 def monitor_args(line):

@@ -670,8 +670,10 @@ static void vector_answer(const char *op, const struct vector *v, char *out, siz
                                            [RULES_HELD_NOT_FOUND] = "nf", [RULES_HELD_BUSY] = "busy"};
         snprintf(out, cap, "%s", held[rules_held(v->final_until, v->nf_until, v->w.busy_until, v->now)]);
     } else if (strcmp(op, "client_next") == 0) {
-        snprintf(out, cap, "%lld", (long long)rules_client_next(v->blocked_until, v->counted, v->first_flight_end,
-                                                                 v->allowance, v->recheck, v->now));
+        snprintf(out, cap, "%lld",
+                 (long long)rules_client_next(v->counted, v->first_flight_end, v->allowance, v->recheck, v->now));
+    } else if (strcmp(op, "client_blocked") == 0) {
+        snprintf(out, cap, "%lld", (long long)rules_client_blocked(v->ev, v->nev, v->now));
     } else if (strcmp(op, "client_blocks") == 0) {
         snprintf(out, cap, "%d", rules_client_blocks(v->blocked_until, v->counted, v->allowance, v->now) ? 1 : 0);
     } else if (strcmp(op, "budget_free") == 0) {

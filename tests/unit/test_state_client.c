@@ -397,6 +397,31 @@ static void test_client_ipv6_prefix_spread(void **unused)
     state_free(st);
 }
 
+/* A client blocked at its /56 waits for that block, whatever its /64's
+ * count says (every tier's block is asked first, as the Redis claim does:
+ * rules_client_blocked), not the soon recheck of a /64 at its count. */
+static void test_client_blocked_at_a_prefix_whatever_its_64s_count(void **unused)
+{
+    (void)unused;
+    struct state *st = mk_clients(256);
+    struct state_key k = key_of(st, "sk_test_a");
+    struct state_client x = client_for(st, &k, "2001:db8:ab:cd01::1");
+    struct state_ticket t;
+    for (int i = 0; i < STATE_CLIENT_404S; i++) { /* the /64's allowance, in flight */
+        char id[16];
+        snprintf(id, sizeof id, "F%d", i);
+        assert_true(claim_for(st, &k, id, &x, T0, &t, NULL));
+    }
+    struct state_client p56 = {0}; /* its /56, as a client of its own */
+    memcpy(p56.b, x.wide[0], sizeof p56.b);
+    state_client_block(st, &p56, T0 + 100000, T0);
+    struct state_fact f;
+    assert_false(claim_for(st, &k, "F9", &x, T0 + 10, &t, &f));
+    assert_int_equal(f.wait, WAIT_CLIENT);
+    assert_int_equal(f.next_read, T0 + 100000);
+    state_free(st);
+}
+
 /* Reads in flight count at every prefix: a burst from many /64s of one
  * /56 all at once starts the /56's allowance, no more. */
 static void test_client_prefix_counts_reads_in_flight(void **unused)
@@ -607,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_client_prefix_ids),
         cmocka_unit_test(test_client_ipv6_prefix_spread),
         cmocka_unit_test(test_client_prefix_counts_reads_in_flight),
+        cmocka_unit_test(test_client_blocked_at_a_prefix_whatever_its_64s_count),
         cmocka_unit_test(test_not_found_quarter),
         cmocka_unit_test(test_not_found_quarter_counts_reads_under_way),
         cmocka_unit_test(test_clients_table_full),
