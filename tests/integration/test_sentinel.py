@@ -169,10 +169,28 @@ def test_a_sentinel_down_among_several(tmpdir):
         assert_eq(k.wait_log(5, event="redis_sentinel_failed", sentinel=hung.hostport())["why"],
                   "no answer within 300 ms")
         assert "refused" in k.wait_log(5, event="redis_sentinel_failed", sentinel=gone)["why"]
-    sb.put_tx("d1", "succeeded")
-    assert_eq(ks[0].get("id=d1").header("kembali-status"), "succeeded")
-    assert_eq(ks[1].get("id=d1").header("kembali-status"), "succeeded")
-    assert_eq(len(sb.reads("d1")), 1, "the second host learnt d1 through the master")
+    # A busy machine can hold Redis's answer past 100 ms: a host then leaves
+    # it (redis_left in its own log) and reads on its own until it rejoins.
+    # Such a try says nothing of the master: it is made again, with
+    # another id, once both hosts are back (three tries at most).
+    stalls = [0] * len(ks)
+    for attempt in range(3):
+        tx = "d1" if attempt == 0 else "d1-%d" % attempt
+        before = [len(k.find_log(event="redis_left")) for k in ks]
+        sb.put_tx(tx, "succeeded")
+        assert_eq(ks[0].get("id=" + tx).header("kembali-status"), "succeeded")
+        assert_eq(ks[1].get("id=" + tx).header("kembali-status"), "succeeded")
+        after = [len(k.find_log(event="redis_left")) for k in ks]
+        if after == before:
+            break
+        print("# %s: a host left Redis meanwhile (a busy machine): tried again" % tx)
+        for i, k in enumerate(ks):
+            stalls[i] += after[i] - before[i]
+            testenv.wait_for(lambda: len(k.find_log(event="redis_rejoined")) >= len(k.find_log(event="redis_left")),
+                             10, msg="%s back on Redis" % k.name)
+    else:
+        raise AssertionError("Redis was slower than 100 ms in each of three tries")
+    assert_eq(len(sb.reads(tx)), 1, "the second host learnt %s through the master" % tx)
     # kembali --notify (no loop) asks the Sentinels too, past the two that fail
     p = subprocess.run([testenv.kembali_bin(), "--config", ks[0].config_path, "--notify", "toko-a", "d2", "failed"],
                        capture_output=True, text=True, timeout=30)
@@ -183,7 +201,7 @@ def test_a_sentinel_down_among_several(tmpdir):
         page = test_metrics.check_page(k, redis=True)
         assert_eq(page['kembali_redis_master{address="127.0.0.1:%d"}' % master.port], 1)
         assert_eq([n for n in SENTINEL_NAMES if n not in page], [], "every Sentinel metric on the page")
-    for k in ks:  # the good one is asked first from now on: three checks, no further failure, no leave
+    for i, k in enumerate(ks):  # the good one is asked first from now on: three checks, no further failure, no leave
         if k.find_log(event="redis_sentinel_failed", sentinel=good.hostport()):
             print("# %s: the good Sentinel was slower than 300 ms once (a busy machine): not checked" % k.name)
             continue
@@ -194,7 +212,7 @@ def test_a_sentinel_down_among_several(tmpdir):
         m = k.metrics()
         assert_eq((m["kembali_redis_up"], m["kembali_redis_sentinel_failures_total"]), (1, 2))
         assert_eq(len(k.find_log(event="redis_sentinel_failed")), 2)
-        assert_eq(k.find_log(event="redis_left"), [])
+        assert_eq(len(k.find_log(event="redis_left")), stalls[i], "no leave but the stalls tried again")
 
 
 @testenv.timeout(120)
