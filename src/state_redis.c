@@ -190,8 +190,12 @@ static void reply_held(struct state_redis *r, struct state_redis_op *op, const r
 
 /* a script whose answer matters only for a finish that charged a client:
  * 1 means its client's block started */
+static void writeback_done(struct state_redis *r, uint64_t seq);
+
 static void reply_fire(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
 {
+    if (op->wb_seq != 0 && !failed && r != NULL && !reply_is(x, REDIS_REPLY_ERROR))
+        writeback_done(r, op->wb_seq); /* written: else kept for the next join */
     if (op->charge && !failed && r != NULL && r->on_blocked != NULL && reply_is(x, REDIS_REPLY_INTEGER) &&
         x->integer == 1)
         r->on_blocked(r->ctx, op->shop, op->id);
@@ -654,6 +658,7 @@ static void writeback_add(struct state_redis *r, const char *secret, const char 
         if (strcmp(r->wb[i].id, id) == 0) {
             util_copy(r->wb[i].word, sizeof r->wb[i].word, word);
             r->wb[i].at = now;
+            r->wb[i].seq = ++r->wb_seq;
             return;
         }
         mine++;
@@ -667,25 +672,51 @@ static void writeback_add(struct state_redis *r, const char *secret, const char 
     util_copy(w->id, sizeof w->id, id);
     util_copy(w->word, sizeof w->word, word);
     w->at = now;
+    w->seq = ++r->wb_seq;
     r->nwb++;
+}
+
+/* Entry i of the write-back leaves it (the last takes its place). */
+static void writeback_drop(struct state_redis *r, size_t i)
+{
+    writeback_clear(&r->wb[i]);
+    r->wb[i] = r->wb[--r->nwb];
+    memset(&r->wb[r->nwb], 0, sizeof r->wb[r->nwb]);
+}
+
+/* The tell of write-back version `seq` was answered: that version is in
+ * Redis (a newer one of the same status, told since, stays queued). */
+static void writeback_done(struct state_redis *r, uint64_t seq)
+{
+    for (size_t i = 0; i < r->nwb; i++)
+        if (r->wb[i].seq == seq) {
+            writeback_drop(r, i);
+            r->m.written_back++;
+            return;
+        }
 }
 
 void state_redis_writeback_flush(struct state_redis *r)
 {
     int64_t now = util_mono_ms();
-    long sent = 0;
-    for (size_t i = 0; i < r->nwb; i++) {
+    for (size_t i = 0; i < r->nwb;) {
         /* cached only for what is left of its time, counted from when it
          * was read or told: an old expired must not outlive Kasera's word */
         int64_t left = rules_ttl_left(tx_status_parse(r->wb[i].word), r->wb[i].at, now);
-        if (left > 0) {
-            send_tell(r, r->wb[i].secret, r->wb[i].id, r->wb[i].word, true, NULL, left);
-            sent++;
+        struct state_redis_id k;
+        if (left <= 0 || !state_redis_name(r->wb[i].secret, &k)) {
+            writeback_drop(r, i);
+            continue;
         }
-        writeback_clear(&r->wb[i]);
+        /* kept until its tell is answered: a connection lost before
+         * (Redis slower than 100 ms, gone again) sends it at the next join */
+        struct state_redis_op *op = state_redis_op_new(r, OP_FIRE);
+        if (op != NULL) {
+            op->wb_seq = r->wb[i].seq;
+            send_tell_op(r, &k, r->wb[i].id, r->wb[i].word, true, NULL, left, op);
+        }
+        i++;
     }
-    r->m.written_back += sent;
-    r->nwb = 0;
 }
 
 void state_redis_seed(struct state_redis *r, const struct state_redis_id *rkey, const struct state_redis_id *host,

@@ -61,6 +61,7 @@ struct state_redis_op {
     void *data;
     bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
     char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */
+    uint64_t wb_seq;          /* OP_FIRE of a write-back: the entry its answer lets go (0: none) */
     int64_t sent;
     bool queued;              /* on r's list of waiting operations */
     struct state_redis_op *prev, *next;
@@ -71,6 +72,7 @@ struct writeback {
     char id[STATE_ID_MAX + 1];
     char word[STATUS_WORD_MAX + 1];
     int64_t at;               /* when it was read or told (its cache time counts from there) */
+    uint64_t seq;             /* this version of it (its tell, once sent, answers for it) */
 };
 
 enum phase { PH_DOWN, PH_JOINING, PH_UP };
@@ -96,6 +98,7 @@ struct state_redis {
     struct loop_timer slow_timer, retry_timer, teardown_timer, join_timer, ping_timer;
     struct writeback wb[STATE_REDIS_WRITEBACK_MAX];
     size_t nwb;
+    uint64_t wb_seq;          /* the last writeback.seq given */
     struct state_redis_metrics m;
     /* a host name is resolved at start (the loop is not running yet), then
      * again at every attempt to join, by a thread of its own (struct
@@ -248,7 +251,8 @@ void state_redis_timers_init(struct state_redis *r);
 
 /* ---- state_redis.c ---- */
 
-/* Write back what was told while down (from joined). */
+/* Write back what was told while down (from joined); each entry stays
+ * queued until its tell is answered, for the next join otherwise. */
 void state_redis_writeback_flush(struct state_redis *r);
 
 /* Every reply, and every operation dropped with its connection (reply NULL). */

@@ -326,6 +326,31 @@ def test_write_back_keeps_room_for_every_key(tmpdir):
     assert_eq(len(sb.reads("w1")), 1, "the second host learnt w1 from Redis")
 
 
+@testenv.timeout(120)
+def test_a_write_back_lost_on_the_way_is_sent_again(tmpdir):
+    """A final status told while Redis was gone is written back at the
+    join; when the connection is lost before its tell is answered (Redis
+    holds writes for 1.5 s, past the 100 ms a host waits), it stays queued
+    and is written at the next join: it reaches Redis, counted once."""
+    redis, sb, ks = hosts(tmpdir, n=1, two_shops=True)
+    k = ks[0]
+    redis.kill()
+    k.wait_log(15, event="redis_left")
+    r = kit.notify(k, "wb1", {"status": "succeeded"}, extra={"HTTP_HOST": "toko-a.test"})
+    assert_eq(r.status, 204, r.text)
+    redis.restart()
+    # writes held before the host's join (it tries again each second):
+    # PING, ROLE and SCRIPT LOAD go on, the write-back's tell waits
+    redis.cmd("CLIENT", "PAUSE", "1500", "WRITE")
+    first = k.wait_log(15, event="redis_rejoined")
+    assert_eq(first.get("written_back"), "1", first)
+    testenv.wait_for(lambda: len(k.find_log(event="redis_rejoined")) >= 2, 15, msg="joined again after the pause")
+    lefts = k.find_log(event="redis_left")
+    assert len(lefts) >= 2 and lefts[-1]["why"] == "slower than 100 ms", lefts
+    testenv.wait_for(lambda: redis.keys("kembali:*t:wb1"), 15, msg="wb1's final status in Redis")
+    assert_eq(k.metrics()["kembali_redis_written_back_total"], 1)
+
+
 def test_redis_not_there_at_start_then_joined_with_a_password(tmpdir):
     """Redis down when kembali starts: one log line, requests answered on
     the host's own state; once Redis runs (with a password), every host

@@ -27,6 +27,7 @@ import test_sentinel
 from testenv import assert_eq
 
 B = 20  # the key's read_budget_per_minute
+PACE_MS = kit.FAST[1]  # the hosts' schedule's wait after a first read
 GRACE = 2.0  # budget.h: BUDGET_GRACE_MS (5 s with Sentinels)
 
 
@@ -360,6 +361,11 @@ def test_cgi_processes_wait_for_their_join(tmpdir):
             continue
         if any(b"event=redis_left" in o[1] for o in outs):  # joined, then Redis slower than 100 ms
             print("# trial %d: a process left a starved Redis before its claim: decided alone, rightly" % trial)
+            continue
+        gap = reads[1]["t_ms"] - reads[0]["t_ms"] if len(reads) == 2 else 0
+        if gap >= PACE_MS:  # on Kasera's clock: the second came once the pace allowed another read
+            print("# trial %d: the second process came %.0f ms after the first read (a busy machine: a TSan "
+                  "build takes seconds to start): the pace's wait, not at once" % (trial, gap))
             continue
         judged += 1
         single += len(reads) == 1
