@@ -134,7 +134,7 @@ int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused)
         retry_ms = 0;
     if (refused <= 0)
         return retry_ms;
-    return retry_ms + (wait_ms > 0 ? wait_ms : 0);
+    return retry_ms + (wait_ms > 0 ? wait_ms : 0) + RULES_APART_MARGIN_MS;
 }
 
 int64_t rules_floor(int64_t last_end)

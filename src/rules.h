@@ -33,6 +33,7 @@
 #define RULES_AUTH_FAILS_MAX 9               /* under Kasera's per-IP limiter (10 in the sandbox) */
 #define RULES_AUTH_FAILS_DEFAULT 5
 #define RULES_NOT_FOUND_SHARE 4              /* reads ending 404 take at most 1/4 of a key's budget */
+#define RULES_APART_MARGIN_MS (PACE_MIN_WAIT_MS - 1000) /* two paces apart: the pace's margin over Kasera's 1 s */
 
 /* The longest jitter drawn for a pause of `pause_ms` (a tenth of it): the
  * caller draws the jitter in [0, this] and passes it to rules_outcome(). */
@@ -109,11 +110,13 @@ int64_t rules_hold_ms(const struct pace_schedule *s);
  * ever (lockstep), and its buyers would see only refusals. The first
  * refusal is honoured as Kasera states it (the Retry-After); from the
  * second in a row the schedule's wait (`wait_ms`, pace_wait) counts from
- * the window's end instead of from the refused read: the next read comes
- * a second after the other side's next one, when that one's window has
- * ended, and the two paces stay apart (each side's reads are then at
- * least a second from the other's). Never sooner than the Retry-After or
- * the schedule. Returns the wait from now. Can't fail. */
+ * the window's end, plus the pace's own margin over Kasera's second
+ * (RULES_APART_MARGIN_MS), instead of from the refused read: the next
+ * read comes PACE_MIN_WAIT_MS after the other side's next one, when that
+ * one's window has ended even if it came a little late (a busy machine),
+ * and the two paces stay apart (each side's reads are then at least a
+ * second from the other's). Never sooner than the Retry-After or the
+ * schedule. Returns the wait from now. Can't fail. */
 int64_t rules_tx_limited_wait(int64_t retry_ms, int64_t wait_ms, int refused);
 
 /* The earliest start of the next read by the floor at Kasera: RULES_FLOOR_MS

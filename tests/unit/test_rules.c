@@ -129,10 +129,12 @@ static void test_tx_limited_moves_away(void **unused)
 {
     (void)unused;
     assert_int_equal(rules_tx_limited_wait(1000, 1500, 0), 1000); /* the first: as stated */
-    assert_int_equal(rules_tx_limited_wait(1000, 1500, 1), 2500); /* then: the wait after the window */
-    assert_int_equal(rules_tx_limited_wait(300, 1100, 4), 1400);
+    /* then: the wait after the window, and the pace's margin over Kasera's second */
+    assert_int_equal(rules_tx_limited_wait(1000, 1500, 1), 2500 + 100);
+    assert_int_equal(rules_tx_limited_wait(300, 1100, 4), 1400 + 100);
     assert_int_equal(rules_tx_limited_wait(-1, 1100, 0), 0);
-    assert_int_equal(rules_tx_limited_wait(1000, -5, 2), 1000);
+    assert_int_equal(rules_tx_limited_wait(1000, -5, 2), 1000 + 100);
+    assert_int_equal(RULES_APART_MARGIN_MS, 100);
 }
 
 static void test_replace_table(void **unused)
