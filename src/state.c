@@ -87,7 +87,11 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
             f->in_flight_until = inflight;
         }
     }
-    if (f->final)
+    /* a cached final status, a remembered 404 or a read under way answers
+     * without a read (as Redis's claim: rules_held) */
+    f->held = (enum rules_held)rules_held(f->final ? f->known_until : 0, f->not_found ? f->known_until : 0,
+                                          f->in_flight_until, now);
+    if (f->held == RULES_HELD_FINAL)
         return; /* it answers, and no read starts while its cache runs: nothing else is asked */
     /* the pace, the floor, Retry-After and the key's pause, as Redis's
      * claim decides them (rules_next_read) */
@@ -120,10 +124,7 @@ static void compute(struct state *st, struct st_tx *e, struct st_keyent *k, cons
     }
     if (f->not_found)
         raise_to(&f->next_read, &f->wait, f->known_until, WAIT_RETRY);
-    /* a cached final status, a remembered 404 or a read under way answers
-     * without a read (as Redis's claim: rules_held) */
-    bool held = rules_held(f->final ? f->known_until : 0, f->not_found ? f->known_until : 0, f->in_flight_until,
-                           now) != RULES_HELD_NONE;
+    bool held = f->held != RULES_HELD_NONE;
     /* everything else allows a read now: does the budget's plan? */
     enum plan_read r = PLAN_EARLY;
     bool elsewhere = atomic_load_explicit(&st->elsewhere, memory_order_relaxed);
@@ -217,8 +218,7 @@ bool state_claim_client(struct state *st, const struct state_key *key, const cha
     compute(st, e, k, sched, budget, now, out, &kind);
     if (out->withheld && e != NULL)
         e->withheld = 1; /* the plan held this read back (plan_drifted) */
-    if (out->next_read > now || rules_held(out->final ? out->known_until : 0, out->not_found ? out->known_until : 0,
-                                           out->in_flight_until, now) != RULES_HELD_NONE)
+    if (out->next_read > now || out->held != RULES_HELD_NONE)
         goto done;
     if (k == NULL)
         k = st_key_get(st, key, now, true);

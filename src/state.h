@@ -114,6 +114,7 @@ struct state_fact {
                           * next_read: when it looks again); what can change that is the
                           * key's (state_plan_open) or, at withheld_own, its own */
     int64_t withheld_own; /* withheld: its own reservation's time (INT64_MAX: none) */
+    enum rules_held held; /* what answers without a read (rules_held; RULES_HELD_NONE: a read may be asked) */
 };
 
 struct state_ticket {
