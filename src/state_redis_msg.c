@@ -12,8 +12,7 @@
 #define MSG_LETTER(kind, name, letter) {kind, name, letter},
 static const struct {
     enum state_redis_msg_kind kind;
-    const char *name;
-    char letter;
+    const char *name, *letter;
 } letters[] = {STATE_REDIS_MSG_LETTERS(MSG_LETTER)};
 #undef MSG_LETTER
 #define N_LETTERS (sizeof letters / sizeof letters[0])
@@ -59,12 +58,7 @@ static const char *letter_name(size_t i)
 
 static const char *letter_value(size_t i)
 {
-    static const char one[][2] = {
-#define ONE(kind, name, letter) {letter, '\0'},
-        STATE_REDIS_MSG_LETTERS(ONE)
-#undef ONE
-    };
-    return one[i];
+    return letters[i].letter;
 }
 
 static const char *word_name(size_t i)
@@ -110,7 +104,7 @@ bool state_redis_msg_parse(const char *s, size_t len, struct state_redis_msg *m)
         return false;
     memset(m, 0, sizeof *m);
     size_t which = 0;
-    while (which < N_LETTERS && letters[which].letter != f[0][0])
+    while (which < N_LETTERS && letters[which].letter[0] != f[0][0])
         which++;
     if (which == N_LETTERS)
         return false;

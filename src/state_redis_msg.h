@@ -51,17 +51,18 @@ struct state_redis_msg {
     int64_t ms;
 };
 
-/* Each kind's letter, a line's first field (the form above): the
- * scripts publish with these, by the names state_redis_msg_lua() gives
- * them, and state_redis_msg_parse() reads them. */
+/* Each kind's letter (a string of one character), a line's first field
+ * (the form above): the scripts publish with these, by the names
+ * state_redis_msg_lua() gives them, and state_redis_msg_parse() reads
+ * them. */
 #define STATE_REDIS_MSG_LETTERS(X)                                                                                   \
-    X(STATE_REDIS_MSG_FINAL, "MSG_FINAL", 'F')                                                                       \
-    X(STATE_REDIS_MSG_STATUS, "MSG_STATUS", 'P')                                                                     \
-    X(STATE_REDIS_MSG_NEXT, "MSG_NEXT", 'W')                                                                         \
-    X(STATE_REDIS_MSG_NOT_FOUND, "MSG_NOT_FOUND", 'N')                                                               \
-    X(STATE_REDIS_MSG_BLOCK, "MSG_BLOCK", 'B')                                                                       \
-    X(STATE_REDIS_MSG_SEED, "MSG_SEED", 'S')                                                                         \
-    X(STATE_REDIS_MSG_READ, "MSG_READ", 'R')
+    X(STATE_REDIS_MSG_FINAL, "MSG_FINAL", "F")                                                                       \
+    X(STATE_REDIS_MSG_STATUS, "MSG_STATUS", "P")                                                                     \
+    X(STATE_REDIS_MSG_NEXT, "MSG_NEXT", "W")                                                                         \
+    X(STATE_REDIS_MSG_NOT_FOUND, "MSG_NOT_FOUND", "N")                                                               \
+    X(STATE_REDIS_MSG_BLOCK, "MSG_BLOCK", "B")                                                                       \
+    X(STATE_REDIS_MSG_SEED, "MSG_SEED", "S")                                                                         \
+    X(STATE_REDIS_MSG_READ, "MSG_READ", "R")
 
 /* The words of a claim's answer (the claim script's, read back by
  * state_redis.c): its verdict, then why it waits, or which read it grants

@@ -71,6 +71,17 @@ static void test_the_scripts_words(void **unused)
         assert_int_equal(state_redis_word_of(said[i], strlen(said[i])), i);
     assert_int_equal(state_redis_word_of("gone", 4), SRW_N);
     assert_int_equal(state_redis_word_of("go", 1), SRW_N);
+    /* a line's first field is one character: each letter is one, and no two alike */
+    static const char *const letters[] = {
+#define LETTER(kind, name, letter) letter,
+        STATE_REDIS_MSG_LETTERS(LETTER)
+#undef LETTER
+    };
+    for (size_t i = 0; i < sizeof letters / sizeof letters[0]; i++) {
+        assert_int_equal(strlen(letters[i]), 1);
+        for (size_t j = 0; j < i; j++)
+            assert_int_not_equal(letters[i][0], letters[j][0]);
+    }
 }
 
 static void test_refused(void **unused)
