@@ -6,8 +6,6 @@ on one host wake when another host's read ends; Redis stopped, killed and
 restarted: every request is still answered by its deadline, within the
 fallback budget, and the hosts coalesce again once it is back."""
 
-import hashlib
-import hmac
 import json
 import statistics
 import subprocess
@@ -418,13 +416,6 @@ def test_redis_keys_are_hashed_and_expire(tmpdir):
     assert kit.KEY not in dump and kit.KEY[-12:] not in dump, "the secret is not in any key name"
 
 
-def key_name(secret):
-    """The name K of an API key's Redis keys, as docs/redis.md documents it:
-    the first 16 bytes of HMAC-SHA256(key = the secret, message =
-    "kembali-names-v1"), in hex."""
-    return hmac.new(secret.encode(), b"kembali-names-v1", hashlib.sha256).digest()[:16].hex()
-
-
 @testenv.timeout(120)
 def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     """The names of an API key's keys depend on that key alone: two hosts
@@ -434,7 +425,7 @@ def test_every_host_derives_the_same_key_names_for_good(tmpdir):
     pace one transaction as one (it used to take a new salt: two key spaces
     for one API key, reads 1 ms apart)."""
     redis, sb, ks = hosts(tmpdir, n=2)
-    k_a = key_name(kit.KEY)
+    k_a = testenv.redis_key_name(kit.KEY)
     sb.put_tx("s1", "succeeded")
     assert_eq(ks[0].get("id=s1").header("kembali-status"), "succeeded")
     names = [n.decode() if isinstance(n, bytes) else n for n in redis.keys("*")]

@@ -4,6 +4,8 @@ client."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -48,6 +50,13 @@ def redis_script_keys(name: str, vprefix: str, k: str, tx, tiers=()) -> list:
             n = n.replace(mark, t)
         names.append(n)
     return names
+
+
+def redis_key_name(secret: str) -> str:
+    """The name K of an API key's Redis keys, as docs/redis.md documents it:
+    the first 16 bytes of HMAC-SHA256(key = the secret, message =
+    "kembali-names-v1"), in hex."""
+    return hmac.new(secret.encode(), b"kembali-names-v1", hashlib.sha256).digest()[:16].hex()
 
 
 class RedisError(Exception):
