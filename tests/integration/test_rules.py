@@ -255,7 +255,10 @@ def key_pause_shared(ks, secret, id):
                                      testenv.redis_key_name(secret), id)
     key = [n for n in keys if n.endswith("}k")]
     assert_eq(len(key), 1, "the key's hash among the finish's keys %r" % keys)
-    testenv.wait_for(lambda: ks.redis.cmd("HGET", key[0], "p"), 10, msg="the key's pause in Redis")
+    # a host that left Redis (a starved machine) never sends it the pause:
+    # the run is then not compared (differ), so go on
+    testenv.wait_for(lambda: ks.redis.cmd("HGET", key[0], "p") or any(k.find_log(event="redis_left") for k in ks),
+                     10, msg="the key's pause in Redis")
 
 
 def ep_key_429(sb, ks, id):
