@@ -188,10 +188,11 @@ static void reply_held(struct state_redis *r, struct state_redis_op *op, const r
     op->held_fn(op->data, &h);
 }
 
-/* a script whose answer matters only for a finish that charged a client:
- * 1 means its client's block started */
 static void writeback_done(struct state_redis *r, uint64_t seq);
 
+/* a script whose answer matters only for a write-back (answered: it is
+ * written) and for a finish that charged a client (1: its client's block
+ * started) */
 static void reply_fire(struct state_redis *r, struct state_redis_op *op, const redisReply *x, bool failed)
 {
     if (op->wb_seq != 0 && !failed && r != NULL && !reply_is(x, REDIS_REPLY_ERROR))

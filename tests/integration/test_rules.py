@@ -257,7 +257,7 @@ def key_pause_shared(ks, secret, id):
     assert_eq(len(key), 1, "the key's hash among the finish's keys %r" % keys)
     # a host that left Redis (a starved machine) never sends it the pause:
     # the run is then not compared (differ), so go on
-    testenv.wait_for(lambda: ks.redis.cmd("HGET", key[0], "p") or any(k.find_log(event="redis_left") for k in ks),
+    testenv.wait_for(lambda: ks.redis.cmd("HGET", key[0], "p") or ks.left_redis(),
                      10, msg="the key's pause in Redis")
 
 
@@ -440,6 +440,10 @@ class Pair(list):
         super().__init__(ks)
         self.redis = redis
 
+    def left_redis(self):
+        """A process left Redis (a starved machine) and decided alone."""
+        return any(k.find_log(event="redis_left") for k in self)
+
 
 def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=False):
     """Run `table` through two processes of one store; out[name] = (reads,
@@ -497,7 +501,7 @@ def run_store(tmpdir, kind, table, schedule, budget, out, ids=None, together=Fal
                                                  if x.get("event") == "request" and x.get("id") == id),
                                                 default=first) - first, 3) for id in every]
         out[name] = (got, answers[name], all_ends)
-    out["_left"] = any(k.find_log(event="redis_left") for k in ks)
+    out["_left"] = ks.left_redis()
 
 
 def required_reads(want):
