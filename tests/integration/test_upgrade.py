@@ -380,6 +380,7 @@ class FakeSystemd:
         self.sock.bind(self.path)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         self.messages = []  # (dict of the message's assignments, [fds])
+        self.marks = 0  # sync()'s own messages sent
         self.lock = threading.Lock()
         self.t = threading.Thread(target=self.read, daemon=True)
         self.t.start()
@@ -402,8 +403,22 @@ class FakeSystemd:
             return got if len(got) >= n else None
         return testenv.wait_for(found, timeout, msg="notify message %r" % match)
 
+    def sync(self):
+        """Return once every message already sent has been read: the
+        socket's queue keeps datagrams in order, so a message of our own,
+        sent now, is read after them (a process that has exited has sent
+        all of its own, but the reading thread may not have read them yet)."""
+        with self.lock:
+            self.marks += 1
+            mark = str(self.marks)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"KEMBALI_TEST_SYNC=" + mark.encode(), self.path)
+        self.wait(KEMBALI_TEST_SYNC=mark)
+
     def store(self):
-        """The file-descriptor store: name -> fd, as FDSTORE=1 / FDSTOREREMOVE=1 left it."""
+        """The file-descriptor store: name -> fd, as FDSTORE=1 / FDSTOREREMOVE=1
+        left it, once every message already sent is read (sync)."""
+        self.sync()
         st = {}
         with self.lock:
             for fields, fds in self.messages:
