@@ -129,11 +129,19 @@ def exercise_and_check(tmpdir, k, sb, redis):
     assert m["kembali_fastcgi_connections_total"] >= 8, m
     assert m["kembali_state_entries"] >= 2, m
     if redis:
-        assert_eq(m["kembali_redis_up"], 1.0)
+        # a reply later than 100 ms (a sanitizer build on a busy machine)
+        # sends the process to its own state until Redis answers again, and
+        # the page says so: it shows 1 once the process has rejoined
+        def up_again():
+            page = k.metrics()
+            return page if page["kembali_redis_up"] == 1.0 else None
+        m = testenv.wait_for(up_again, 15, msg="kembali_redis_up 1 again")
         assert m["kembali_redis_joins_total"] >= 1, m
+        assert_eq(m["kembali_redis_joins_total"], m["kembali_redis_leaves_total"] + 1, "joins: the first and rejoins")
         assert m["kembali_redis_round_trips_total"] >= 1, m
         assert m["kembali_redis_claims_total"] >= 1, m
-        assert m["kembali_redis_messages_total"] >= 1, m  # the --notify's message
+        if m["kembali_redis_leaves_total"] == 0:  # away, it hears no message
+            assert m["kembali_redis_messages_total"] >= 1, m  # the --notify's message
     return m
 
 
