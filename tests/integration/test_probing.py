@@ -48,40 +48,18 @@ def burst(sb, ks, seed, prober=PROBER):
     return reads, words
 
 
-def log_count(ks, event):
-    return sum(len(k.find_log(event=event)) for k in ks)
-
-
-def without_a_stall(ks, run, tries=3):
-    """run(attempt) until no host left Redis while it ran, and its result.
-    A busy machine can hold Redis's answers past 100 ms: a host then
-    leaves it (redis_left in its own log) and decides alone, on its own
-    counts, until it rejoins, so that try says nothing of Redis's counts.
-    Each try uses other addresses and ids (run's attempt); hosts without
-    Redis never leave it: one try."""
-    for attempt in range(tries):
-        left = log_count(ks, "redis_left")
-        out = run(attempt)
-        if log_count(ks, "redis_left") == left:
-            return out
-        print("# a host left Redis meanwhile (a busy machine): tried again")
-        testenv.wait_for(lambda: log_count(ks, "redis_rejoined") >= log_count(ks, "redis_left"), 10,
-                         msg="every host back on Redis")
-    raise AssertionError("Redis was slower than 100 ms in each of %d tries" % tries)
-
-
 def check_burst(sb, ks, seed=1):
     blocked = []
 
     def run(attempt):
-        blocked[:] = [log_count(ks, "client_blocked")]
+        blocked[:] = [kit.log_count(ks, "client_blocked")]
         return burst(sb, ks, seed + 100 * attempt, {"REMOTE_ADDR": "203.0.113.%d" % (7 + attempt)})
 
-    reads, words = without_a_stall(ks, run)
+    reads, words = kit.without_a_stall(ks, run)
     assert len(reads) <= 5, "a burst of guesses costs at most 5 reads: %d" % len(reads)
     assert_eq(words.count("not_found"), len(reads))
     assert_eq(words.count("not_found") + words.count("checking"), BURST)
-    lines = testenv.wait_for(lambda: log_count(ks, "client_blocked") - blocked[0], 30, msg="the block's log line")
+    lines = testenv.wait_for(lambda: kit.log_count(ks, "client_blocked") - blocked[0], 30, msg="the block's log line")
     assert_eq(lines, 1, "one line when the block starts, over every process")
 
 
@@ -230,8 +208,8 @@ def test_redis_an_ipv6_60_cannot_spend_the_budget(tmpdir):
     404s are every host's (Redis counts them); a paid buyer gets
     succeeded."""
     redis, sb, ks = redis_budget_hosts(tmpdir)
-    reads = without_a_stall(ks, lambda a: spread(sb, ks, ["2001:db8:%x:ab%x0::%x" % (0x77 + a, i, i + 1)
-                                                         for i in range(16)], 6, seed=61 + 100 * a))
+    reads = kit.without_a_stall(ks, lambda a: spread(sb, ks, ["2001:db8:%x:ab%x0::%x" % (0x77 + a, i, i + 1)
+                                                              for i in range(16)], 6, seed=61 + 100 * a))
     assert reads <= 10, "one /56 spends at most its 10 over every host: %d" % reads
     paid_buyer_succeeds(sb, ks[-1])
 
@@ -241,8 +219,8 @@ def test_redis_an_ipv6_48_cannot_spend_the_budget(tmpdir):
     """96 /56s of one /48 over two hosts on one Redis: at most the 404
     quarter's 15 (the /48's 20 after it); a paid buyer gets succeeded."""
     redis, sb, ks = redis_budget_hosts(tmpdir)
-    reads = without_a_stall(ks, lambda a: spread(sb, ks, ["2001:db8:%x:%x00::1" % (0x48 + a, i) for i in range(96)], 1,
-                                                 seed=49 + 100 * a))
+    reads = kit.without_a_stall(ks, lambda a: spread(sb, ks, ["2001:db8:%x:%x00::1" % (0x48 + a, i)
+                                                              for i in range(96)], 1, seed=49 + 100 * a))
     assert reads <= BUDGET // 4, "a /48 spends at most the 404 quarter, every host's: %d" % reads
     paid_buyer_succeeds(sb, ks[-1])
 
@@ -253,8 +231,8 @@ def test_redis_the_404_quarter_holds_against_many_addresses(tmpdir):
     reads that end 404 take at most a quarter of the budget, every host's
     together; a paid buyer is answered at its last-chance read."""
     redis, sb, ks = redis_budget_hosts(tmpdir)
-    reads = without_a_stall(ks, lambda a: spread(sb, ks, ["198.51.%d.%d" % (100 + a, i + 1) for i in range(64)], 2,
-                                                 seed=6 + 100 * a))
+    reads = kit.without_a_stall(ks, lambda a: spread(sb, ks, ["198.51.%d.%d" % (100 + a, i + 1)
+                                                              for i in range(64)], 2, seed=6 + 100 * a))
     assert reads <= BUDGET // 4, "404s take at most a quarter of the budget, every host's: %d" % reads
     paid_buyer_succeeds(sb, ks[-1])
 

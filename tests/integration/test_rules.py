@@ -244,21 +244,10 @@ def ep_outlives_lease(sb, ks, id):
 
 def key_pause_shared(ks, secret, id):
     """Return once the key's pause that the read of `id` set is in the store
-    both processes share. The mapped file holds it as the read ends. Redis
-    holds it once it has run that read's finish, which kembali sends before
-    it answers; but Redis keeps each connection's commands in order, not two
-    connections': the other host's claim, sent a moment after the answer,
-    can run first when both wait for Redis together (a busy machine)."""
-    if ks.redis is None:
-        return
-    keys = testenv.redis_script_keys("finish", "kembali:v%d:" % testenv.redis_schema(),
-                                     testenv.redis_key_name(secret), id)
-    key = [n for n in keys if n.endswith("}k")]
-    assert_eq(len(key), 1, "the key's hash among the finish's keys %r" % keys)
-    # a host that left Redis (a starved machine) never sends it the pause:
-    # the run is then not compared (differ), so go on
-    testenv.wait_for(lambda: ks.redis.cmd("HGET", key[0], "p") or ks.left_redis(),
-                     10, msg="the key's pause in Redis")
+    both processes share: the mapped file holds it as the read ends, Redis
+    once it has run the read's finish (kit.wait_key_pause)."""
+    if ks.redis is not None:  # a run where a host left Redis is not compared (differ)
+        kit.wait_key_pause(ks.redis, secret, id, ks.left_redis)
 
 
 def ep_key_429(sb, ks, id):
