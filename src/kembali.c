@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "app.h"
@@ -610,6 +611,59 @@ static void testing_versions(struct config *c, struct state_opts *so)
 }
 #endif
 
+#ifdef KEMBALI_TESTING
+/* tests/kembali-testing only: KEMBALI_TEST_BUSY_MS=N makes each request's
+ * handling run N ms longer, as in a busy process: whatever it asked Redis
+ * goes out a turn of the loop that long after it was asked
+ * (tests/integration/test_redis_faults.py). The serve handler, wrapped. */
+struct testing_busy {
+    struct front_handler inner;
+    struct timespec pause;
+};
+
+static void busy_request(void *ctx, struct front_req *r)
+{
+    struct testing_busy *b = ctx;
+    b->inner.on_request(b->inner.ctx, r);
+    nanosleep(&b->pause, NULL);
+}
+
+static void busy_gone(void *ctx, struct front_req *r, void *user)
+{
+    struct testing_busy *b = ctx;
+    b->inner.on_gone(b->inner.ctx, r, user);
+}
+
+static int busy_save(void *ctx, struct front_req *r, void *user, struct handover_rec *rec)
+{
+    struct testing_busy *b = ctx;
+    return b->inner.save(b->inner.ctx, r, user, rec);
+}
+
+static void busy_restore(void *ctx, struct front_req *r, void *user)
+{
+    struct testing_busy *b = ctx;
+    b->inner.restore(b->inner.ctx, r, user);
+}
+
+static void busy_release(void *ctx, struct front_req *r, void *user)
+{
+    struct testing_busy *b = ctx;
+    b->inner.release(b->inner.ctx, r, user);
+}
+
+static struct front_handler testing_busy(struct front_handler h, struct testing_busy *b)
+{
+    const char *v = getenv("KEMBALI_TEST_BUSY_MS");
+    int ms = v != NULL ? atoi(v) : 0;
+    if (ms <= 0)
+        return h;
+    *b = (struct testing_busy){.inner = h, .pause = {ms / 1000, (long)(ms % 1000) * 1000000L}};
+    return (struct front_handler){.on_request = busy_request, .on_gone = busy_gone, .save = busy_save,
+                                  .restore = busy_restore, .release = busy_release, .ctx = b};
+}
+#endif
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -793,6 +847,10 @@ int main(int argc, char **argv)
         if (loop_turn(loop, (int)left) != 0)
             goto out;
     struct front_handler h = serve_handler(serve);
+#ifdef KEMBALI_TESTING
+    struct testing_busy busy;
+    h = testing_busy(h, &busy);
+#endif
     front = cgi ? front_new_cgi(loop, &h, err, sizeof err) : front_new(loop, app.listen_fd, &h, err, sizeof err);
     if (front == NULL) {
         fprintf(stderr, "kembali: %s\n", err);

@@ -11,8 +11,9 @@
  * its callback exactly once from hiredis, with a reply or with NULL when its
  * connection is freed, and an operation that dies with its connection
  * answers STATE_REDIS_DOWN from there. Waiting operations are kept oldest
- * first (Redis answers in order): the oldest one's age is the one timer
- * that says "slower than 100 ms". */
+ * first (Redis answers in order): the oldest one's age, counted from when
+ * its bytes were handed to the socket (state_redis_conn.c), is the one
+ * timer that says "slower than 100 ms". */
 #include "state_redis_private.h"
 #include "state_redis_msg.h"
 

@@ -36,7 +36,8 @@
  * PREFIXwake.
  *
  * Redis on a bad day: a connection that fails or closes, an error, or a
- * reply slower than STATE_REDIS_SLOW_MS puts this process "down" (while up
+ * reply slower than STATE_REDIS_SLOW_MS (from when the question went out
+ * on the socket) puts this process "down" (while up
  * and with nothing else waiting, a PING every STATE_REDIS_PING_MS keeps
  * that true of an idle process too, whose held requests may wait on another
  * host's read): every

@@ -56,13 +56,35 @@ static void ev_cleanup(void *p)
         free(rc);
 }
 
+/* The waiting operations whose bytes go out now (on r->main, about to be
+ * written) start their 100 ms here: a turn of the loop that ran long
+ * between an operation's send and the write (a busy process) is this
+ * process's slowness, not Redis's. Written ones stay as they were, so a
+ * Redis that reads nothing (its socket full) is still slow from here. */
+static void ops_go_out(struct rconn *rc)
+{
+    struct state_redis *r = rc->r;
+    if (r == NULL || r->main != rc || r->tail == NULL || r->tail->out)
+        return;
+    int64_t now = util_mono_ms();
+    struct state_redis_op *op = r->tail;
+    for (; op != NULL && !op->out; op = op->prev) {
+        op->out = true;
+        op->sent = now;
+    }
+    if (op == NULL) /* the head among them */
+        state_redis_arm_slow(r);
+}
+
 static void on_rc_io(struct loop *l, struct loop_io *io, uint32_t events)
 {
     struct rconn *rc = io->data;
     (void)l;
     rc->busy++;
-    if (events & EPOLLOUT)
+    if (events & EPOLLOUT) {
+        ops_go_out(rc);
         redisAsyncHandleWrite(rc->ac);
+    }
     if (!rc->dead && (events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
         redisAsyncHandleRead(rc->ac);
     if (--rc->busy == 0 && rc->dead)
@@ -181,6 +203,7 @@ bool state_redis_op_send(struct rconn *rc, struct state_redis_op *op, int argc, 
      * hiredis' own handlers: their write follows) */
     if (op->kind == OP_FIRE && rc->busy == 0) {
         rc->busy++;
+        ops_go_out(rc);
         redisAsyncHandleWrite(rc->ac);
         if (--rc->busy == 0 && rc->dead)
             free(rc);

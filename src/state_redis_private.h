@@ -62,8 +62,9 @@ struct state_redis_op {
     bool charge;              /* OP_FIRE of a finish that charged a client: a reply of 1 started its block */
     char shop[STATE_SHOP_MAX + 1], id[STATE_ID_MAX + 1]; /* ... of this read (charge) */
     uint64_t wb_seq;          /* OP_FIRE of a write-back: the entry its answer lets go (0: none) */
-    int64_t sent;
+    int64_t sent;             /* when it went out (queued: until then, when it was sent) */
     bool queued;              /* on r's list of waiting operations */
+    bool out;                 /* queued, and its bytes handed to the socket (sent restamped) */
     struct state_redis_op *prev, *next;
 };
 
