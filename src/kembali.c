@@ -659,8 +659,9 @@ static struct front_handler testing_busy(struct front_handler h, struct testing_
     if (ms <= 0)
         return h;
     *b = (struct testing_busy){.inner = h, .pause = {ms / 1000, (long)(ms % 1000) * 1000000L}};
-    return (struct front_handler){.on_request = busy_request, .on_gone = busy_gone, .save = busy_save,
-                                  .restore = busy_restore, .release = busy_release, .ctx = b};
+    return (struct front_handler){.on_request = busy_request, .on_gone = busy_gone,
+                                  .save = h.save ? busy_save : NULL, .restore = h.restore ? busy_restore : NULL,
+                                  .release = h.release ? busy_release : NULL, .ctx = b};
 }
 #endif
 

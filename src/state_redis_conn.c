@@ -201,14 +201,18 @@ bool state_redis_op_send(struct rconn *rc, struct state_redis_op *op, int argc, 
      * that answer leads to (a notify on another host) then finds it in
      * Redis, as it would find it in the mapped file (not from inside
      * hiredis' own handlers: their write follows) */
-    if (op->kind == OP_FIRE && rc->busy == 0) {
-        rc->busy++;
-        ops_go_out(rc);
-        redisAsyncHandleWrite(rc->ac);
-        if (--rc->busy == 0 && rc->dead)
-            free(rc);
-    }
+    if (op->kind == OP_FIRE && rc->busy == 0)
+        state_redis_rc_write(rc);
     return true;
+}
+
+void state_redis_rc_write(struct rconn *rc)
+{
+    rc->busy++;
+    ops_go_out(rc);
+    redisAsyncHandleWrite(rc->ac);
+    if (--rc->busy == 0 && rc->dead)
+        free(rc);
 }
 
 struct state_redis_op *state_redis_op_new(struct state_redis *r, enum op_kind kind)

@@ -195,6 +195,11 @@ void state_redis_op_unqueue(struct state_redis_op *op);
 /* Arm (or stop) the timer that says the oldest waiting operation is slow. */
 void state_redis_arm_slow(struct state_redis *r);
 
+/* Hand rc's pending bytes to its socket now (non-blocking: what does not
+ * fit waits for the socket), starting the 100 ms of the waiting operations
+ * among them. Not from inside hiredis' own handlers. */
+void state_redis_rc_write(struct rconn *rc);
+
 /* Mark r down for `why` (logged once), tear its connections down from a
  * timer and retry later. */
 void state_redis_went_down(struct state_redis *r, const char *why);

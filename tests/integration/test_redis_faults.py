@@ -410,10 +410,6 @@ def test_notify_passes_over_a_sentinel_naming_a_replica(tmpdir):
     assert_eq(replica.keys("kembali:*t:n2"), [])
 
 
-if __name__ == "__main__":
-    testenv.run(globals())
-
-
 def test_a_busy_turn_is_not_redis_slowness(tmpdir):
     """A process busy for 125 ms right after it asked Redis something (a
     long turn of its loop: many requests at once, a starved machine) sends
@@ -430,10 +426,18 @@ def test_a_busy_turn_is_not_redis_slowness(tmpdir):
     k = testenv.Kembali(tmpdir, config=config, keys={"a": kit.KEY}, bin=testenv.kembali_testing_bin(),
                         env={"KEMBALI_TEST_BUSY_MS": "125"}).start()
     k.wait_log(30, event="redis_joined")
-    for i in range(5):
-        sb.put_tx("busy%d" % i, "succeeded")
-        assert_eq(k.get("id=busy%d" % i).header("kembali-status"), "succeeded")
-    assert_eq(k.find_log(event="redis_left"), [], "the host stayed on Redis")
-    m = k.metrics()
-    assert_eq((m["kembali_redis_up"], m["kembali_redis_leaves_total"]), (1, 0))
-    assert m["kembali_redis_claims_total"] >= 5, "each transaction claimed in Redis: %r" % m
+
+    def five(attempt):  # a real stall of Redis (a busy machine) makes another try; this process's own, none
+        before = k.metrics()["kembali_redis_claims_total"]
+        ids = ["busy%d-%d" % (attempt, i) for i in range(5)]
+        for t in ids:
+            sb.put_tx(t, "succeeded")
+        return [k.get("id=" + t).header("kembali-status") for t in ids], before
+    words, before = kit.without_a_stall([k], five)
+    assert_eq(words, ["succeeded"] * 5)
+    assert_eq(k.metrics()["kembali_redis_claims_total"] - before, 5, "each transaction claimed in Redis")
+
+
+if __name__ == "__main__":
+    testenv.run(globals())
+
