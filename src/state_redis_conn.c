@@ -81,10 +81,8 @@ static void on_rc_io(struct loop *l, struct loop_io *io, uint32_t events)
     struct rconn *rc = io->data;
     (void)l;
     rc->busy++;
-    if (events & EPOLLOUT) {
-        ops_go_out(rc);
-        redisAsyncHandleWrite(rc->ac);
-    }
+    if (events & EPOLLOUT)
+        state_redis_rc_write(rc); /* busy: it frees nothing here */
     if (!rc->dead && (events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
         redisAsyncHandleRead(rc->ac);
     if (--rc->busy == 0 && rc->dead)

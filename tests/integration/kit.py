@@ -66,11 +66,12 @@ def parallel(fns, timeout=120):
 
 def read_times(sb, id):
     """Arrival times (s, relative to the first) of the reads of id."""
-    reads = sb.reads(id)
-    if not reads:
-        return []
-    t0 = reads[0]["t_ms"]
-    return [round((r["t_ms"] - t0) / 1000, 3) for r in reads]
+    return arrivals(sb.reads(id))
+
+
+def arrivals(reads):
+    """Arrival times (s, relative to the first) of the sandbox's `reads`."""
+    return [round((r["t_ms"] - reads[0]["t_ms"]) / 1000, 3) for r in reads]
 
 
 def min_gap(times):

@@ -36,11 +36,6 @@ def pay(sb, id):
     return reads
 
 
-def arrivals(reads):
-    """Arrival times (s, relative to the first) of the sandbox's reads."""
-    return [round((r["t_ms"] - reads[0]["t_ms"]) / 1000, 3) for r in reads]
-
-
 def successor(k, old_pid, timeout=15):
     """The start line of the process that took over from old_pid."""
     return k.wait_log(timeout, event="start", upgraded_from=old_pid)
@@ -157,9 +152,9 @@ def test_sigusr2_hands_over_held_requests(tmpdir):
         for id in ("t-plain", "t-stream"):
             reads = earlier[id] + sb.reads(id)
             assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429 for " + id)
-            assert len(reads) <= len(SLOW_START), "%s read %d times: %r" % (id, len(reads), arrivals(reads))
-            gap = kit.min_gap(arrivals(reads))
-            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, "%s reads %r" % (id, arrivals(reads))
+            assert len(reads) <= len(SLOW_START), "%s read %d times: %r" % (id, len(reads), kit.arrivals(reads))
+            gap = kit.min_gap(kit.arrivals(reads))
+            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, "%s reads %r" % (id, kit.arrivals(reads))
         # requests arriving meanwhile: every one answered, none waited long
         assert not probe.errors, probe.errors
         assert len(probe.times) > 5
@@ -544,8 +539,8 @@ def test_systemd_restart_through_the_fd_store(tmpdir):
             reads = earlier[id] + sb.reads(id)
             assert_eq([r["http"] for r in reads], [200] * len(reads), "no 429 for " + id)
             assert len(reads) <= len(SLOW_START), "%s read %d times" % (id, len(reads))
-            gap = kit.min_gap(arrivals(reads))
-            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, arrivals(reads)
+            gap = kit.min_gap(kit.arrivals(reads))
+            assert gap is None or gap >= kit.ARRIVAL_MIN_GAP, kit.arrivals(reads)
         with open(os.path.join(tmpdir, "b.log")) as f:
             text = f.read()
         took = testenv.find_lines(text, event="handover", **{"from": "systemd"})
